@@ -1,0 +1,35 @@
+"""Data configuration (`conf/data/*.yaml`). Every key but `fold` enters the data hash."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+
+class DataSource(str, Enum):
+    synthetic = "synthetic"
+    dbn = "dbn"
+
+
+@dataclass
+class DataConfig:
+    source: DataSource = DataSource.synthetic
+    # DBN inputs (`source=dbn`): files or globs, read in time order.
+    paths: list[str] = field(default_factory=list)
+    # instrument_id (int as string) or raw symbol; None takes the only instrument present.
+    instrument: Optional[str] = None
+    snapshot_interval: float = 1.0  # seconds between snapshots on the fixed clock
+    max_gap: float = 60.0  # longer gaps end a segment
+    tick_size: Optional[float] = None  # None: smallest positive price step seen
+    # synthetic books
+    n_snapshots: int = 200_000
+    synthetic_seed: int = 0
+    # windows, labels, folds
+    window: int = 256  # K
+    window_stride: int = 8
+    horizons: list[int] = field(default_factory=lambda: [30, 100, 300, 1000, 6000])
+    n_folds: int = 3
+    fold: int = 0
+    embargo: Optional[int] = None  # None: h_max
+    cache: bool = True

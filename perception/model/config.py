@@ -1,0 +1,43 @@
+"""Model configuration (`conf/model/*.yaml`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class AttentionPoolVariant(str, Enum):
+    shared = "shared"  # one query (Q = 1): SharedQuery
+    per_horizon = "per_horizon"  # one query per horizon (Q = H): PerHorizon
+
+
+class OpsBackend(str, Enum):
+    auto = "auto"  # CUDA kernels on CUDA tensors when the extension loads, else reference ops
+    ref = "ref"
+    cuda = "cuda"
+
+
+@dataclass
+class VSNConfig:
+    d_var: int = 8  # per-variable width; a TFT VSN at width D would hold [B, K, F, D]
+
+
+@dataclass
+class MambaConfig:
+    n_layers: int = 2
+    d_state: int = 64
+    headdim: int = 32
+    expand: int = 2
+    d_conv: int = 4
+    chunk: int = 128  # the chunk's [chunk x chunk] decay matrices dominate activation memory
+
+
+@dataclass
+class ModelConfig:
+    attention_pool: AttentionPoolVariant = AttentionPoolVariant.shared
+    d_model: int = 128
+    vsn: VSNConfig = field(default_factory=VSNConfig)
+    mamba: MambaConfig = field(default_factory=MambaConfig)
+    inverted_pool: bool = False
+    head_aux_weight: float = 0.25  # alpha of Path A heads (per_horizon)
+    ops: OpsBackend = OpsBackend.auto

@@ -1,0 +1,42 @@
+"""Places and identity shared by every command (DESIGN §6): PERCEPTION_HOME, run directories,
+the feature cache, and the one tracking-URI resolution."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Optional
+
+DEFAULT_HOME = "perception-home"
+
+
+def perception_home() -> Path:
+    """`PERCEPTION_HOME` (default `./perception-home`), made absolute once so that nothing
+    depends on the working directory afterwards."""
+    return Path(os.environ.get("PERCEPTION_HOME", DEFAULT_HOME)).expanduser().resolve()
+
+
+def cache_dir(home: Optional[Path] = None) -> Path:
+    return (home or perception_home()) / "cache"
+
+
+def run_dir(sweep_id: str, variant: str, fold: int, home: Optional[Path] = None) -> Path:
+    """Derived from (sweep_id, variant, fold), never timestamped: a retried pod finds its checkpoint."""
+    return (home or perception_home()) / "runs" / sweep_id / f"{variant}-f{fold}"
+
+
+def new_sweep_id() -> str:
+    return "sweep-" + uuid.uuid4().hex[:10]
+
+
+def tracking_uri(configured: Optional[str] = None, home: Optional[Path] = None) -> str:
+    """`tracking.uri`, else `MLFLOW_TRACKING_URI`, else a sqlite store under PERCEPTION_HOME."""
+    if configured:
+        return configured
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    home = home or perception_home()
+    home.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{home / 'mlflow.db'}"

@@ -1,0 +1,67 @@
+"""Trainer, tracking and root configuration; registered with Hydra's ConfigStore."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Optional
+
+from hydra.core.config_store import ConfigStore
+
+from perception.data.config import DataConfig
+from perception.model.config import ModelConfig
+
+
+class ResumeMode(str, Enum):
+    auto = "auto"  # continue from the run directory's last good checkpoint, if any
+    never = "never"  # refuse to start over an existing checkpoint
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@dataclass
+class TrainerConfig:
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_frac: float = 0.05  # of all optimizer steps
+    grad_clip: float = 1.0
+    max_train_batches: Optional[int] = None  # per epoch; None: every training window
+    horizon_weights: Optional[list[float]] = None  # loss weights per horizon; None: equal
+    device: Device = Device.auto
+    num_threads: Optional[int] = None  # torch CPU threads; None: torch's default
+    resume: ResumeMode = ResumeMode.auto
+    init_from: Optional[str] = None  # warm-start the common trunk from a V1/V2 checkpoint
+    progress: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    uri: Optional[str] = None  # else MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME
+    experiment: str = "perception-ab"
+    parent_run_id: Optional[str] = None
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    sweep_id: Optional[str] = None  # None: a fresh id
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="data", name="base_data", node=DataConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
+    cs.store(group="tracking", name="base_tracking", node=TrackingConfig)

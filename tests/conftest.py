@@ -1,0 +1,41 @@
+"""Session-wide test setup: the shared samples, an isolated PERCEPTION_HOME, hypothesis profile."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+settings.register_profile("ci", derandomize=True, max_examples=100, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def shared_dir() -> Path:
+    """`../shared` beside the checkout; tests that need it skip cleanly in a user's clone."""
+    if not SHARED.is_dir():
+        pytest.skip("../shared is absent (only the development checkout has it)")
+    return SHARED
+
+
+@pytest.fixture(scope="session")
+def databento_dir(shared_dir: Path) -> Path:
+    d = shared_dir / "data" / "databento"
+    if not d.is_dir():
+        pytest.skip(f"{d} is absent")
+    return d
+
+
+@pytest.fixture
+def perception_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh PERCEPTION_HOME per test, with no tracking URI leaking in from the environment."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("PERCEPTION_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
