@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.mlflow_server import mlflow_server as _start_mlflow_server
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
@@ -39,3 +41,10 @@ def perception_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PERCEPTION_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return home
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """One real `mlflow server` on 127.0.0.1 for the whole test session; yields its URI."""
+    with _start_mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as uri:
+        yield uri

@@ -1,0 +1,82 @@
+"""A real `mlflow server` on 127.0.0.1 for tests (DESIGN §6 "Testing on 2 cores").
+
+One server per test session: sqlite backend, artifacts proxied by the server into a local folder,
+one worker, job execution off (it would spawn extra processes), started in its own process group so
+the whole group (server + its workers) is killed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import requests
+
+START_TIMEOUT_S = 120.0  # first start migrates the sqlite schema; slow on 2 busy cores
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_healthy(uri: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with {proc.returncode}; log {log}:\n{log.read_text()[-4000:]}")
+        try:
+            if requests.get(f"{uri}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"mlflow server at {uri} not healthy after {START_TIMEOUT_S:.0f} s; log {log}")
+
+
+@contextmanager
+def mlflow_server(root: Path) -> Iterator[str]:
+    """Starts a server storing everything under `root`; yields its URI (http://127.0.0.1:PORT)."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    log = root / "server.log"
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+    ]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    with open(log, "wb") as log_f:
+        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env, cwd=root,
+                                start_new_session=True)
+    try:
+        _wait_healthy(uri, proc, log)
+        yield uri
+    finally:
+        _kill_group(proc)
