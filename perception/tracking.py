@@ -1,0 +1,236 @@
+"""MLflow plumbing shared by every command: experiments, the sweep's parent run, and a durable
+ledger so that a training run survives a tracking-server outage without losing anything.
+
+Every tracking operation of a run (start, metrics, artifacts, end) is first appended to
+`tracking.jsonl` in the run directory, then sent; ids of sent operations go to `tracking_sent.jsonl`.
+Whatever could not be sent is replayed later, in order, by the resumed run or `perception-sweep sync`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from perception.paths import perception_home, tracking_uri as resolve_tracking_uri
+
+DEFAULT_EXPERIMENT = "perception-ab"
+LEDGER = "tracking.jsonl"
+SENT = "tracking_sent.jsonl"
+RUN_ID_FILE = "mlflow_run.json"
+
+# Short HTTP retries: a training run must not stall for minutes on each call while the server is down;
+# the ledger retries later with backoff instead.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+
+
+def client(uri: Optional[str] = None):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+
+
+def _is_local_store(uri: str) -> bool:
+    return uri.startswith(("sqlite:", "file:", "/")) or "://" not in uri
+
+
+def get_or_create_experiment(name: str, uri: Optional[str] = None) -> str:
+    """Experiment id by name; a local store keeps its artifacts under PERCEPTION_HOME, not the cwd."""
+    from mlflow.exceptions import MlflowException
+
+    uri = resolve_tracking_uri(uri)
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    if _is_local_store(uri):
+        location = (perception_home() / "mlartifacts").as_uri()
+    try:
+        return c.create_experiment(name, artifact_location=location)
+    except MlflowException:
+        exp = c.get_experiment_by_name(name)  # created concurrently by a sibling run
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
+                      experiment: str = DEFAULT_EXPERIMENT) -> str:
+    """Finds or creates the sweep's parent run (tags role=sweep, sweep_id); returns its run id."""
+    uri = resolve_tracking_uri(tracking_uri)
+    exp_id = get_or_create_experiment(experiment, uri)
+    c = client(uri)
+    found = c.search_runs(
+        [exp_id],
+        filter_string=f"tags.sweep_id = '{sweep_id}' and tags.role = 'sweep'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    if found:
+        return found[0].info.run_id
+    run = c.create_run(exp_id, tags={"sweep_id": sweep_id, "role": "sweep"}, run_name=sweep_id)
+    return run.info.run_id
+
+
+@dataclass
+class RunLedger:
+    """The durable record of one training run's tracking operations, in its run directory."""
+
+    run_dir: Path
+    tracking_uri: str
+    experiment: str = DEFAULT_EXPERIMENT
+    _next_attempt: float = 0.0
+    _backoff: float = 1.0
+    _failures: list[str] = field(default_factory=list)
+
+    # ---- recording -------------------------------------------------------------------------
+    def record(self, op: str, **payload: Any) -> None:
+        entry = {"id": self._next_id(), "op": op, "time_ms": int(time.time() * 1000), **payload}
+        _append_line(self.run_dir / LEDGER, entry)
+
+    def has_metrics_for(self, step: int) -> bool:
+        return any(e["op"] == "metrics" and e["step"] == step for e in self.entries())
+
+    def entries(self) -> list[dict]:
+        return _read_lines(self.run_dir / LEDGER)
+
+    def sent_ids(self) -> set[int]:
+        return {e["id"] for e in _read_lines(self.run_dir / SENT)}
+
+    def unsent(self) -> list[dict]:
+        sent = self.sent_ids()
+        return [e for e in self.entries() if e["id"] not in sent]
+
+    def run_id(self) -> Optional[str]:
+        path = self.run_dir / RUN_ID_FILE
+        return json.loads(path.read_text())["run_id"] if path.exists() else None
+
+    # ---- sending ---------------------------------------------------------------------------
+    def flush(self, force: bool = False) -> bool:
+        """Sends unsent operations in order. On failure keeps them, backs off (1 s doubling to
+        60 s) and returns False; training goes on meanwhile."""
+        if not force and time.monotonic() < self._next_attempt:
+            return False
+        for entry in self.unsent():
+            try:
+                self._send(entry)
+            except Exception as exc:  # any transport or server error: keep the entry for later
+                self._failures.append(f"{entry['op']} #{entry['id']}: {type(exc).__name__}: {exc}"[:300])
+                self._next_attempt = time.monotonic() + self._backoff
+                self._backoff = min(self._backoff * 2, 60.0)
+                return False
+            _append_line(self.run_dir / SENT, {"id": entry["id"]})
+        self._backoff = 1.0
+        return True
+
+    def failures(self) -> list[str]:
+        return list(self._failures)
+
+    def _send(self, entry: dict) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        c = client(self.tracking_uri)
+        op = entry["op"]
+        if op == "start":
+            if self.run_id() is None:
+                exp_id = get_or_create_experiment(self.experiment, self.tracking_uri)
+                tags = dict(entry["tags"])
+                run = c.create_run(exp_id, tags=tags, run_name=entry.get("run_name"))
+                _write_json(self.run_dir / RUN_ID_FILE, {"run_id": run.info.run_id})
+            else:
+                c.update_run(self.run_id(), status="RUNNING")
+            run_id = self.run_id()
+            existing = c.get_run(run_id).data.params
+            params = [Param(k, v) for k, v in entry["params"].items() if k not in existing]
+            for chunk in _chunks(params, 100):
+                c.log_batch(run_id, params=chunk)
+            return
+        run_id = self.run_id()
+        if run_id is None:
+            raise RuntimeError("run not created yet")
+        if op == "metrics":
+            metrics = [Metric(k, float(v), entry["time_ms"], entry["step"]) for k, v in entry["values"].items()]
+            c.log_batch(run_id, metrics=metrics)
+        elif op == "artifact":
+            c.log_artifact(run_id, str(self.run_dir / entry["path"]), entry.get("artifact_path"))
+        elif op == "tags":
+            c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in entry["tags"].items()])
+        elif op == "end":
+            c.set_terminated(run_id, status=entry["status"])
+        else:
+            raise ValueError(f"unknown ledger operation {op!r} in {self.run_dir / LEDGER}")
+
+    def _next_id(self) -> int:
+        entries = self.entries()
+        return entries[-1]["id"] + 1 if entries else 0
+
+
+def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> int:
+    """Sends what any run of the sweep could not send while the server was down; returns how many
+    operations were sent. Raises RuntimeError listing what still could not be sent."""
+    home = home or perception_home()
+    root = home / "runs" / sweep_id
+    if not root.is_dir():
+        raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
+    sent, stuck = 0, []
+    for run_dir in sorted(p for p in root.iterdir() if (p / LEDGER).exists()):
+        ledger = RunLedger(run_dir, resolve_tracking_uri(tracking_uri), _experiment_of(run_dir))
+        before = len(ledger.unsent())
+        ok = ledger.flush(force=True)
+        sent += before - len(ledger.unsent())
+        if not ok:
+            stuck.append(f"{run_dir.name}: {len(ledger.unsent())} operations ({ledger.failures()[-1]})")
+    if stuck:
+        raise RuntimeError("could not send: " + "; ".join(stuck))
+    return sent
+
+
+def _experiment_of(run_dir: Path) -> str:
+    for e in _read_lines(run_dir / LEDGER):
+        if e["op"] == "start":
+            return e.get("experiment", DEFAULT_EXPERIMENT)
+    return DEFAULT_EXPERIMENT
+
+
+def _append_line(path: Path, obj: dict) -> None:
+    """One JSON line per write, flushed and fsynced: a kill leaves at most a torn last line,
+    which the reader skips."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(obj, sort_keys=True) + "\n"
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = "\n" + line  # close a torn line so this entry stands on its own
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a torn last line from a killed writer
+    return out
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    from perception.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True))
+
+
+def _chunks(items: list, n: int) -> Iterable[list]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
