@@ -1,0 +1,22 @@
+"""The code version every run logs as `git_sha`: git, else PERCEPTION_GIT_SHA (set at image build)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+
+@lru_cache(maxsize=1)
+def git_sha() -> str:
+    source = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=10
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return os.environ.get("PERCEPTION_GIT_SHA") or "unknown"

@@ -1,0 +1,68 @@
+"""Validation pass: loss, per-horizon AUC (scikit-learn), predictions and attention by lag."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+from perception.train.diagnostics import AttentionByLag
+
+
+@dataclass
+class Evaluation:
+    loss: float
+    auc: dict[int, float]  # horizon -> AUC (nan where a horizon has one class only)
+    probs: np.ndarray  # (N, H) float32
+    labels: np.ndarray  # (N, H) uint8
+    mask: np.ndarray  # (N, H) bool
+    index: np.ndarray  # (N,) int64 window ends
+    attention: AttentionByLag
+
+    @property
+    def auc_mean(self) -> float:
+        finite = [v for v in self.auc.values() if math.isfinite(v)]
+        return float(np.mean(finite)) if finite else float("nan")
+
+
+def per_horizon_auc(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray, horizons: list[int]) -> dict[int, float]:
+    out = {}
+    for j, h in enumerate(horizons):
+        y, p = labels[mask[:, j], j], probs[mask[:, j], j]
+        out[h] = float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else float("nan")
+    return out
+
+
+@torch.no_grad()
+def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: torch.device) -> Evaluation:
+    model.eval()
+    acc = AttentionByLag(window, model.n_queries)
+    probs, labels, masks, index = [], [], [], []
+    loss_sum, n_valid = 0.0, 0
+    for batch in loader.batches(0):
+        x, dt = batch.x.to(device), batch.dt.to(device)
+        y, mask = batch.y.to(device), batch.mask.to(device)
+        logits, attn = model(x, dt, return_attention=True)
+        valid = int(mask.sum())
+        if valid:
+            loss_sum += float(loss_fn(logits, y, mask)) * valid
+            n_valid += valid
+        acc.add(attn)
+        probs.append(torch.sigmoid(logits).float().cpu().numpy())
+        labels.append(batch.y.numpy().astype(np.uint8))
+        masks.append(batch.mask.numpy().astype(bool))
+        index.append(batch.index.numpy().astype(np.int64))
+    model.train()
+    probs_a, labels_a, mask_a = np.concatenate(probs), np.concatenate(labels), np.concatenate(masks)
+    return Evaluation(
+        loss=loss_sum / max(n_valid, 1),
+        auc=per_horizon_auc(probs_a, labels_a, mask_a, horizons),
+        probs=probs_a.astype(np.float32),
+        labels=labels_a,
+        mask=mask_a,
+        index=np.concatenate(index),
+        attention=acc,
+    )

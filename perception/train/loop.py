@@ -1,0 +1,242 @@
+"""`train(cfg) -> metrics`: one run of the A/B (a variant on a fold), resumable and tracked.
+
+Order of an epoch's end, chosen so that a kill at any point loses nothing: metrics go to the run's
+ledger, then the checkpoint is written, then the ledger is flushed to MLflow. A resumed run redoes
+at most the epoch it was killed in, with the same batches and RNG, so it ends bit-identical."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from perception.atomic import atomic_path, atomic_write_text
+from perception.errors import ConfigError
+from perception.gitinfo import git_sha
+from perception.paths import new_sweep_id, perception_home, run_dir as derive_run_dir, tracking_uri
+from perception.tracking import RunLedger, ensure_parent_run
+from perception.train.config import Config
+from perception.train.diagnostics import query_names, save_attention_by_lag
+from perception.train.evaluate import Evaluation, evaluate
+from perception.train.params import flatten_config
+from perception.train.schedule import warmup_cosine
+from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
+from perception.train.validate import check_before_work, resolve_device
+
+DONE_FILE = "done.json"
+
+
+@dataclass
+class RunPlace:
+    sweep_id: str
+    variant: str
+    fold: int
+    home: Path
+    dir: Path
+
+
+def place_of(cfg: Config) -> RunPlace:
+    home = perception_home()
+    sweep_id = cfg.sweep_id or new_sweep_id()
+    variant = _value(cfg.model.attention_pool)
+    fold = int(cfg.data.fold)
+    return RunPlace(sweep_id, variant, fold, home, derive_run_dir(sweep_id, variant, fold, home))
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Runs (or resumes, or recognises as finished) one training run; returns its final metrics."""
+    from perception.data import Normalizer, WindowLoader, load_dataset, median_dt, purged_split
+    from perception.model import PerceptionModel, masked_bce
+    from perception.model.checkpoint import load_model, load_trunk, save_model
+
+    place = place_of(cfg)
+    resume_from = check_before_work(cfg, place.dir)  # every config error, before any work
+    done = place.dir / DONE_FILE
+    if done.exists():
+        print(f"[perception] {place.dir.name} of sweep {place.sweep_id} already finished; nothing to do")
+        return json.loads(done.read_text())["metrics"]
+    place.dir.mkdir(parents=True, exist_ok=True)
+    device = resolve_device(cfg.trainer.device)
+    _set_determinism(cfg, device)
+
+    # ---- data ------------------------------------------------------------------------------
+    ds = load_dataset(cfg.data, place.home, progress=cfg.trainer.progress)
+    split = purged_split(ds, cfg.data)
+    window, horizons = int(cfg.data.window), list(ds.horizons)
+    norm = Normalizer.fit(ds, split.train_ends, window)
+    order_seed = int(cfg.seed) * 1009 + place.fold  # batch order: seed and fold only, same for both arms
+    train_loader = WindowLoader(ds, split.train_ends, window, cfg.trainer.batch_size, normalizer=norm,
+                                shuffle=True, seed=order_seed)
+    val_loader = WindowLoader(ds, split.val_ends, window, cfg.trainer.eval_batch_size, normalizer=norm,
+                              shuffle=False, seed=order_seed)
+    steps_per_epoch = len(train_loader)
+    if cfg.trainer.max_train_batches:
+        steps_per_epoch = min(steps_per_epoch, int(cfg.trainer.max_train_batches))
+
+    # ---- model and optimisation --------------------------------------------------------------
+    model = PerceptionModel(cfg.model, n_features=ds.features.shape[1], horizons=horizons, seed=int(cfg.seed))
+    model.set_dt_scale(float(median_dt(ds, split.train_ends, window)))
+    if cfg.trainer.init_from and resume_from is None:
+        loaded = load_trunk(cfg.trainer.init_from, model)
+        print(f"[perception] warm start: {len(loaded)} trunk tensors from {cfg.trainer.init_from}")
+    model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+    total_steps = steps_per_epoch * int(cfg.trainer.epochs)
+    scheduler = warmup_cosine(optimizer, total_steps, cfg.trainer.warmup_frac)
+    weights = None
+    if cfg.trainer.horizon_weights:
+        weights = torch.tensor(list(cfg.trainer.horizon_weights), dtype=torch.float32, device=device)
+
+    def loss_fn(logits, y, mask):
+        return masked_bce(logits, y, mask, weights)
+
+    position = Position(epoch=0)
+    if resume_from is not None:
+        load_model(resume_from / "model.safetensors", model)
+        state = load_state(resume_from)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng_cpu"])
+        if device.type == "cuda" and "rng_cuda" in state:
+            torch.cuda.set_rng_state(state["rng_cuda"])
+        position = Position(**state["position"])
+        print(f"[perception] resuming {place.dir.name} at epoch {position.epoch + 1} from {resume_from}")
+
+    # ---- tracking ----------------------------------------------------------------------------
+    uri = tracking_uri(cfg.tracking.uri, place.home)
+    ledger = RunLedger(place.dir, uri, cfg.tracking.experiment)
+    if not ledger.entries():
+        parent = cfg.tracking.parent_run_id or _parent_or_none(place.sweep_id, uri, cfg.tracking.experiment)
+        tags = {"sweep_id": place.sweep_id, "variant": place.variant, "fold": str(place.fold), "role": "train"}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        params = flatten_config(cfg)
+        params.update({"git_sha": git_sha(), "data_hash": ds.data_hash, "sweep_id": place.sweep_id})
+        ledger.record("start", tags=tags, params=params, run_name=f"{place.variant}-f{place.fold}",
+                      experiment=cfg.tracking.experiment)
+    else:
+        ledger.record("tags", tags={"resumed_at_epoch": str(position.epoch)})
+    ledger.flush(force=True)
+
+    # ---- epochs ------------------------------------------------------------------------------
+    last_eval: Evaluation | None = None
+    metrics: dict[str, float] = {}
+    for epoch in range(position.epoch, int(cfg.trainer.epochs)):
+        model.train()
+        t0, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+        bar = tqdm(total=steps_per_epoch, desc=f"{place.variant}-f{place.fold} epoch {epoch + 1}/{cfg.trainer.epochs}",
+                   unit="batch", disable=not cfg.trainer.progress, leave=False, dynamic_ncols=True)
+        for i, batch in enumerate(train_loader.batches(epoch)):
+            if i >= steps_per_epoch:
+                break
+            x, dt = batch.x.to(device, non_blocking=True), batch.dt.to(device, non_blocking=True)
+            y, mask = batch.y.to(device), batch.mask.to(device)
+            loss = loss_fn(model(x, dt), y, mask)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"training loss is {loss.item()} at epoch {epoch}, batch {i}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            seen += x.shape[0]
+            loss_sum += float(loss.detach())
+            loss_n += 1
+            rate = seen / max(time.perf_counter() - t0, 1e-9)
+            bar.set_postfix(loss=f"{loss_sum / loss_n:.4f}", samples_s=f"{rate:.0f}")
+            bar.update(1)
+            ledger.flush()  # sends anything pending from an outage, when the backoff allows
+        bar.close()
+        train_time = time.perf_counter() - t0
+        last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device)
+        metrics = {f"val_auc_h{h}": v for h, v in last_eval.auc.items()}
+        metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=loss_sum / max(loss_n, 1),
+                       val_loss=last_eval.loss, samples_per_s=seen / max(train_time, 1e-9))
+        if not ledger.has_metrics_for(epoch):
+            ledger.record("metrics", step=epoch, values=metrics)
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng_cpu": torch.get_rng_state(),
+            "position": {"epoch": epoch + 1, "batch": 0},
+        }
+        if device.type == "cuda":
+            state["rng_cuda"] = torch.cuda.get_rng_state()
+        save_checkpoint(place.dir, f"epoch-{epoch + 1:04d}",
+                        lambda p: save_model(p, model, {"sweep_id": place.sweep_id, "epoch": str(epoch + 1)}), state)
+        ledger.flush(force=True)
+        print(f"[perception] {place.variant}-f{place.fold} epoch {epoch + 1}/{cfg.trainer.epochs}: "
+              + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+
+    # ---- final artifacts ---------------------------------------------------------------------
+    if last_eval is None:  # resumed after the last epoch's checkpoint: recompute, deterministically
+        last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device)
+        metrics = _last_metrics(ledger)
+    artifacts = _write_artifacts(place, last_eval, horizons)
+    for rel, artifact_path in artifacts:
+        ledger.record("artifact", path=rel, artifact_path=artifact_path)
+    ledger.record("end", status="FINISHED")
+    sent = ledger.flush(force=True)
+    unsent = ledger.unsent()
+    atomic_write_text(done, json.dumps({"run_id": ledger.run_id(), "metrics": metrics, "unsent": len(unsent)},
+                                       indent=2, sort_keys=True))
+    if not sent:
+        print(f"[perception] WARNING: the tracking server ({uri}) was unreachable; {len(unsent)} operations "
+              f"are kept in {place.dir / 'tracking.jsonl'} and will be sent by "
+              f"`perception-sweep sync --sweep-id {place.sweep_id}` or a resumed run. Last error: "
+              f"{(ledger.failures() or ['none'])[-1]}", flush=True)
+    print(f"[perception] finished {place.variant}-f{place.fold} (sweep {place.sweep_id}, "
+          f"run {ledger.run_id()}): val_auc_mean={metrics.get('val_auc_mean', float('nan')):.4f}", flush=True)
+    return metrics
+
+
+def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> list[tuple[str, str]]:
+    pred_dir, diag_dir = place.dir / "predictions", place.dir / "diagnostics"
+    pred_dir.mkdir(exist_ok=True)
+    diag_dir.mkdir(exist_ok=True)
+    with atomic_path(pred_dir / "val_final.npz") as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, probs=ev.probs, labels=ev.labels, mask=ev.mask, index=ev.index)
+    names = query_names(place.variant, horizons)
+    save_attention_by_lag(diag_dir, ev.attention, names,
+                          title=f"attention by lag: {place.variant}, fold {place.fold}")
+    return [("predictions/val_final.npz", "predictions"),
+            ("diagnostics/attention_by_lag.npz", "diagnostics"),
+            ("diagnostics/attention_by_lag.png", "diagnostics")]
+
+
+def _last_metrics(ledger: RunLedger) -> dict[str, float]:
+    recorded = [e for e in ledger.entries() if e["op"] == "metrics"]
+    return recorded[-1]["values"] if recorded else {}
+
+
+def _parent_or_none(sweep_id: str, uri: str, experiment: str) -> str | None:
+    try:
+        return ensure_parent_run(sweep_id, uri, experiment)
+    except Exception as exc:  # server down: the run is still tagged with sweep_id and trains on
+        print(f"[perception] WARNING: could not find or create the parent run of {sweep_id}: {exc}")
+        return None
+
+
+def _set_determinism(cfg: Config, device: torch.device) -> None:
+    torch.manual_seed(int(cfg.seed))
+    np.random.seed(int(cfg.seed) % 2**32)
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(int(cfg.trainer.num_threads))
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _value(x: Any) -> str:
+    return str(getattr(x, "value", x))
+
+
+def finished(run_dir: Path) -> bool:
+    return (run_dir / DONE_FILE).exists()

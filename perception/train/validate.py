@@ -1,0 +1,76 @@
+"""Config checks that run before any work: each error names the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from perception.errors import CheckpointError, ConfigError
+from perception.train.config import Config, ResumeMode
+
+
+def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
+    """Validates `cfg`; returns the checkpoint directory to resume from, if any."""
+    from perception.data import check_data_config
+    from perception.model.checkpoint import read_checkpoint_variant
+    from perception.train.state import latest_checkpoint
+
+    check_data_config(cfg.data)
+    t = cfg.trainer
+    _positive("trainer.epochs", t.epochs)
+    _positive("trainer.batch_size", t.batch_size)
+    _positive("trainer.eval_batch_size", t.eval_batch_size)
+    if t.max_train_batches is not None:
+        _positive("trainer.max_train_batches", t.max_train_batches)
+    if not t.lr > 0:
+        raise ConfigError(f"trainer.lr={t.lr}: expected a positive learning rate")
+    if not 0 <= t.warmup_frac < 1:
+        raise ConfigError(f"trainer.warmup_frac={t.warmup_frac}: expected a fraction in [0, 1)")
+    if not t.grad_clip > 0:
+        raise ConfigError(f"trainer.grad_clip={t.grad_clip}: expected a positive norm")
+    n_h = len(cfg.data.horizons)
+    if t.horizon_weights is not None and len(t.horizon_weights) != n_h:
+        raise ConfigError(f"trainer.horizon_weights has {len(t.horizon_weights)} values: expected one per "
+                          f"horizon of data.horizons={list(cfg.data.horizons)}")
+    variant = getattr(cfg.model.attention_pool, "value", cfg.model.attention_pool)
+    if t.init_from is not None:
+        path = Path(t.init_from).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"trainer.init_from={t.init_from}: no such checkpoint file")
+        read_checkpoint_variant(path)  # readable V1/V2 checkpoint of either variant
+    resume_dir = None
+    try:
+        resume_dir = latest_checkpoint(run_dir)
+    except CheckpointError as exc:
+        raise ConfigError(f"cannot resume {run_dir}: {exc}") from exc
+    if resume_dir is not None:
+        if _value(t.resume) == ResumeMode.never.value:
+            raise ConfigError(f"trainer.resume=never but {run_dir} already holds a checkpoint ({resume_dir.name}); "
+                              "use trainer.resume=auto to continue it, or another sweep_id")
+        found = _value(read_checkpoint_variant(resume_dir / "model.safetensors"))
+        if found != variant:
+            raise ConfigError(f"cannot resume model.attention_pool={variant} from {resume_dir / 'model.safetensors'}: "
+                              f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
+                              "use trainer.init_from=PATH in a fresh run directory)")
+    resolve_device(t.device)
+    return resume_dir
+
+
+def resolve_device(device) -> torch.device:
+    name = _value(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA GPU is visible; use trainer.device=auto or cpu")
+    return torch.device(name)
+
+
+def _positive(key: str, value) -> None:
+    if not (isinstance(value, int) and value >= 1):
+        raise ConfigError(f"{key}={value}: expected a positive integer")
+
+
+def _value(x) -> str:
+    return str(getattr(x, "value", x))
