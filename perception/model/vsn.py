@@ -1,0 +1,91 @@
+"""Memory-aware variable selection network (TFT-style, DESIGN §3).
+
+Every scalar feature j gets its own width-d_v embedding and GRN, batched over variables with
+grouped weights [F, ...] (one einsum per layer, no loop over features). A TFT VSN at width D would
+hold [B, K, F, D] tensors (9 GB each at production size); at d_v = 8 they are D/d_v times smaller."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from perception.model.init import init_linear, uniform_
+
+
+class GroupedGRN(nn.Module):
+    """F independent GRNs of width d (input = hidden = output = d), weights stacked over F.
+    GRN(a) = LayerNorm(a + GLU(fc2(ELU(fc1(a)))))."""
+
+    def __init__(self, n_vars: int, d: int):
+        super().__init__()
+        self.fc1_w = nn.Parameter(torch.empty(n_vars, d, d))
+        self.fc1_b = nn.Parameter(torch.empty(n_vars, d))
+        self.fc2_w = nn.Parameter(torch.empty(n_vars, 2 * d, d))
+        self.fc2_b = nn.Parameter(torch.empty(n_vars, 2 * d))
+        self.ln_w = nn.Parameter(torch.ones(n_vars, d))
+        self.ln_b = nn.Parameter(torch.zeros(n_vars, d))
+
+    def reset_parameters(self, gen: torch.Generator) -> None:
+        d = self.fc1_w.shape[-1]
+        for p in (self.fc1_w, self.fc1_b, self.fc2_w, self.fc2_b):
+            uniform_(p, 1.0 / math.sqrt(d), gen)
+        nn.init.ones_(self.ln_w)
+        nn.init.zeros_(self.ln_b)
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        """a: (..., F, d) -> (..., F, d)."""
+        h = torch.einsum("...fi,foi->...fo", a, self.fc1_w) + self.fc1_b  # (..., F, d)
+        h = torch.einsum("...fi,foi->...fo", F.elu(h), self.fc2_w) + self.fc2_b  # (..., F, 2d)
+        h = F.glu(h, dim=-1)  # (..., F, d)
+        out = F.layer_norm(a + h, a.shape[-1:])
+        return out * self.ln_w + self.ln_b
+
+
+class GRN(nn.Module):
+    """One GRN from d_in to d_out through width d_hidden, with a linear skip (d_in != d_out)."""
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.fc2 = nn.Linear(d_hidden, 2 * d_out)
+        self.skip = nn.Linear(d_in, d_out)
+        self.norm = nn.LayerNorm(d_out)
+
+    def reset_parameters(self, gen: torch.Generator) -> None:
+        for layer in (self.fc1, self.fc2, self.skip):
+            init_linear(layer, gen)
+        self.norm.reset_parameters()
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        h = F.glu(self.fc2(F.elu(self.fc1(a))), dim=-1)
+        return self.norm(self.skip(a) + h)
+
+
+class VSN(nn.Module):
+    """x: (B, K, F) -> (B, K, D), plus the selection weights v: (B, K, F)."""
+
+    def __init__(self, n_features: int, d_var: int, d_model: int):
+        super().__init__()
+        self.n_features, self.d_var = n_features, d_var
+        self.embed_w = nn.Parameter(torch.empty(n_features, d_var))  # Linear(1 -> d_v) per variable
+        self.embed_b = nn.Parameter(torch.empty(n_features, d_var))
+        self.var_grn = GroupedGRN(n_features, d_var)
+        self.select_grn = GRN(n_features * d_var, d_model, n_features)
+        self.out = nn.Linear(n_features * d_var, d_model)
+
+    def reset_parameters(self, gen: torch.Generator) -> None:
+        uniform_(self.embed_w, 1.0, gen)  # fan_in 1
+        uniform_(self.embed_b, 1.0, gen)
+        self.var_grn.reset_parameters(gen)
+        self.select_grn.reset_parameters(gen)
+        init_linear(self.out, gen)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        e = x.unsqueeze(-1) * self.embed_w + self.embed_b  # (B, K, F, d_v)
+        xi = self.var_grn(e)  # (B, K, F, d_v)
+        v = torch.softmax(self.select_grn(e.flatten(-2)), dim=-1)  # (B, K, F)
+        selected = (v.unsqueeze(-1) * xi).flatten(-2)  # (B, K, F * d_v)
+        return self.out(selected), v
