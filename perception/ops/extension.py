@@ -1,44 +1,139 @@
-"""Loading the compiled `perception` CUDA extension: a prebuilt library beside the package first,
-never nvcc at run time when one matches. `available()` is cheap and never raises."""
+"""Loading the compiled `perception` CUDA extension.
+
+Order: the prebuilt library in `perception/ops/lib/` (made by `python -m perception.ops.build`) when its
+manifest matches this torch and this GPU; else, only where nvcc exists, a JIT build of `csrc/` into
+TORCH_EXTENSIONS_DIR; else the reference ops. A CPU-only install compiles nothing. After loading, the
+autograd/fake registrations of every op family are imported. `available()` is cheap after its first call
+and never raises; `require()` raises the actionable message."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
+import os
+import shutil
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from perception.errors import ConfigError
+
 LIB_DIR = Path(__file__).parent / "lib"
+CSRC_DIR = Path(__file__).parent / "csrc"
+LIB_NAME = "perception_ops"
+REQUIRED_ARCHS = ("8.9", "9.0")  # L40S (production) and H100/H200 (development), always built
+REGISTRATION_MODULES = ("perception.ops.pool_autograd", "perception.ops.cfc_autograd")
 
 
-class ExtensionUnavailable(RuntimeError):
-    pass
+class ExtensionUnavailable(ConfigError):
+    """model.ops=cuda asked for kernels this machine cannot run; the message says what to do."""
+
+
+def sources() -> list[str]:
+    """Every C++/CUDA source of the one shared library (all op families)."""
+    return sorted(str(p) for p in CSRC_DIR.iterdir() if p.suffix in (".cpp", ".cu"))
+
+
+def arch_list() -> str:
+    """TORCH_CUDA_ARCH_LIST from the environment, always including sm_89 and sm_90."""
+    given = [a for a in os.environ.get("TORCH_CUDA_ARCH_LIST", "").replace(",", ";").split(";") if a.strip()]
+    archs = list(dict.fromkeys([a.strip() for a in given] + list(REQUIRED_ARCHS)))
+    return ";".join(archs)
+
+
+def compile_flags() -> dict[str, list[str]]:
+    return {
+        "extra_cflags": ["-O3", "-std=c++17"],
+        "extra_cuda_cflags": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"],
+    }
+
+
+def nvcc_path() -> str | None:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME and (Path(CUDA_HOME) / "bin" / "nvcc").exists():
+        return str(Path(CUDA_HOME) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def manifest_path() -> Path:
+    return LIB_DIR / f"{LIB_NAME}.json"
+
+
+def _arch_tag(arch: str) -> int:
+    return int(arch.replace("+PTX", "").replace(".", ""))
+
+
+def prebuilt_mismatch() -> str | None:
+    """None when `lib/` holds a library built for this torch and this GPU, else why not."""
+    lib = LIB_DIR / f"{LIB_NAME}.so"
+    if not lib.exists() or not manifest_path().exists():
+        return f"no prebuilt library in {LIB_DIR}"
+    try:
+        manifest = json.loads(manifest_path().read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable manifest {manifest_path()}: {exc}"
+    if manifest.get("torch") != torch.__version__:
+        return f"{lib} was built for torch {manifest.get('torch')}, this is torch {torch.__version__}"
+    major, minor = torch.cuda.get_device_capability()
+    cap = major * 10 + minor
+    archs = manifest.get("archs", "").split(";")
+    exact = any(_arch_tag(a) == cap for a in archs if a)
+    ptx = any(a.endswith("+PTX") and _arch_tag(a) <= cap for a in archs)
+    if not (exact or ptx):
+        return f"{lib} was built for {manifest.get('archs')}, this GPU is sm_{cap}"
+    return None
+
+
+def _jit_load() -> None:
+    """Builds csrc/ into TORCH_EXTENSIONS_DIR (cached there by source hash) and loads it."""
+    from torch.utils.cpp_extension import load
+
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch_list()
+    load(name=LIB_NAME, sources=sources(), is_python_module=False, verbose=False, **compile_flags())
 
 
 @lru_cache(maxsize=1)
 def _load() -> str | None:
-    """Returns None when loaded, else the reason it could not be."""
+    """Returns None when the kernels are loaded and registered, else the reason they are not."""
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch (torch.cuda.is_available() is False)"
-    libs = sorted(LIB_DIR.glob("*.so"))
-    if not libs:
-        return (
-            f"no prebuilt library in {LIB_DIR}; run `python -m perception.ops.build` on a machine "
-            "with nvcc (or use the Docker image, which carries it)"
-        )
     try:
-        for lib in libs:
-            torch.ops.load_library(str(lib))
-    except OSError as exc:
-        return f"could not load {libs}: {exc}; rebuild with `python -m perception.ops.build`"
+        mismatch = prebuilt_mismatch()
+        if mismatch is None:
+            torch.ops.load_library(str(LIB_DIR / f"{LIB_NAME}.so"))
+        elif nvcc_path() is not None and os.environ.get("PERCEPTION_OPS_JIT", "1") != "0":
+            _jit_load()
+        else:
+            return (
+                f"{mismatch}, and no nvcc for a JIT build; run `python -m perception.ops.build` on a "
+                "machine with the CUDA toolkit (nvcc) and this torch, or use the Docker image, which carries it"
+            )
+        for name in REGISTRATION_MODULES:
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available", with its reason
+        return f"loading the extension failed: {exc}; rebuild with `python -m perception.ops.build`"
     return None
 
 
 def available() -> bool:
-    return _load() is None
+    try:
+        return _load() is None
+    except Exception:  # noqa: BLE001 - never raises, by contract
+        return False
+
+
+def reason() -> str | None:
+    return _load()
 
 
 def require() -> None:
-    reason = _load()
-    if reason is not None:
-        raise ExtensionUnavailable(f"model.ops=cuda needs the perception CUDA extension: {reason}")
+    why = _load()
+    if why is not None:
+        raise ExtensionUnavailable(
+            f"model.ops=cuda needs the perception CUDA extension: {why}. "
+            "Set model.ops=auto or model.ops=ref to use the reference ops instead."
+        )

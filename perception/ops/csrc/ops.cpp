@@ -1,0 +1,20 @@
+// Schemas of the pool ops (DESIGN §5). CUDA implementations live in pool.cu, inverted.cu, merge.cu;
+// autograd and fake registrations in perception/ops/pool_autograd.py. Other op families add theirs
+// with TORCH_LIBRARY_FRAGMENT(perception, m).
+#include <torch/library.h>
+
+TORCH_LIBRARY(perception, m) {
+  // lnb (B,K,D), q (Q,D) -> ctx (B,Q,D), lse (B,Q): softmax_k(q . lnb) @ lnb and its log-sum-exp,
+  // which the one-pass backward needs.
+  m.def("attention_pool(Tensor lnb, Tensor q) -> (Tensor, Tensor)");
+  // grad_ctx (B,Q,D), lnb, q, ctx, lse -> d_lnb (B,K,D), d_q (Q,D)
+  m.def("attention_pool_bwd(Tensor grad_ctx, Tensor lnb, Tensor q, Tensor ctx, Tensor lse) -> (Tensor, Tensor)");
+  // lnb (B,K,D) -> inv (B,D), attn (B,D,D) softmax over channels, mean (B,D) over K
+  m.def("inverted_pool(Tensor lnb) -> (Tensor, Tensor, Tensor)");
+  // grad_inv (B,D), lnb, attn, mean, inv -> d_lnb (B,K,D)
+  m.def("inverted_pool_bwd(Tensor grad_inv, Tensor lnb, Tensor attn, Tensor mean, Tensor inv) -> Tensor");
+  // ctx (B,Q,D), inv (B,D) -> ctx + inv for every query
+  m.def("inv_pool_merge(Tensor ctx, Tensor inv) -> Tensor");
+  // grad (B,Q,D) -> d_inv (B,D) = sum over q
+  m.def("inv_pool_merge_bwd(Tensor grad) -> Tensor");
+}
