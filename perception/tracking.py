@@ -140,6 +140,9 @@ class RunLedger:
             if self.run_id() is None:
                 exp_id = get_or_create_experiment(self.experiment, self.tracking_uri)
                 tags = dict(entry["tags"])
+                if "mlflow.parentRunId" not in tags:  # started during an outage: nest it now
+                    tags["mlflow.parentRunId"] = ensure_parent_run(tags["sweep_id"], self.tracking_uri,
+                                                                   self.experiment)
                 run = c.create_run(exp_id, tags=tags, run_name=entry.get("run_name"))
                 _write_json(self.run_dir / RUN_ID_FILE, {"run_id": run.info.run_id})
             else:

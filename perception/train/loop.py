@@ -59,6 +59,12 @@ def train(cfg: Config) -> dict[str, Any]:
     resume_from = check_before_work(cfg, place.dir)  # every config error, before any work
     done = place.dir / DONE_FILE
     if done.exists():
+        ledger = RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment)
+        pending = len(ledger.unsent())
+        if pending:  # finished during an outage: send what was kept
+            ok = ledger.flush(force=True)
+            print(f"[perception] sent {pending - len(ledger.unsent())} of {pending} pending tracking operations"
+                  + ("" if ok else f"; still unreachable: {ledger.failures()[-1]}"))
         print(f"[perception] {place.dir.name} of sweep {place.sweep_id} already finished; nothing to do")
         return json.loads(done.read_text())["metrics"]
     place.dir.mkdir(parents=True, exist_ok=True)
