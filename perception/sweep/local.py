@@ -1,0 +1,268 @@
+"""The A/B on one machine (DESIGN §7): feature cache and parent run, six trainings, then the gate.
+
+Every step is the installed command a pod would run, so a local sweep exercises exactly what the
+Argo workflow does; re-running with the same sweep_id skips finished runs (done.json) and lets
+`perception-train` resume unfinished ones from their run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from perception.atomic import atomic_write_text
+from perception.errors import ConfigError, PerceptionError
+from perception.paths import new_sweep_id, perception_home, run_dir, tracking_uri
+from perception.sweep.devices import child_env, detect_gpus, plan_waves
+
+VARIANTS = ("shared", "per_horizon")
+DEFAULT_EXPERIMENT = "local"  # conf/config.yaml's default
+DONE_FILE = "done.json"
+# Set per run by the sweep itself; a user override would silently break the study's design.
+RESERVED_KEYS = ("sweep_id", "model.attention_pool", "data.fold", "tracking.parent_run_id")
+SWEEP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    variant: str
+    fold: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} fold {self.fold}"
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    status: str  # "skipped" (finished earlier) | "finished" | "failed"
+    seconds: float = 0.0
+    run_id: Optional[str] = None
+    returncode: Optional[int] = None
+    log: Optional[Path] = None
+
+
+@dataclass
+class SweepResult:
+    sweep_id: str
+    parent_run_id: str
+    runs: list[RunOutcome] = field(default_factory=list)
+    gate: Any = None  # GateOutcome
+    wall_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        failed = any(r.status == "failed" for r in self.runs)
+        refused = self.gate is None or getattr(self.gate, "refused", True)
+        return 1 if failed or refused else 0
+
+
+# ---- configuration ---------------------------------------------------------------------------
+def check_overrides(overrides: Sequence[str]) -> None:
+    for o in overrides:
+        if o.startswith("-"):
+            raise ConfigError(f"{o!r}: the sweep takes Hydra overrides only (key=value), not flags")
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key in RESERVED_KEYS:
+            raise ConfigError(f"override {o!r}: {key} is set by the sweep for each run; remove it "
+                              f"(use --sweep-id to name the sweep)")
+
+
+def check_sweep_id(sweep_id: str) -> str:
+    """A directory name and an MLflow tag value that needs no quoting (Argo's workflow names fit)."""
+    if not SWEEP_ID_RE.match(sweep_id):
+        raise ConfigError(f"sweep_id {sweep_id!r}: expected letters, digits, '.', '_' or '-', "
+                          f"at most 63 characters, starting with a letter or digit")
+    return sweep_id
+
+
+def compose(overrides: Sequence[str]):
+    """The training config these overrides give, composed up front so a typo fails before any work."""
+    from omegaconf import OmegaConf
+
+    from perception.train.cli import compose_config, config_error_message
+
+    try:
+        cfg = compose_config(list(overrides))
+        OmegaConf.to_object(cfg)
+    except Exception as exc:
+        raise ConfigError(f"overrides {list(overrides)}: {config_error_message(exc)}") from exc
+    return cfg
+
+
+def experiment_of(overrides: Sequence[str]) -> str:
+    chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")]
+    return chosen[-1] if chosen else DEFAULT_EXPERIMENT
+
+
+def gate_config_for(experiment: str) -> str:
+    """conf/gate/<experiment>.yaml when it exists (its horizons match the experiment's), else default."""
+    from importlib.resources import files
+
+    return experiment if files("perception.conf").joinpath("gate", f"{experiment}.yaml").is_file() else "default"
+
+
+def study_runs(n_folds: int) -> list[RunSpec]:
+    """Fold-major, so with two GPUs both variants of a fold train side by side."""
+    return [RunSpec(v, f) for f in range(n_folds) for v in VARIANTS]
+
+
+def command(name: str) -> list[str]:
+    found = shutil.which(name)
+    if not found:
+        raise PerceptionError(f"{name} is not on PATH; install the package (pip install -e .)")
+    return [found]
+
+
+# ---- steps -----------------------------------------------------------------------------------
+def build_features(overrides: Sequence[str], env: dict[str, str], data_command: Optional[list[str]] = None) -> None:
+    """`perception-data build`: fills the feature cache once, before trainings run side by side."""
+    rc = subprocess.run([*(data_command or command("perception-data")), "build", *overrides], env=env).returncode
+    if rc == 2:
+        raise ConfigError(f"perception-data build {' '.join(overrides)} rejected the configuration (exit 2)")
+    if rc != 0:
+        raise PerceptionError(f"perception-data build failed (exit {rc})")
+
+
+def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optional[Path] = None,
+            data_command: Optional[list[str]] = None) -> str:
+    """The workflow's first step: feature cache plus the sweep's parent run; returns its id."""
+    from perception.tracking import ensure_parent_run
+
+    check_sweep_id(sweep_id)
+    check_overrides(overrides)
+    cfg = compose(overrides)
+    env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
+    build_features(overrides, env, data_command)
+    parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment)
+    if parent_run_id_file is not None:
+        atomic_write_text(parent_run_id_file, parent)
+    return parent
+
+
+def _train_one(spec: RunSpec, args: list[str], env: dict[str, str], log: Optional[Path], home: Path,
+               sweep_id: str) -> RunOutcome:
+    t0 = time.perf_counter()
+    if log is None:  # sequential: the trainer's own progress bar goes to the terminal
+        rc = subprocess.run(args, env=env).returncode
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as f:
+            rc = subprocess.run(args, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+    seconds = time.perf_counter() - t0
+    done = _read_done(run_dir(sweep_id, spec.variant, spec.fold, home))
+    ok = rc == 0 and done is not None
+    return RunOutcome(spec, "finished" if ok else "failed", seconds,
+                      done.get("run_id") if done else None, rc, log)
+
+
+def _read_done(directory: Path) -> Optional[dict]:
+    path = directory / DONE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise PerceptionError(f"{path}: unreadable ({exc}); delete it to train that run again") from exc
+
+
+# ---- the sweep -------------------------------------------------------------------------------
+def run_local_sweep(
+    sweep_id: Optional[str] = None,
+    overrides: Sequence[str] = (),
+    *,
+    gpus: Optional[list[str]] = None,
+    train_command: Optional[list[str]] = None,
+    data_command: Optional[list[str]] = None,
+    gate: Optional[Callable[..., Any]] = None,
+    say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> SweepResult:
+    """Runs (or completes) the whole study; returns every run's outcome and the gate's."""
+    t_start = time.perf_counter()
+    check_overrides(overrides)
+    cfg = compose(overrides)
+    sweep_id = check_sweep_id(sweep_id or new_sweep_id())
+    home = perception_home()
+    uri = tracking_uri(cfg.tracking.uri, home)
+    env = {**os.environ, "PERCEPTION_HOME": str(home)}
+    gpus = detect_gpus(os.environ) if gpus is None else gpus
+    runs = study_runs(int(cfg.data.n_folds))
+
+    from perception.tracking import ensure_parent_run
+
+    parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment)
+    where = f"{len(gpus)} GPU(s) in parallel" if gpus else "sequentially on CPU"
+    say(f"sweep {sweep_id}: {len(runs)} runs {where}; parent run {parent}; tracking {uri}")
+    result = SweepResult(sweep_id, parent)
+
+    pending = []
+    for spec in runs:
+        done = _read_done(run_dir(sweep_id, spec.variant, spec.fold, home))
+        if done is not None:
+            result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
+            say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
+        else:
+            pending.append(spec)
+
+    if pending:
+        say("building the feature cache (perception-data build)")
+        build_features(overrides, env, data_command)
+    trainer = train_command or command("perception-train")
+    for wave in plan_waves(pending, gpus):
+        for spec, device in wave:
+            d = run_dir(sweep_id, spec.variant, spec.fold, home)
+            verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
+            say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{len(runs)}] {spec.label}: {verb}"
+                + (f" on GPU {device} (log {d / 'train.log'})" if device is not None else ""))
+
+        def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
+            spec, device = item
+            args = [*trainer, *overrides, f"sweep_id={sweep_id}", f"model.attention_pool={spec.variant}",
+                    f"data.fold={spec.fold}", f"tracking.parent_run_id={parent}"]
+            log = run_dir(sweep_id, spec.variant, spec.fold, home) / "train.log" if device is not None else None
+            return _train_one(spec, args, child_env(env, device), log, home, sweep_id)
+
+        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+            outcomes = list(pool.map(one, wave))
+        for out in outcomes:
+            result.runs.append(out)
+            say(_progress_line(out, result, len(runs), time.perf_counter() - t_start, max(1, len(gpus))))
+        if any(o.returncode == 2 for o in outcomes):  # the same config would fail every other run too
+            raise ConfigError(f"perception-train rejected the configuration (exit 2) for "
+                              f"{', '.join(o.spec.label for o in outcomes if o.returncode == 2)}")
+
+    if gate is None:
+        from perception.sweep.gate import run_gate as gate
+    experiment = experiment_of(overrides)
+    gate_config = gate_config_for(experiment)
+    say(f"gate: sweep {sweep_id}, config {gate_config}")
+    result.gate = gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config)
+    result.wall_s = time.perf_counter() - t_start
+    return result
+
+
+def _progress_line(out: RunOutcome, result: SweepResult, total: int, elapsed: float, lanes: int) -> str:
+    n = len(result.runs)
+    trained = [r.seconds for r in result.runs if r.status != "skipped"]
+    eta = (total - n) * sum(trained) / len(trained) / lanes if trained else 0.0
+    head = f"[{n}/{total}] {out.spec.label}: "
+    if out.status == "finished":
+        body = f"finished in {out.seconds:.1f} s (run {out.run_id})"
+    else:
+        where = f"; log {out.log}" if out.log else ""
+        body = f"FAILED (exit {out.returncode}) after {out.seconds:.1f} s{where}"
+    return head + body + f" · elapsed {_clock(elapsed)}" + (f" · ETA {_clock(eta)}" if n < total else "")
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"

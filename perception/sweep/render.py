@@ -1,0 +1,56 @@
+"""The Argo Workflow of the A/B, built from its one hera definition in workflows/ab_sweep.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+from typing import Mapping, Optional
+
+from perception.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def workflow_file() -> Path:
+    """workflows/ab_sweep.py of this checkout (an editable install), else of the current directory."""
+    candidates = [Path(p) for p in [os.environ.get("PERCEPTION_WORKFLOW_FILE")] if p]
+    candidates += [REPO / "workflows" / "ab_sweep.py", Path.cwd() / "workflows" / "ab_sweep.py"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ConfigError("workflows/ab_sweep.py not found (looked at "
+                      + ", ".join(str(c) for c in candidates)
+                      + "); run from a clone of the repository or set PERCEPTION_WORKFLOW_FILE")
+
+
+def load_definition(path: Optional[Path] = None) -> ModuleType:
+    path = path or workflow_file()
+    spec = importlib.util.spec_from_file_location("perception_ab_sweep_workflow", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(smoke: bool = False, params: Optional[Mapping[str, str]] = None):
+    """The hera Workflow, with workflow parameters overridden by `params` (checked by name and enum)."""
+    w = load_definition().build_workflow(smoke=smoke)
+    set_parameters(w, params or {})
+    return w
+
+
+def set_parameters(w, params: Mapping[str, str]) -> None:
+    by_name = {p.name: p for p in w.arguments}
+    for name, value in params.items():
+        if name not in by_name:
+            raise ConfigError(f"workflow parameter {name!r} does not exist; expected one of {sorted(by_name)}")
+        p = by_name[name]
+        if p.enum and value not in p.enum:
+            raise ConfigError(f"workflow parameter {name}={value!r}: expected one of {p.enum}")
+        p.value = value
+
+
+def render(smoke: bool = False, params: Optional[Mapping[str, str]] = None) -> str:
+    return build(smoke, params).to_yaml()

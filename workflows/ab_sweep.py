@@ -1,0 +1,213 @@
+"""The A/B sweep as an Argo Workflow (DESIGN §7): prepare >> six trainings >> gate.
+
+    hera generate yaml workflows/ab_sweep.py          # the study on L40S pods
+    perception-sweep render [--smoke] [--out wf.yaml] # the same, or the CPU smoke variant
+    perception-sweep submit --host https://argo.example.com --namespace perception
+
+`prepare` fills the feature cache on a ReadWriteMany PVC and creates the sweep's parent MLflow run;
+each (variant, fold) trains in its own pod and resumes from its PVC checkpoint after a preemption;
+the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
+Only run ids travel between steps; metrics stay in MLflow.
+"""
+
+from __future__ import annotations
+
+from hera.workflows import (
+    DAG,
+    ConfigMapEnvFrom,
+    Container,
+    ExistingVolume,
+    Parameter,
+    Resources,
+    RetryStrategy,
+    SecretEnvFrom,
+    Task,
+    Workflow,
+)
+from hera.workflows.models import (
+    Backoff,
+    PodGC,
+    PodSecurityContext,
+    Toleration,
+    TTLStrategy,
+    ValueFrom,
+)
+
+VARIANTS = ("shared", "per_horizon")
+FOLDS = (0, 1, 2)
+
+# Cluster names shared with the manifests in infra/.
+NAMESPACE = "perception"
+SERVICE_ACCOUNT = "perception-workflow"
+CONFIG_MAP = "perception-config"  # MLFLOW_TRACKING_URI, PERCEPTION_HOME
+CREDENTIALS_SECRET = "mlflow-credentials"  # MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
+GPU_PRODUCT = "NVIDIA-L40S"
+
+SWEEP_ID = "{{workflow.name}}"
+PARENT_RUN_FILE = "/tmp/parent-run-id"
+DECISION_FILE = "/tmp/decision.json"
+
+# Spot preemption ends a pod as Failed ("imminent node shutdown") or Errored ("pod deleted");
+# a real training failure (exit 1) or a config error (exit 2) is not retried.
+PREEMPTED = 'lastRetry.message contains "imminent node shutdown" || lastRetry.message contains "pod deleted"'
+
+
+def _params(smoke: bool) -> list[Parameter]:
+    return [
+        Parameter(name="image", value="ghcr.io/perception-platform/perception"),
+        Parameter(name="tag", value="latest"),
+        Parameter(name="experiment", value="ci" if smoke else "production"),
+        Parameter(name="epochs", value="2" if smoke else "30"),
+        Parameter(name="data", value="synthetic", enum=["synthetic", "dbn"]),
+        # DBN inputs under the read-only market-data mount, e.g. [/data/ES/*.dbn.zst]
+        Parameter(name="data-paths", value="[]"),
+        # conf/gate/<name>.yaml whose horizons match the experiment
+        Parameter(name="gate-config", value="ci" if smoke else "default"),
+    ]
+
+
+def _overrides() -> list[str]:
+    """The Hydra overrides every step shares, so all of them read the same feature cache."""
+    p = "{{workflow.parameters.%s}}"
+    return [
+        f"experiment={p % 'experiment'}",
+        f"trainer.epochs={p % 'epochs'}",
+        f"data={p % 'data'}",
+        f"data.paths={p % 'data-paths'}",
+    ]
+
+
+def _volumes(cache: bool = True, runs: bool = True, data: bool = True) -> list[ExistingVolume]:
+    """ReadWriteMany claims, mounted per template (a workflow-level mount_path is silently dropped)."""
+    vols = []
+    if cache:
+        vols.append(ExistingVolume(name="cache", claim_name="perception-cache", mount_path="/perception-home/cache"))
+    if runs:
+        vols.append(ExistingVolume(name="runs", claim_name="perception-runs", mount_path="/perception-home/runs"))
+    if data:
+        vols.append(
+            ExistingVolume(name="market-data", claim_name="perception-market-data", mount_path="/data", read_only=True)
+        )
+    return vols
+
+
+def _retry(limit: int) -> RetryStrategy:
+    return RetryStrategy(
+        limit=limit,
+        retry_policy="Always",
+        expression=PREEMPTED,
+        backoff=Backoff(duration="30s", factor=2, max_duration="30m"),
+    )
+
+
+def _container(name: str, command: str, args: list[str], resources: Resources, **kw) -> Container:
+    return Container(
+        name=name,
+        image="{{workflow.parameters.image}}:{{workflow.parameters.tag}}",
+        command=[command],
+        args=args,
+        env_from=[ConfigMapEnvFrom(name=CONFIG_MAP), SecretEnvFrom(name=CREDENTIALS_SECRET)],
+        resources=resources,
+        retry_strategy=_retry(limit=10 if command == "perception-train" else 3),
+        **kw,
+    )
+
+
+def build_workflow(smoke: bool = False) -> Workflow:
+    """The study (six L40S pods, production scale) or, with `smoke`, the same graph on CPU pods
+    at the `ci` scale for trying a cluster end to end in minutes."""
+    if smoke:
+        train_resources = Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi")
+        gpu_placement: dict = {}
+        device = "cpu"
+    else:
+        train_resources = Resources(cpu_request=6, memory_request="40Gi", memory_limit="56Gi", gpus=1)
+        gpu_placement = dict(
+            node_selector={"nvidia.com/gpu.product": GPU_PRODUCT},
+            tolerations=[Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        )
+        device = "cuda"
+
+    with Workflow(
+        generate_name="ab-sweep-smoke-" if smoke else "ab-sweep-",
+        namespace=NAMESPACE,
+        service_account_name=SERVICE_ACCOUNT,
+        entrypoint="ab-sweep",
+        arguments=_params(smoke),
+        labels={"app.kubernetes.io/part-of": "perception", "perception/workflow": "ab-sweep"},
+        active_deadline_seconds=3600 if smoke else 3 * 24 * 3600,
+        # Failed pods stay for `kubectl logs`; the TTL removes the workflow and them later.
+        pod_gc=PodGC(strategy="OnPodSuccess"),
+        ttl_strategy=TTLStrategy(seconds_after_success=24 * 3600, seconds_after_failure=7 * 24 * 3600),
+        # The image's user (uid 1000) must be able to write the PVCs.
+        security_context=PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000),
+    ) as w:
+        prepare = _container(
+            "prepare",
+            "perception-sweep",
+            ["prepare", "--sweep-id", SWEEP_ID, "--parent-run-id-file", PARENT_RUN_FILE, *_overrides()],
+            Resources(cpu_request=2, memory_request="8Gi" if not smoke else "2Gi", memory_limit="16Gi"),
+            volumes=_volumes(runs=False),
+            outputs=[Parameter(name="parent-run-id", value_from=ValueFrom(path=PARENT_RUN_FILE))],
+        )
+        train = _container(
+            "train",
+            "perception-train",
+            [
+                f"sweep_id={SWEEP_ID}",
+                "model.attention_pool={{inputs.parameters.variant}}",
+                "data.fold={{inputs.parameters.fold}}",
+                "tracking.parent_run_id={{inputs.parameters.parent-run-id}}",
+                f"trainer.device={device}",
+                "trainer.progress=false",
+                *_overrides(),
+            ],
+            train_resources,
+            inputs=[Parameter(name="variant"), Parameter(name="fold"), Parameter(name="parent-run-id")],
+            volumes=_volumes(),
+            **gpu_placement,
+        )
+        gate = _container(
+            "gate",
+            "perception-gate",
+            [
+                "--sweep-id",
+                SWEEP_ID,
+                "--config",
+                "{{workflow.parameters.gate-config}}",
+                "--decision-file",
+                DECISION_FILE,
+            ],
+            Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
+            volumes=_volumes(cache=False, data=False),
+            outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="{}"))],
+        )
+
+        # fail_fast off: one failed training must not stop the gate from being scheduled.
+        with DAG(name="ab-sweep", fail_fast=False):
+            prep = Task(name="prepare", template=prepare)
+            trainings = [
+                Task(
+                    name=f"train-{variant.replace('_', '-')}-f{fold}",
+                    template=train,
+                    arguments={
+                        "variant": variant,
+                        "fold": str(fold),
+                        "parent-run-id": prep.get_parameter("parent-run-id").value,
+                    },
+                )
+                for fold in FOLDS
+                for variant in VARIANTS
+            ]
+            prep >> trainings
+            # Every outcome counts, so the gate can refuse with a reason instead of never running.
+            Task(
+                name="gate",
+                template=gate,
+                depends=" && ".join(f"({t.name}.Succeeded || {t.name}.Failed || {t.name}.Errored)" for t in trainings),
+            )
+    return w
+
+
+# `hera generate yaml workflows/ab_sweep.py` renders every Workflow at module level: the study.
+w = build_workflow()
