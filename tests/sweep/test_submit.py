@@ -1,0 +1,127 @@
+"""`perception-sweep submit` against a local Argo-like server that checks the bearer token and
+validates the posted workflow with the same strict schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from .argo import schema_errors
+
+TOKEN = "s3cr3t-token"
+
+
+class FakeArgo:
+    """Answers POST /<prefix>api/v1/workflows/<namespace> like the Argo server does."""
+
+    def __init__(self, shared_dir: Path):
+        self.requests: list[dict] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                fake.requests.append({"path": self.path, "auth": self.headers.get("Authorization")})
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._reply(401, {"code": 16, "message": "token not valid"})
+                wf = json.loads(body).get("workflow", {})
+                errors = schema_errors(shared_dir, wf)
+                fake.requests[-1]["errors"] = errors
+                if errors:
+                    return self._reply(400, {"code": 3, "message": f"invalid workflow: {errors[:3]}"})
+                wf.setdefault("metadata", {})["name"] = wf["metadata"]["generateName"] + "x7k2p"
+                fake.requests[-1]["workflow"] = wf
+                self._reply(200, wf)
+
+            def _reply(self, code: int, obj: dict) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+
+@pytest.fixture
+def argo(shared_dir):
+    fake = FakeArgo(shared_dir)
+    fake.thread.start()
+    try:
+        yield fake
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+
+
+def submit(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "ARGO_TOKEN"}
+    if token is not None:
+        env["ARGO_TOKEN"] = token
+    return subprocess.run(["perception-sweep", "submit", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
+def test_submit_posts_a_valid_workflow_and_prints_its_name_and_link(argo, smoke):
+    r = submit("--host", argo.url, "--namespace", "perception", *(["--smoke"] if smoke else []))
+    assert r.returncode == 0, r.stderr
+    [req] = argo.requests
+    assert req["path"] == "/api/v1/workflows/perception"
+    assert req["errors"] == []
+    name = req["workflow"]["metadata"]["name"]
+    assert name == ("ab-sweep-smoke-x7k2p" if smoke else "ab-sweep-x7k2p")
+    assert name in r.stdout
+    assert f"{argo.url}/workflows/perception/{name}" in r.stdout
+    tasks = [t["name"] for t in req["workflow"]["spec"]["templates"][-1]["dag"]["tasks"]]
+    assert sum(t.startswith("train-") for t in tasks) == 6
+
+
+def test_parameters_travel_with_the_submission(argo):
+    r = submit("--host", argo.url, "--namespace", "research", "-p", "tag=v1.2.0", "-p", "epochs=12")
+    assert r.returncode == 0, r.stderr
+    [req] = argo.requests
+    assert req["path"] == "/api/v1/workflows/research"
+    params = {p["name"]: p["value"] for p in req["workflow"]["spec"]["arguments"]["parameters"]}
+    assert params["tag"] == "v1.2.0" and params["epochs"] == "12"
+    assert req["workflow"]["metadata"]["namespace"] == "research"
+
+
+def test_a_host_with_a_path_prefix_keeps_it(argo):
+    r = submit("--host", argo.url + "/argo", "--namespace", "perception", "--smoke")
+    assert r.returncode == 0, r.stderr
+    assert argo.requests[0]["path"] == "/argo/api/v1/workflows/perception"
+    assert f"{argo.url}/argo/workflows/perception/" in r.stdout
+
+
+def test_a_wrong_token_is_refused_with_exit_1(argo):
+    r = submit("--host", argo.url, "--namespace", "perception", token="wrong")
+    assert r.returncode == 1
+    assert argo.requests[0]["auth"] == "Bearer wrong"
+    assert "token not valid" in r.stderr or "Unauthorized" in r.stderr
+
+
+def test_the_token_comes_from_the_environment_only(argo):
+    r = submit("--host", argo.url, "--namespace", "perception", token=None)
+    assert r.returncode == 2 and "ARGO_TOKEN" in r.stderr
+    r = submit("--host", argo.url, "--namespace", "perception", "--token", TOKEN, token=None)
+    assert r.returncode == 2  # no such option
+    assert argo.requests == []
+
+
+def test_a_bad_host_is_a_usage_error(argo):
+    r = submit("--host", "argo.example.com", "--namespace", "perception")
+    assert r.returncode == 2 and "--host 'argo.example.com'" in r.stderr
+    assert argo.requests == []

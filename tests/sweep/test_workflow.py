@@ -1,0 +1,181 @@
+"""The hera-built Argo Workflow: schema-valid, golden, and shaped like the study."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from perception.errors import ConfigError
+from perception.sweep.render import render
+
+from .argo import schema_errors
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = {False: REPO / "workflows" / "ab_sweep.yaml", True: REPO / "workflows" / "ab_sweep_smoke.yaml"}
+PAIRS = {(v, f) for v in ("shared", "per_horizon") for f in ("0", "1", "2")}
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[bool, dict]:
+    return {smoke: yaml.safe_load(render(smoke=smoke)) for smoke in (False, True)}
+
+
+def templates(doc: dict) -> dict[str, dict]:
+    return {t["name"]: t for t in doc["spec"]["templates"]}
+
+
+def dag_tasks(doc: dict) -> dict[str, dict]:
+    dag = templates(doc)[doc["spec"]["entrypoint"]]["dag"]
+    return {t["name"]: t for t in dag["tasks"]}
+
+
+def train_tasks(doc: dict) -> dict[str, dict]:
+    return {n: t for n, t in dag_tasks(doc).items() if t["template"] == "train"}
+
+
+def args_of(task: dict) -> dict[str, str]:
+    return {p["name"]: p["value"] for p in task["arguments"]["parameters"]}
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
+def test_rendered_yaml_passes_the_strict_validator(smoke, shared_dir, tmp_path):
+    out = tmp_path / "wf.yaml"
+    cmd = ["perception-sweep", "render", "--out", str(out)] + (["--smoke"] if smoke else [])
+    subprocess.run(cmd, check=True, timeout=120)
+    r = subprocess.run([sys.executable, str(shared_dir / "argo" / "validate_workflow.py"), str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Workflow OK" in r.stdout
+
+
+def test_the_validator_would_catch_a_misspelled_field(docs, shared_dir):
+    broken = copy.deepcopy(docs[False])
+    templates(broken)["train"]["container"]["resource"] = {"limits": {"nvidia.com/gpu": "1"}}
+    assert schema_errors(shared_dir, docs[False]) == []
+    assert any("resource" in msg for _, msg in schema_errors(shared_dir, broken))
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
+def test_golden_yaml_matches_the_definition(smoke):
+    text = render(smoke=smoke)
+    if os.environ.get("PERCEPTION_REGEN_GOLDEN") == "1":
+        GOLDEN[smoke].write_text(text)
+    assert GOLDEN[smoke].read_text() == text, (
+        f"{GOLDEN[smoke].name} is stale; regenerate with PERCEPTION_REGEN_GOLDEN=1 pytest tests/sweep")
+
+
+def test_hera_generate_yaml_renders_the_study():
+    if shutil.which("hera") is None:
+        pytest.skip("hera's CLI is not installed (pip install 'hera[cli]')")
+    r = subprocess.run(["hera", "generate", "yaml", str(REPO / "workflows" / "ab_sweep.py")],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == GOLDEN[False].read_text()
+
+
+@pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
+def test_exactly_six_train_tasks_with_the_study_pairs(docs, smoke):
+    tasks = train_tasks(docs[smoke])
+    assert len(tasks) == 6
+    assert {(args_of(t)["variant"], args_of(t)["fold"]) for t in tasks.values()} == PAIRS
+    for t in tasks.values():
+        assert t["depends"] == "prepare"
+        assert args_of(t)["parent-run-id"] == "{{tasks.prepare.outputs.parameters.parent-run-id}}"
+
+
+def test_each_training_gets_one_l40s_with_cpu_and_memory_requests(docs):
+    train = templates(docs[False])["train"]
+    res = train["container"]["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == "1" and res["requests"]["nvidia.com/gpu"] == "1"
+    assert res["requests"]["cpu"] and res["requests"]["memory"]
+    assert train["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in train["tolerations"]
+    assert "trainer.device=cuda" in train["container"]["args"]
+
+
+def test_smoke_variant_requests_no_gpu_and_runs_the_ci_experiment(docs):
+    doc = docs[True]
+    train = templates(doc)["train"]
+    assert "nvidia.com/gpu" not in str(train["container"]["resources"])
+    assert "nodeSelector" not in train and "tolerations" not in train
+    params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
+    assert params["experiment"] == "ci" and params["gate-config"] == "ci"
+
+
+def test_gate_runs_after_every_training_whatever_its_outcome(docs):
+    for doc in docs.values():
+        tasks = dag_tasks(doc)
+        depends = tasks["gate"]["depends"]
+        for name in train_tasks(doc):
+            assert f"({name}.Succeeded || {name}.Failed || {name}.Errored)" in depends
+        assert depends.count("&&") == 5
+        dag = templates(doc)[doc["spec"]["entrypoint"]]["dag"]
+        assert dag["failFast"] is False  # a failed training must not stop the gate from being scheduled
+
+
+def test_preempted_pods_are_retried_and_failures_are_not(docs):
+    for name in ("prepare", "train", "gate"):
+        retry = templates(docs[False])[name]["retryStrategy"]
+        assert retry["retryPolicy"] == "Always"
+        assert '"imminent node shutdown"' in retry["expression"] and '"pod deleted"' in retry["expression"]
+        assert "exitCode" not in retry["expression"]
+
+
+def test_mlflow_uri_and_credentials_come_from_the_cluster_never_literal(docs):
+    for smoke, doc in docs.items():
+        text = render(smoke=smoke)
+        assert "mlflow.perception.svc" not in text and "PASSWORD" not in text
+        for t in templates(doc).values():
+            if "container" in t:
+                assert t["container"]["envFrom"] == [{"configMapRef": {"name": "perception-config"}},
+                                                     {"secretRef": {"name": "mlflow-credentials"}}]
+
+
+def test_workflow_parameters_limits_and_cleanup(docs):
+    spec = docs[False]["spec"]
+    params = {p["name"]: p["value"] for p in spec["arguments"]["parameters"]}
+    assert params["image"] == "ghcr.io/perception-platform/perception" and params["tag"] == "latest"
+    assert params["experiment"] == "production" and params["epochs"] == "30"
+    assert spec["serviceAccountName"] == "perception-workflow"
+    assert docs[False]["metadata"]["namespace"] == "perception"
+    assert spec["activeDeadlineSeconds"] > 0 and spec["podGC"]["strategy"]
+    assert spec["ttlStrategy"]["secondsAfterSuccess"] > 0
+    train_args = templates(docs[False])["train"]["container"]["args"]
+    assert "sweep_id={{workflow.name}}" in train_args
+    assert "experiment={{workflow.parameters.experiment}}" in train_args
+    assert "trainer.epochs={{workflow.parameters.epochs}}" in train_args
+
+
+def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
+    tpl = templates(docs[False])
+    mounts = {m["name"]: m for m in tpl["train"]["container"]["volumeMounts"]}
+    assert mounts["runs"]["mountPath"] == "/perception-home/runs"
+    assert mounts["cache"]["mountPath"] == "/perception-home/cache"
+    assert mounts["market-data"]["mountPath"] == "/data" and mounts["market-data"]["readOnly"] is True
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in tpl["train"]["volumes"]}
+    assert claims == {"runs": "perception-runs", "cache": "perception-cache", "market-data": "perception-market-data"}
+    assert "persistentVolumeClaim" in str(tpl["prepare"]["volumes"])
+
+
+def test_only_run_ids_and_the_decision_travel_between_steps(docs):
+    tpl = templates(docs[False])
+    outputs = {n: [p["name"] for p in t.get("outputs", {}).get("parameters", [])] for n, t in tpl.items()}
+    assert outputs["prepare"] == ["parent-run-id"] and outputs["gate"] == ["decision"]
+    assert outputs["train"] == []
+
+
+def test_parameters_can_be_overridden_and_are_checked():
+    doc = yaml.safe_load(render(params={"tag": "v1.2.0", "epochs": "5"}))
+    params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
+    assert params["tag"] == "v1.2.0" and params["epochs"] == "5"
+    with pytest.raises(ConfigError, match="'tga' does not exist"):
+        render(params={"tga": "v1"})
+    with pytest.raises(ConfigError, match="data='parquet'"):
+        render(params={"data": "parquet"})
