@@ -1,0 +1,14 @@
+"""Order-book data: MBP-10 reader, synthetic books, features, labels, purged folds, windows, cache.
+
+Importable without hydra (the GPU image has none); only `perception.data.cli` needs it.
+"""
+
+from perception.data.checks import check_data_config
+from perception.data.dataset import Dataset, data_hash, load_dataset
+from perception.data.folds import FoldSplit, purged_split
+from perception.data.loader import Batch, Normalizer, WindowLoader, median_dt
+
+__all__ = [
+    "Batch", "Dataset", "FoldSplit", "Normalizer", "WindowLoader", "check_data_config",
+    "data_hash", "load_dataset", "median_dt", "purged_split",
+]

@@ -25,6 +25,7 @@ class DataConfig:
     # synthetic books
     n_snapshots: int = 200_000
     synthetic_seed: int = 0
+    synthetic_session: int = 82_800  # snapshots per synthetic session (23 h at 1 s); a 1 h break ends it
     # windows, labels, folds
     window: int = 256  # K
     window_stride: int = 8
