@@ -1,0 +1,136 @@
+"""The decision gate (DESIGN §7): read a sweep's six runs, decide ship_per_horizon / keep_shared /
+inconclusive with the evidence, or refuse naming what is wrong; write the report and log it to a
+gate run in MLflow (role=gate, nested under the sweep's parent run).
+
+    outcome = run_gate("sweep-1a2b3c", config_name="local")
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import requests
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from perception import paths
+from perception.atomic import atomic_write_text
+from perception.sweep.gate_config import check_horizons, load_gate_config
+from perception.sweep.gate_decision import decide
+from perception.sweep.gate_inputs import GateRefusal, SweepInputs, check_sweep_id, load_sweep
+from perception.sweep.gate_report import refusal_json, summary_json, write_report
+
+EXIT_DECIDED, EXIT_REFUSED = 0, 3
+REFUSED = "refused"  # what the decision file says when there is no decision
+
+
+@dataclass
+class GateOutcome:
+    decision: Optional[str]  # ship_per_horizon | keep_shared | inconclusive; None when refused
+    refused: bool
+    reasons: list[str]
+    report_dir: Path
+    exit_code: int  # 0 decided, 3 refused
+    summary: dict  # report.json's content
+
+    def json_line(self) -> dict:
+        s = self.summary
+        return {"decision": self.decision, "W": s.get("W"), "G": s.get("G"), "p": s.get("p"),
+                "rule": s.get("rule"), "refused": self.refused, "reasons": self.reasons,
+                "sweep_id": s.get("sweep_id"), "report_dir": str(self.report_dir),
+                "gate_run_id": s.get("gate_run_id")}
+
+
+def run_gate(
+    sweep_id: str,
+    tracking_uri: Optional[str] = None,
+    experiment: str = "perception-ab",
+    config_name: str = "default",
+    out_dir: Optional[Path] = None,
+    decision_file: Optional[Path] = None,
+    progress: bool = True,
+) -> GateOutcome:
+    """Raises ConfigError on a usage error (bad config, a config horizon the runs lack, bad id)."""
+    cfg = load_gate_config(config_name)
+    check_sweep_id(sweep_id)
+    uri = paths.tracking_uri(tracking_uri)
+    out_dir = Path(out_dir) if out_dir is not None else paths.perception_home() / "gate" / sweep_id
+    client = MlflowClient(tracking_uri=uri)
+
+    inputs: Optional[SweepInputs] = None
+    result = None
+    try:
+        inputs = load_sweep(client, uri, experiment, sweep_id)
+    except GateRefusal as refusal:
+        summary = refusal_json(sweep_id, refusal.reasons, refusal.notes)
+        outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
+    except (MlflowException, requests.RequestException) as e:  # the store is unreachable or broken
+        reasons = [f"cannot read sweep {sweep_id!r} from {uri}: {e}"]
+        outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, refusal_json(sweep_id, reasons, []))
+    else:
+        check_horizons(cfg, inputs.horizons)
+        result = decide(inputs, cfg, progress=progress)
+        summary = summary_json(result, inputs, cfg)
+        outcome = GateOutcome(result.decision, False, result.reasons + summary["notes"], out_dir,
+                              EXIT_DECIDED, summary)
+
+    parent = inputs.parent_run_id if inputs else None
+    gate_run_id = _start_gate_run(client, experiment, sweep_id, parent, outcome)
+    files = write_report(out_dir, outcome.summary, inputs, None if outcome.refused else result)
+    if gate_run_id and not _finish_gate_run(client, gate_run_id, outcome, files):
+        write_report(out_dir, outcome.summary, inputs, None if outcome.refused else result)  # with the note
+    if decision_file is not None:
+        atomic_write_text(decision_file, (outcome.decision or REFUSED) + "\n")
+    return outcome
+
+
+# A gate run per invocation, refusals included, so the UI shows why a sweep has no decision. A failure
+# to log is recorded in the report instead of losing the decision.
+
+
+def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent: Optional[str],
+                    outcome: GateOutcome) -> Optional[str]:
+    notes = outcome.summary.setdefault("notes", [])
+    try:
+        exp = client.get_experiment_by_name(experiment)
+        if exp is None:
+            notes.append(f"experiment {experiment!r} does not exist: no gate run logged")
+            return None
+        tags = {"role": "gate", "sweep_id": sweep_id, "decision": outcome.decision or REFUSED}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+        run = client.create_run(exp.experiment_id, tags=tags, run_name=f"gate-{sweep_id}")
+    except (MlflowException, requests.RequestException) as e:
+        notes.append(f"could not create the gate run in MLflow: {e}")
+        return None
+    outcome.summary["gate_run_id"] = run.info.run_id
+    return run.info.run_id
+
+
+def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, files: list[Path]) -> bool:
+    s = outcome.summary
+    metrics = {"gate_W": s.get("W"), "gate_G": s.get("G"), "gate_p": s.get("p"),
+               **{f"gate_delta_{h}": d for h, d in (s.get("delta") or {}).items()}}
+    try:
+        client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()
+                                          if v is not None and math.isfinite(v)])
+        for f in files:
+            client.log_artifact(run_id, str(f), artifact_path="gate")
+        client.set_terminated(run_id, "FINISHED")
+        return True
+    except (MlflowException, requests.RequestException, OSError) as e:
+        s.setdefault("notes", []).append(f"could not log the gate run {run_id} to MLflow: {e}")
+        try:
+            client.set_terminated(run_id, "FAILED")
+        except (MlflowException, requests.RequestException):
+            pass
+        return False
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

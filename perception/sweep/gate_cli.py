@@ -1,0 +1,62 @@
+"""perception-gate --sweep-id ID [--tracking-uri URI] [--experiment NAME] [--config NAME]
+[--out DIR] [--decision-file PATH]
+
+Decides the A/B of one sweep (DESIGN §7). Prints the decision as one JSON line on stdout.
+Exit codes: 0 a decision was made (ship_per_horizon, keep_shared or inconclusive), 3 refused
+(the runs cannot be compared; the reasons say why), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from perception.errors import ConfigError
+from perception.sweep.gate import run_gate
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; this keeps the message one line
+        self.print_usage(sys.stderr)
+        print(f"perception-gate: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="perception-gate", description=__doc__.split("\n\n")[1])
+    p.add_argument("--sweep-id", required=True, help="the sweep's id (tag sweep_id of its runs)")
+    p.add_argument("--tracking-uri", default=None,
+                   help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")
+    p.add_argument("--experiment", default="perception-ab", help="MLflow experiment (default: perception-ab)")
+    p.add_argument("--config", default="default",
+                   help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
+    p.add_argument("--out", type=Path, default=None, help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>)")
+    p.add_argument("--decision-file", type=Path, default=None,
+                   help="write the decision word here (ship_per_horizon | keep_shared | inconclusive | refused)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
+                           config_name=args.config, out_dir=args.out, decision_file=args.decision_file,
+                           progress=not args.no_progress)
+    except ConfigError as e:
+        print(f"perception-gate: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in outcome.reasons:
+        print(("refused: " if outcome.refused else "") + line, file=sys.stderr)
+    print(f"report: {outcome.report_dir}", file=sys.stderr)
+    print(json.dumps(outcome.json_line()), flush=True)
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""The gate's inputs (DESIGN §6, §7): a sweep's six training runs read from MLflow, checked.
+
+The latest FINISHED run per (variant, fold) counts; older duplicates are reported. Anything that
+makes the comparison unsound (a missing run, a missing or non-finite metric, missing or misaligned
+predictions, runs that disagree on data, folds, seed, epochs or code) is collected, all of it, into
+one `GateRefusal`.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from mlflow.entities import Run, ViewType
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from perception.errors import ConfigError, PerceptionError
+
+VARIANTS = ("shared", "per_horizon")  # arm A, arm B
+PREDICTIONS = "predictions/val_final.npz"
+ATTENTION = "diagnostics/attention_by_lag.npz"
+# Params every run must carry and all six must agree on (DESIGN §4 "Config keys").
+AGREED_PARAMS = ("data_hash", "git_sha", "seed", "trainer.epochs", "data.n_folds",
+                 "data.window", "data.window_stride", "data.horizons")
+SWEEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class GateRefusal(PerceptionError):
+    """The runs cannot be compared; `reasons` names every problem found."""
+
+    def __init__(self, reasons: list[str], notes: Optional[list[str]] = None):
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+        self.notes = notes or []
+
+
+@dataclass
+class Predictions:
+    probs: np.ndarray  # (N, H) float32
+    labels: np.ndarray  # (N, H) uint8
+    mask: np.ndarray  # (N, H) bool
+    index: np.ndarray  # (N,) int64 window end, increasing
+
+
+@dataclass
+class Attention:
+    lag_edges: np.ndarray  # (n_buckets + 1,) int64
+    mass: np.ndarray  # (Q, n_buckets) float32
+    query_names: list[str]
+
+
+@dataclass
+class ArmRun:
+    run_id: str
+    variant: str
+    fold: int
+    final_auc: np.ndarray  # (H,) final-epoch val_auc_h{h}
+    samples_per_s: Optional[float]  # median over epochs
+    predictions: Predictions
+    attention: Optional[Attention]
+
+
+@dataclass
+class SweepInputs:
+    sweep_id: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: Optional[str]
+    horizons: list[int]
+    window: int
+    stride: int
+    n_folds: int
+    params: dict[str, str]  # the agreed values
+    runs: dict[tuple[str, int], ArmRun]
+    notes: list[str] = field(default_factory=list)
+
+
+def check_sweep_id(sweep_id: str) -> None:
+    if not SWEEP_ID.match(sweep_id or ""):
+        raise ConfigError(f"--sweep-id {sweep_id!r}: expected letters, digits, '.', '_' or '-'")
+
+
+def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_id: str) -> SweepInputs:
+    check_sweep_id(sweep_id)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+    except MlflowException as e:
+        raise GateRefusal([f"cannot read experiment {experiment!r} at {tracking_uri}: {e.message}"]) from e
+    if exp is None:
+        raise GateRefusal([f"experiment {experiment!r} does not exist at {tracking_uri}"])
+    runs = _search(client, exp.experiment_id, sweep_id)
+    parent = _latest([r for r in runs if r.data.tags.get("role") == "sweep"])
+    train = [r for r in runs if r.data.tags.get("role") == "train"]
+    if not train:
+        raise GateRefusal([f"no training runs (role=train) of sweep {sweep_id!r} in experiment "
+                           f"{experiment!r} at {tracking_uri}"])
+
+    notes: list[str] = []
+    chosen = _choose_latest_finished(train, notes)
+    reasons: list[str] = []
+    params = _agreed_params(chosen, reasons)
+    if reasons:  # without agreed horizons and folds nothing below is meaningful
+        raise GateRefusal(reasons, notes)
+    horizons = _parse_horizons(params["data.horizons"], reasons)
+    n_folds, window, stride = (_parse_int(params, k, reasons) for k in ("data.n_folds", "data.window", "data.window_stride"))
+    if reasons:
+        raise GateRefusal(reasons, notes)
+
+    for variant in VARIANTS:
+        for fold in range(n_folds):
+            if (variant, fold) not in chosen:
+                found = [f"{r.info.status} {r.info.run_id}" for r in train
+                         if r.data.tags.get("variant") == variant and r.data.tags.get("fold") == str(fold)]
+                reasons.append(f"{variant} fold {fold}: no FINISHED run" + (f" (found {', '.join(found)})" if found else ""))
+    for (variant, fold), run in sorted(chosen.items()):
+        if fold >= n_folds:
+            reasons.append(f"{variant} fold {fold} (run {run.info.run_id}): fold outside data.n_folds = {n_folds}")
+        elif run.data.params.get("data.fold", str(fold)) != str(fold):
+            reasons.append(f"{variant} fold {fold} (run {run.info.run_id}): tag fold={fold} but param "
+                           f"data.fold={run.data.params['data.fold']}")
+
+    arm_runs: dict[tuple[str, int], ArmRun] = {}
+    with tempfile.TemporaryDirectory(prefix="perception-gate-") as tmp:
+        for (variant, fold), run in sorted(chosen.items()):
+            if fold >= n_folds:
+                continue
+            where = f"{variant} fold {fold} (run {run.info.run_id})"
+            final_auc = _final_aucs(run, horizons, where, reasons)
+            preds = _load_predictions(client, run, horizons, Path(tmp), where, reasons)
+            attention = _load_attention(client, run, Path(tmp), where, notes)
+            if final_auc is not None and preds is not None:
+                arm_runs[(variant, fold)] = ArmRun(run.info.run_id, variant, fold, final_auc,
+                                                   _median_metric(client, run, "samples_per_s"), preds, attention)
+    for fold in range(n_folds):
+        a, b = arm_runs.get((VARIANTS[0], fold)), arm_runs.get((VARIANTS[1], fold))
+        if a and b:
+            _check_aligned(a, b, reasons)
+    if reasons:
+        raise GateRefusal(reasons, notes)
+    return SweepInputs(sweep_id, tracking_uri, exp.experiment_id, parent.info.run_id if parent else None,
+                       horizons, window, stride, n_folds, params, arm_runs, notes)
+
+
+# ---------------------------------------------------------------- runs
+
+
+def _search(client: MlflowClient, experiment_id: str, sweep_id: str) -> list[Run]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=f"tags.sweep_id = '{sweep_id}'",
+                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _latest(runs: list[Run]) -> Optional[Run]:
+    return max(runs, key=lambda r: (r.info.end_time or 0, r.info.start_time or 0), default=None)
+
+
+def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[tuple[str, int], Run]:
+    groups: dict[tuple[str, int], list[Run]] = {}
+    for r in train:
+        variant, fold = r.data.tags.get("variant"), r.data.tags.get("fold", "")
+        if variant not in VARIANTS or not fold.isdigit():
+            notes.append(f"run {r.info.run_id}: ignored, tags variant={variant!r} fold={fold!r} "
+                         f"(expected variant in {list(VARIANTS)} and a fold number)")
+            continue
+        if r.info.status != "FINISHED":
+            notes.append(f"{variant} fold {fold}: run {r.info.run_id} ignored, status {r.info.status}")
+            continue
+        groups.setdefault((variant, int(fold)), []).append(r)
+    chosen = {}
+    for key, rs in groups.items():
+        chosen[key] = _latest(rs)
+        older = [r.info.run_id for r in rs if r is not chosen[key]]
+        if older:
+            notes.append(f"duplicate runs for {key[0]} fold {key[1]}: using the latest finished "
+                         f"{chosen[key].info.run_id}, ignoring {', '.join(older)}")
+    return chosen
+
+
+def _agreed_params(chosen: dict[tuple[str, int], Run], reasons: list[str]) -> dict[str, str]:
+    agreed = {}
+    for key in AGREED_PARAMS:
+        values: dict[str, list[str]] = {}
+        for (variant, fold), run in sorted(chosen.items()):
+            value = run.data.params.get(key)
+            if value is None:
+                reasons.append(f"{variant} fold {fold} (run {run.info.run_id}): param {key} is missing")
+                continue
+            values.setdefault(value, []).append(f"{variant} f{fold}")
+        if len(values) > 1:
+            listing = "; ".join(f"{v!r} in {', '.join(who)}" for v, who in values.items())
+            reasons.append(f"runs disagree on {key}: {listing}")
+        elif values:
+            agreed[key] = next(iter(values))
+    return agreed
+
+
+def _parse_horizons(text: str, reasons: list[str]) -> list[int]:
+    try:
+        value = ast.literal_eval(text)
+        if isinstance(value, (list, tuple)) and value and all(isinstance(h, int) and h > 0 for h in value):
+            return [int(h) for h in value]
+    except (ValueError, SyntaxError):
+        pass
+    reasons.append(f"param data.horizons = {text!r}: expected a list of positive integers like '[30, 100]'")
+    return []
+
+
+def _parse_int(params: dict[str, str], key: str, reasons: list[str]) -> int:
+    try:
+        value = int(params[key])
+        if value > 0:
+            return value
+    except ValueError:
+        pass
+    reasons.append(f"param {key} = {params[key]!r}: expected a positive integer")
+    return 0
+
+
+# ---------------------------------------------------------------- metrics and artifacts
+
+
+def _final_aucs(run: Run, horizons: list[int], where: str, reasons: list[str]) -> Optional[np.ndarray]:
+    """MLflow's latest value of a metric is the one at the largest step: the final epoch."""
+    out, ok = [], True
+    for h in horizons:
+        value = run.data.metrics.get(f"val_auc_h{h}")
+        if value is None or not math.isfinite(value):
+            reasons.append(f"{where}: metric val_auc_h{h} is {'missing' if value is None else value}")
+            ok = False
+        out.append(value)
+    return np.asarray(out, dtype=np.float64) if ok else None
+
+
+def _median_metric(client: MlflowClient, run: Run, key: str) -> Optional[float]:
+    values = [m.value for m in client.get_metric_history(run.info.run_id, key) if math.isfinite(m.value)]
+    return float(np.median(values)) if values else None
+
+
+def _download(client: MlflowClient, run: Run, path: str, tmp: Path) -> Optional[Path]:
+    dst = tmp / run.info.run_id
+    dst.mkdir(exist_ok=True)
+    quiet = os.environ.get(_BAR_ENV)
+    os.environ[_BAR_ENV] = "false"  # one bar per small file would bury the gate's own output
+    try:
+        return Path(client.download_artifacts(run.info.run_id, path, str(dst)))
+    except (MlflowException, OSError):
+        return None
+    finally:
+        if quiet is None:
+            os.environ.pop(_BAR_ENV, None)
+        else:
+            os.environ[_BAR_ENV] = quiet
+
+
+_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: Path, where: str,
+                      reasons: list[str]) -> Optional[Predictions]:
+    path = _download(client, run, PREDICTIONS, tmp)
+    if path is None or not path.is_file():
+        reasons.append(f"{where}: artifact {PREDICTIONS} is missing")
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in ("probs", "labels", "mask", "index")}
+    except (KeyError, ValueError, OSError) as e:
+        reasons.append(f"{where}: {PREDICTIONS} is unreadable or lacks probs/labels/mask/index ({e})")
+        return None
+    n, h = len(arrays["index"]), len(horizons)
+    for key in ("probs", "labels", "mask"):
+        if arrays[key].shape != (n, h):
+            reasons.append(f"{where}: {PREDICTIONS} {key} has shape {arrays[key].shape}, expected ({n}, {h}) "
+                           f"(N windows x the {h} horizons {horizons})")
+            return None
+    index = arrays["index"].astype(np.int64)
+    if arrays["index"].ndim != 1 or len(np.unique(index)) != n:
+        reasons.append(f"{where}: {PREDICTIONS} index must be one distinct window end per row")
+        return None
+    mask = arrays["mask"].astype(bool)
+    probs = arrays["probs"].astype(np.float32)
+    if not np.isfinite(probs[mask]).all():
+        reasons.append(f"{where}: {PREDICTIONS} probs has non-finite values at unmasked windows")
+        return None
+    order = np.argsort(index, kind="stable")  # time order: the block bootstrap needs it
+    return Predictions(probs[order], arrays["labels"].astype(np.uint8)[order], mask[order], index[order])
+
+
+def _load_attention(client: MlflowClient, run: Run, tmp: Path, where: str, notes: list[str]) -> Optional[Attention]:
+    path = _download(client, run, ATTENTION, tmp)
+    if path is None or not path.is_file():
+        notes.append(f"{where}: no {ATTENTION}; its attention profile is left out of the report")
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return Attention(z["lag_edges"].astype(np.int64), z["mass"].astype(np.float32),
+                             [str(q) for q in z["query_names"]])
+    except (KeyError, ValueError, OSError) as e:
+        notes.append(f"{where}: {ATTENTION} unreadable ({e}); its attention profile is left out")
+        return None
+
+
+def _check_aligned(a: ArmRun, b: ArmRun, reasons: list[str]) -> None:
+    pa, pb = a.predictions, b.predictions
+    head = f"fold {a.fold}: predictions of {a.variant} (run {a.run_id}) and {b.variant} (run {b.run_id})"
+    if len(pa.index) != len(pb.index):
+        reasons.append(f"{head} are not aligned: {len(pa.index)} vs {len(pb.index)} windows")
+    elif not np.array_equal(pa.index, pb.index):
+        first = int(np.flatnonzero(pa.index != pb.index)[0])
+        reasons.append(f"{head} are not aligned by index: first difference at row {first} "
+                       f"({pa.index[first]} vs {pb.index[first]})")
+    elif not np.array_equal(pa.mask, pb.mask) or not np.array_equal(pa.labels[pa.mask], pb.labels[pb.mask]):
+        reasons.append(f"{head} share the index but not the labels/mask: not the same validation windows")
