@@ -1,0 +1,466 @@
+// CfC recurrence over K steps (DESIGN §3): forward as one persistent kernel, backward through time as one.
+//
+// Layout. Batch rows are independent through time, so each row is owned by NCTA thread blocks and no
+// grid-wide sync is ever needed. W_rec and W_out hold 80k fp32 values (320 KiB): more than one SM keeps.
+//  - sm_90 (NCTA = 2, a thread-block cluster): rank r owns units u in [r·D/2, (r+1)·D/2) and hidden
+//    channels d in the same range, i.e. W_rec's rows for its u (in registers) and W_out's 4·D/2 rows for
+//    its d (128 KiB fp32 in shared memory). Each step exchanges z and h halves through distributed shared
+//    memory with two cluster barriers. Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
+//  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers, W_out read from L2
+//    each step (slower, same arithmetic order up to the split of the sums).
+// Backward stores nothing extra from the forward: z and the gate pre-activations are recomputed from h_seq
+// by two GEMMs outside (cfc_autograd.py), and the weight gradients are GEMMs over the per-step gradients
+// this kernel writes, so no atomics: every output element has exactly one writer and every sum a fixed order.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+// Both activations through expm1f, which stays accurate under --use_fast_math (tanhf/expf may not).
+__device__ __forceinline__ float tanh_acc(float x) {
+  const float e = expm1f(-2.0f * fabsf(x));  // (-1, 0]
+  return copysignf(-e / (e + 2.0f), x);
+}
+__device__ __forceinline__ float sigmoid_acc(float x) { return 0.5f * tanh_acc(0.5f * x) + 0.5f; }
+
+constexpr float kLecunA = 1.7159f;
+constexpr float kLecunB = 0.666f;
+
+// The blocks that share one batch row: NCTA = 1 is a plain block, NCTA = 2 a cluster on sm_90.
+template <int NCTA>
+struct Cta;
+
+template <>
+struct Cta<1> {
+  __device__ static unsigned rank() { return 0; }
+  __device__ static float* map(float* p, unsigned) { return p; }
+  __device__ static void sync() { __syncthreads(); }
+};
+
+template <>
+struct Cta<2> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __device__ static unsigned rank() { return cg::this_cluster().block_rank(); }
+  __device__ static float* map(float* p, unsigned r) { return cg::this_cluster().map_shared_rank(p, r); }
+  __device__ static void sync() { cg::this_cluster().sync(); }
+#else
+  __device__ static unsigned rank() { __trap(); return 0; }
+  __device__ static float* map(float* p, unsigned) { __trap(); return p; }
+  __device__ static void sync() { __trap(); }
+#endif
+};
+
+template <int D, int NCTA>
+struct Shape {
+  static constexpr int T = 2 * D;             // threads per block
+  static constexpr int DL = D / NCTA;         // hidden channels (and units) owned by one block
+  static constexpr int JL = 4 * D / NCTA;     // rows of W_out owned: [f1, f2, ta, tb] of its channels
+  static constexpr int SA = T / DL;           // forward W_rec·h: splits of the sum over channels
+  static constexpr int CA = D / SA;           //   channels per split (W_rec values in registers)
+  static constexpr int JPT = JL / T;          // forward W_out·z: outputs per thread
+  static constexpr int C2 = JL / 2;           // backward W_outᵀ·dg: rows per split (2 splits)
+  static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
+  static constexpr bool kSmemW = NCTA > 1;    // W_out slice in shared memory
+  static constexpr int fwd_smem_floats = 2 * D + T + JL + (kSmemW ? D * JL : 0);
+  static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2 + (kSmemW ? D * JL : 0);
+  static_assert(CA % 4 == 0 && C2 % 4 == 0 && C4 % 4 == 0 && JPT >= 1, "unsupported D");
+  // global row of W_out for the block's local row jl (gate-major: jl = gate·DL + channel)
+  __device__ static int jg(int jl, int d0) { return (jl / DL) * D + d0 + jl % DL; }
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Forward: h_t = cell(x_proj_t, ts_t, h_{t-1}); writes h_seq only.
+template <int D, int NCTA>
+__global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
+    const float* __restrict__ x_proj,   // (B, K, D)
+    const float* __restrict__ ts,       // (B, K)
+    const float* __restrict__ h0,       // (B, D)
+    const float* __restrict__ w_rec,    // (D, D)  [u][c]
+    const float* __restrict__ w_out,    // (4D, D) [j][u]   (cluster path: staged into shared memory)
+    const float* __restrict__ w_out_t,  // (D, 4D) [u][j]   (portable path: read from L2 each step)
+    const float* __restrict__ b_out,    // (4D)
+    float* __restrict__ h_seq,          // (B, K, D)
+    int K) {
+  using S = Shape<D, NCTA>;
+  extern __shared__ float4 smem4[];
+  float* h = reinterpret_cast<float*>(smem4);  // (D) full h, replicated in every block of the row
+  float* z = h + D;                            // (D) full z, replicated
+  float* red = z + D;                          // (SA, DL) partial sums of W_rec·h
+  float* g = red + S::T;                       // (JL) this block's gate pre-activations
+  float* wo = g + S::JL;                       // (D, JL) W_out slice, transposed
+
+  const int tid = threadIdx.x;
+  const unsigned rank = Cta<NCTA>::rank();
+  const int b = blockIdx.x / NCTA;
+  const int d0 = rank * S::DL;  // first owned channel == first owned unit
+
+  const float* W;  // [u][jl], row stride JL
+  if constexpr (S::kSmemW) {
+    for (int i = tid; i < S::JL * D; i += S::T) {  // i = jl·D + u: coalesced reads of W_out rows
+      const int jl = i / D, u = i % D;
+      wo[u * S::JL + jl] = w_out[S::jg(jl, d0) * D + u];
+    }
+    W = wo;
+  } else {
+    W = w_out_t;
+  }
+  const int oa = tid % S::DL, sa = tid / S::DL;  // forward W_rec·h: output unit, split
+  float wr[S::CA];
+#pragma unroll
+  for (int i = 0; i < S::CA; ++i) wr[i] = w_rec[(d0 + oa) * D + sa * S::CA + i];
+  float bias[S::JPT];
+#pragma unroll
+  for (int k = 0; k < S::JPT; ++k) bias[k] = b_out[S::jg(tid + k * S::T, d0)];
+  for (int i = tid; i < D; i += S::T) h[i] = h0[b * D + i];
+  Cta<NCTA>::sync();  // every block of the row has started and staged its weights
+
+  const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
+  const float* tsrow = ts + static_cast<size_t>(b) * K;
+  float* hrow = h_seq + static_cast<size_t>(b) * K * D;
+  float xp_next = tid < S::DL ? xrow[d0 + tid] : 0.f;
+  float ts_next = tsrow[0];
+
+  for (int t = 0; t < K; ++t) {
+    const float xp = xp_next, tst = ts_next;
+    if (t + 1 < K) {  // prefetch the next step's inputs; they do not depend on the recurrence
+      if (tid < S::DL) xp_next = xrow[static_cast<size_t>(t + 1) * D + d0 + tid];
+      ts_next = tsrow[t + 1];
+    }
+    {  // z = lecun_tanh(x_proj + W_rec·h) for the owned units
+      const float4* h4 = reinterpret_cast<const float4*>(h + sa * S::CA);
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < S::CA / 4; ++i) {
+        const float4 v = h4[i];
+        acc = fmaf(wr[4 * i], v.x, acc);
+        acc = fmaf(wr[4 * i + 1], v.y, acc);
+        acc = fmaf(wr[4 * i + 2], v.z, acc);
+        acc = fmaf(wr[4 * i + 3], v.w, acc);
+      }
+      red[sa * S::DL + oa] = acc;
+    }
+    __syncthreads();
+    if (tid < S::DL) {
+      float pre = xp;
+#pragma unroll
+      for (int s = 0; s < S::SA; ++s) pre += red[s * S::DL + tid];
+      const float zz = kLecunA * tanh_acc(kLecunB * pre);
+#pragma unroll
+      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(z, r)[d0 + tid] = zz;
+    }
+    Cta<NCTA>::sync();  // z complete in every block
+    {  // g = W_out·z + b_out for the owned rows
+      float acc[S::JPT];
+#pragma unroll
+      for (int k = 0; k < S::JPT; ++k) acc[k] = bias[k];
+      const float4* z4 = reinterpret_cast<const float4*>(z);
+#pragma unroll 8
+      for (int u4 = 0; u4 < D / 4; ++u4) {
+        const float4 v = z4[u4];
+        const float* w = W + (4 * u4) * S::JL + tid;
+#pragma unroll
+        for (int k = 0; k < S::JPT; ++k) {
+          acc[k] = fmaf(w[k * S::T], v.x, acc[k]);
+          acc[k] = fmaf(w[S::JL + k * S::T], v.y, acc[k]);
+          acc[k] = fmaf(w[2 * S::JL + k * S::T], v.z, acc[k]);
+          acc[k] = fmaf(w[3 * S::JL + k * S::T], v.w, acc[k]);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < S::JPT; ++k) g[tid + k * S::T] = acc[k];
+    }
+    __syncthreads();
+    if (tid < S::DL) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
+      const float f1 = g[tid], f2 = g[S::DL + tid], ta = g[2 * S::DL + tid], tb = g[3 * S::DL + tid];
+      const float sig = sigmoid_acc(fmaf(ta, tst, tb));
+      const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
+      hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
+#pragma unroll
+      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(h, r)[d0 + tid] = hn;
+    }
+    Cta<NCTA>::sync();  // h complete in every block; also orders z/red/g reuse by the next step
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Backward through time, t = K−1 … 0, carrying dh = ∂L/∂h_t. Writes d_pre (= ∂L/∂x_proj), d_gates
+// (∂L/∂[f1, f2, ta, tb]) per step and d_h0; weight gradients are GEMMs over these outside.
+template <int D, int NCTA>
+__global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
+    const float* __restrict__ grad_h,  // (B, K, D)
+    const float* __restrict__ gates,   // (B, K, 4D) pre-activations [f1 | f2 | ta | tb]
+    const float* __restrict__ zs,      // (B, K, D)
+    const float* __restrict__ ts,      // (B, K)
+    const float* __restrict__ w_rec,   // (D, D)  [u][d]
+    const float* __restrict__ w_out,   // (4D, D) [j][u]
+    float* __restrict__ d_pre,         // (B, K, D)
+    float* __restrict__ d_gates,       // (B, K, 4D)
+    float* __restrict__ d_h0,          // (B, D)
+    int K) {
+  using S = Shape<D, NCTA>;
+  extern __shared__ float4 smem4[];
+  float* dg = reinterpret_cast<float*>(smem4);  // (JL) this block's gate gradients
+  float* dp = dg + S::JL;                       // (DL) d_pre of the owned units
+  float* xbuf = dp + S::DL;                     // (2·NCTA, DL) partials of W_outᵀ·dg for owned units
+  float* ybuf = xbuf + 2 * NCTA * S::DL;        // (2·NCTA, DL) partials of W_recᵀ·d_pre for owned channels
+  float* wo = ybuf + 2 * NCTA * S::DL;          // (JL, D) W_out slice, row-major
+
+  const int tid = threadIdx.x;
+  const unsigned rank = Cta<NCTA>::rank();
+  const int b = blockIdx.x / NCTA;
+  const int d0 = rank * S::DL;
+
+  const float* W;  // [jl][u], row stride D
+  if constexpr (S::kSmemW) {
+    for (int i = tid; i < S::JL * D; i += S::T) {
+      const int jl = i / D, u = i % D;
+      wo[i] = w_out[S::jg(jl, d0) * D + u];
+    }
+    W = wo;
+  } else {
+    W = w_out;
+  }
+  const int ob = tid % D, sb = tid / D;  // backward matvecs: output (unit or channel), split (0, 1)
+  float wr[S::C4];
+#pragma unroll
+  for (int i = 0; i < S::C4; ++i) wr[i] = w_rec[(d0 + sb * S::C4 + i) * D + ob];
+  float carry = 0.f;  // ∂L/∂h_t through h_{t+1}, for channel d0 + tid (tid < DL)
+  Cta<NCTA>::sync();
+
+  const size_t row = static_cast<size_t>(b) * K;
+  auto at = [&](int t, int stride) { return (row + t) * stride; };
+  float gh_n = 0.f, f_n[4] = {0.f, 0.f, 0.f, 0.f}, z_n = 0.f;
+  float ts_n = ts[row + K - 1];
+  if (tid < S::DL) {
+    gh_n = grad_h[at(K - 1, D) + d0 + tid];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) f_n[q] = gates[at(K - 1, 4 * D) + q * D + d0 + tid];
+    z_n = zs[at(K - 1, D) + d0 + tid];
+  }
+
+  for (int t = K - 1; t >= 0; --t) {
+    const float gh = gh_n, f1 = f_n[0], f2 = f_n[1], ta = f_n[2], tb = f_n[3], zz = z_n, tst = ts_n;
+    if (t > 0) {  // prefetch step t−1; none of it depends on the carried gradient
+      ts_n = ts[row + t - 1];
+      if (tid < S::DL) {
+        gh_n = grad_h[at(t - 1, D) + d0 + tid];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) f_n[q] = gates[at(t - 1, 4 * D) + q * D + d0 + tid];
+        z_n = zs[at(t - 1, D) + d0 + tid];
+      }
+    }
+    if (tid < S::DL) {  // gate gradients of the owned channels
+      const float dh = carry + gh;
+      const float tf1 = tanh_acc(f1), tf2 = tanh_acc(f2), sig = sigmoid_acc(fmaf(ta, tst, tb));
+      const float dsp = dh * (tf2 - tf1) * sig * (1.f - sig);  // ∂L/∂(ta·ts + tb)
+      const float g4[4] = {dh * (1.f - sig) * (1.f - tf1 * tf1), dh * sig * (1.f - tf2 * tf2), dsp * tst, dsp};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        dg[q * S::DL + tid] = g4[q];
+        d_gates[at(t, 4 * D) + q * D + d0 + tid] = g4[q];
+      }
+    }
+    __syncthreads();
+    {  // partial dz[u] = Σ_{owned rows j} W_out[j, u]·dg[j], sent to the block that owns u
+      const float4* dg4 = reinterpret_cast<const float4*>(dg + sb * S::C2);
+      const float* w = W + (sb * S::C2) * D + ob;
+      float acc = 0.f;
+#pragma unroll 8
+      for (int i = 0; i < S::C2 / 4; ++i) {
+        const float4 v = dg4[i];
+        acc = fmaf(w[(4 * i) * D], v.x, acc);
+        acc = fmaf(w[(4 * i + 1) * D], v.y, acc);
+        acc = fmaf(w[(4 * i + 2) * D], v.z, acc);
+        acc = fmaf(w[(4 * i + 3) * D], v.w, acc);
+      }
+      const int owner = ob / S::DL;
+      Cta<NCTA>::map(xbuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
+    }
+    Cta<NCTA>::sync();
+    if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
+      float dz = 0.f;
+#pragma unroll
+      for (int k = 0; k < 2 * NCTA; ++k) dz += xbuf[k * S::DL + tid];
+      const float zn = zz * (1.f / kLecunA);
+      const float v = dz * (kLecunA * kLecunB) * (1.f - zn * zn);
+      dp[tid] = v;
+      d_pre[at(t, D) + d0 + tid] = v;
+    }
+    __syncthreads();
+    {  // partial dh[d] = Σ_{owned units u} W_rec[u, d]·d_pre[u], sent to the block that owns d
+      const float4* dp4 = reinterpret_cast<const float4*>(dp + sb * S::C4);
+      float acc = 0.f;
+#pragma unroll
+      for (int i = 0; i < S::C4 / 4; ++i) {
+        const float4 v = dp4[i];
+        acc = fmaf(wr[4 * i], v.x, acc);
+        acc = fmaf(wr[4 * i + 1], v.y, acc);
+        acc = fmaf(wr[4 * i + 2], v.z, acc);
+        acc = fmaf(wr[4 * i + 3], v.w, acc);
+      }
+      const int owner = ob / S::DL;
+      Cta<NCTA>::map(ybuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
+    }
+    Cta<NCTA>::sync();
+    if (tid < S::DL) {
+      float dh = 0.f;
+#pragma unroll
+      for (int k = 0; k < 2 * NCTA; ++k) dh += ybuf[k * S::DL + tid];
+      carry = dh;
+    }
+  }
+  if (tid < S::DL) d_h0[static_cast<size_t>(b) * D + d0 + tid] = carry;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Host side.
+
+// Which path: PERCEPTION_CFC_PATH = auto (cluster where it can run) | cluster | portable.
+bool use_cluster(const void* kernel, size_t smem_bytes) {
+  const char* env = std::getenv("PERCEPTION_CFC_PATH");
+  const std::string path = env ? env : "auto";
+  TORCH_CHECK(path == "auto" || path == "cluster" || path == "portable", "PERCEPTION_CFC_PATH=", path,
+              ": expected one of auto, cluster, portable");
+  if (path == "portable") return false;
+  int dev = 0, major = 0, minor = 0, smem_optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes attr{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const bool ok = major >= 9 && attr.binaryVersion >= 90 && static_cast<size_t>(smem_optin) >= smem_bytes;
+  TORCH_CHECK(ok || path != "cluster", "PERCEPTION_CFC_PATH=cluster needs an sm_90 GPU and a library built for "
+              "sm_90 with ", smem_bytes, " bytes of shared memory per block; this is sm_", major, minor,
+              " (kernel binary sm_", attr.binaryVersion, ", ", smem_optin, " bytes)");
+  return ok;
+}
+
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), int ncta, int blocks, int threads, size_t smem, Args... args) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks * ncta);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ncta;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = ncta > 1 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+
+template <int D>
+void fwd_dispatch(const at::Tensor& x, const at::Tensor& ts, const at::Tensor& h0, const at::Tensor& w_rec,
+                  const at::Tensor& w_out, const at::Tensor& b_out, at::Tensor& h_seq) {
+  const int B = x.size(0), K = x.size(1);
+  constexpr size_t smem2 = Shape<D, 2>::fwd_smem_floats * sizeof(float);
+  if (use_cluster(reinterpret_cast<const void*>(&cfc_scan_fwd<D, 2>), smem2)) {
+    launch(&cfc_scan_fwd<D, 2>, 2, B, 2 * D, smem2, x.data_ptr<float>(), ts.data_ptr<float>(),
+           h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), w_out.data_ptr<float>(),
+           b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
+  } else {
+    const at::Tensor w_out_t = w_out.t().contiguous();  // (D, 4D): coalesced per-step reads
+    constexpr size_t smem1 = Shape<D, 1>::fwd_smem_floats * sizeof(float);
+    launch(&cfc_scan_fwd<D, 1>, 1, B, 2 * D, smem1, x.data_ptr<float>(), ts.data_ptr<float>(),
+           h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), w_out_t.data_ptr<float>(),
+           b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
+  }
+}
+
+template <int D>
+void bwd_dispatch(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
+                  const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& d_pre, at::Tensor& d_gates,
+                  at::Tensor& d_h0) {
+  const int B = grad_h.size(0), K = grad_h.size(1);
+  constexpr size_t smem2 = Shape<D, 2>::bwd_smem_floats * sizeof(float);
+  const bool cluster = use_cluster(reinterpret_cast<const void*>(&cfc_scan_bwd<D, 2>), smem2);
+  auto kernel = cluster ? &cfc_scan_bwd<D, 2> : &cfc_scan_bwd<D, 1>;
+  const size_t smem = cluster ? smem2 : Shape<D, 1>::bwd_smem_floats * sizeof(float);
+  launch(kernel, cluster ? 2 : 1, B, 2 * D, smem, grad_h.data_ptr<float>(), gates.data_ptr<float>(),
+         z.data_ptr<float>(), ts.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(),
+         d_pre.data_ptr<float>(), d_gates.data_ptr<float>(), d_h0.data_ptr<float>(), K);
+}
+
+void check(const at::Tensor& t, const char* name, at::IntArrayRef shape, const at::Tensor& like) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "cfc_scan: ", name, " must be on ", like.device(),
+              ", got ", t.device());
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "cfc_scan: ", name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.sizes() == shape, "cfc_scan: ", name, " must have shape ", shape, ", got ", t.sizes());
+}
+
+#define CFC_DISPATCH_D(D_VALUE, CALL)                                                                  \
+  switch (D_VALUE) {                                                                                   \
+    case 16: CALL(16); break;                                                                          \
+    case 32: CALL(32); break;                                                                          \
+    case 64: CALL(64); break;                                                                          \
+    case 128: CALL(128); break;                                                                        \
+    default: TORCH_CHECK(false, "cfc_scan kernels support D = U in {16, 32, 64, 128}, got D = ", D_VALUE, \
+                         "; use model.ops=ref for other sizes");                                       \
+  }
+
+at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const at::Tensor& h0,
+                         const at::Tensor& w_rec, const at::Tensor& w_out, const at::Tensor& b_out) {
+  TORCH_CHECK(x_proj.dim() == 3, "cfc_scan: x_proj must be (B, K, U), got ", x_proj.sizes());
+  const int64_t B = x_proj.size(0), K = x_proj.size(1), D = x_proj.size(2);
+  check(x_proj, "x_proj", {B, K, D}, x_proj);
+  check(ts, "ts", {B, K}, x_proj);
+  check(h0, "h0", {B, D}, x_proj);
+  check(w_rec, "w_rec", {D, D}, x_proj);
+  check(w_out, "w_out", {4 * D, D}, x_proj);
+  check(b_out, "b_out", {4 * D}, x_proj);
+  const c10::cuda::CUDAGuard guard(x_proj.device());
+  auto h_seq = at::empty({B, K, D}, x_proj.options());
+  if (B == 0 || K == 0) return h_seq;
+  const auto x = x_proj.contiguous(), t = ts.contiguous(), h = h0.contiguous();
+  const auto wr = w_rec.contiguous(), wo = w_out.contiguous(), bo = b_out.contiguous();
+#define CFC_FWD(DV) fwd_dispatch<DV>(x, t, h, wr, wo, bo, h_seq)
+  CFC_DISPATCH_D(D, CFC_FWD)
+#undef CFC_FWD
+  return h_seq;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tensor& grad_h, const at::Tensor& gates,
+                                                                 const at::Tensor& z, const at::Tensor& ts,
+                                                                 const at::Tensor& w_rec, const at::Tensor& w_out) {
+  TORCH_CHECK(grad_h.dim() == 3, "cfc_scan_bwd: grad_h must be (B, K, D), got ", grad_h.sizes());
+  const int64_t B = grad_h.size(0), K = grad_h.size(1), D = grad_h.size(2);
+  check(grad_h, "grad_h", {B, K, D}, grad_h);
+  check(gates, "gates", {B, K, 4 * D}, grad_h);
+  check(z, "z", {B, K, D}, grad_h);
+  check(ts, "ts", {B, K}, grad_h);
+  check(w_rec, "w_rec", {D, D}, grad_h);
+  check(w_out, "w_out", {4 * D, D}, grad_h);
+  const c10::cuda::CUDAGuard guard(grad_h.device());
+  auto d_pre = at::empty({B, K, D}, grad_h.options());
+  auto d_gates = at::empty({B, K, 4 * D}, grad_h.options());
+  auto d_h0 = at::zeros({B, D}, grad_h.options());
+  if (B == 0 || K == 0) return {d_pre, d_gates, d_h0};
+  const auto gh = grad_h.contiguous(), gt = gates.contiguous(), zz = z.contiguous(), t = ts.contiguous();
+  const auto wr = w_rec.contiguous(), wo = w_out.contiguous();
+#define CFC_BWD(DV) bwd_dispatch<DV>(gh, gt, zz, t, wr, wo, d_pre, d_gates, d_h0)
+  CFC_DISPATCH_D(D, CFC_BWD)
+#undef CFC_BWD
+  return {d_pre, d_gates, d_h0};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(perception, CUDA, m) {
+  m.impl("cfc_scan", &cfc_scan_cuda);
+  m.impl("cfc_scan_bwd", &cfc_scan_bwd_cuda);
+}
