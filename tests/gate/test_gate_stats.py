@@ -1,0 +1,128 @@
+"""The gate's statistics against direct computations: DeLong vs the O(m·n) definition, AUC vs
+scikit-learn, the bootstrap's resampled AUC vs an explicit resample, Stouffer, thinning."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+from sklearn.metrics import roc_auc_score
+
+from perception.sweep import stats
+
+
+def _psi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Heaviside kernel on every (positive, negative) pair: 1 if x > y, 1/2 on a tie."""
+    return (x[:, None] > y[None, :]) + 0.5 * (x[:, None] == y[None, :])  # (m, n)
+
+
+def delong_direct(score_a, score_b, labels):
+    """DeLong et al. (1988) from its definition, O(m·n): structural components by pairs."""
+    labels = labels.astype(bool)
+    comps = []
+    for s in (score_a, score_b):
+        psi = _psi(s[labels], s[~labels])
+        comps.append((psi.mean(), psi.mean(axis=1), psi.mean(axis=0)))
+    (auc_a, v10a, v01a), (auc_b, v10b, v01b) = comps
+    m, n = labels.sum(), (~labels).sum()
+    s10 = np.cov(np.stack([v10a, v10b]))
+    s01 = np.cov(np.stack([v01a, v01b]))
+    cov = s10 / m + s01 / n
+    var = cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]
+    return auc_a, auc_b, var
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_delong_matches_the_direct_computation_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(20, 300))
+    labels = rng.random(n) < rng.uniform(0.2, 0.8)
+    labels[:2], labels[2:4] = True, False
+    # coarse scores: many ties within and across classes
+    a = np.round(rng.normal(size=n) + 0.5 * labels, 1)
+    b = np.round(0.7 * a + rng.normal(size=n) * 0.5 + 0.3 * labels, 1)
+    got = stats.delong_paired(a, b, labels)
+    auc_a, auc_b, var = delong_direct(a, b, labels)
+    assert got.auc_a == pytest.approx(auc_a, abs=1e-12)
+    assert got.auc_b == pytest.approx(auc_b, abs=1e-12)
+    assert got.se**2 == pytest.approx(var, rel=1e-9, abs=1e-15)
+    assert got.z == pytest.approx((auc_b - auc_a) / math.sqrt(var), rel=1e-9)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=2, max_size=60))
+def test_auc_matches_scikit_learn(pairs):
+    scores = np.array([p[0] for p in pairs], dtype=float)
+    labels = np.array([p[1] for p in pairs])
+    if labels.all() or not labels.any():
+        assert math.isnan(stats.auc(scores, labels))
+    else:
+        assert stats.auc(scores, labels) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_resampled_auc_equals_the_auc_of_the_explicit_resample(ties):
+    rng = np.random.default_rng(3)
+    n = 500
+    labels = rng.random(n) < 0.4
+    scores = rng.normal(size=n) + labels
+    if ties:
+        scores = np.round(scores, 1)
+    valid = rng.random(n) < 0.9
+    rows = np.flatnonzero(valid)
+    presorted = stats.PresortedAUC(scores[rows], labels[rows], rows)
+    counts = next(stats.block_counts(n, 37, 20, rng))  # (20, n)
+    got = presorted.resampled(counts)
+    for r in range(20):
+        idx = np.repeat(np.arange(n), counts[r])
+        idx = idx[valid[idx]]
+        assert got[r] == pytest.approx(roc_auc_score(labels[idx], scores[idx]), abs=1e-12)
+
+
+def test_block_counts_are_contiguous_blocks_covering_n_windows():
+    rng = np.random.default_rng(0)
+    n, block = 103, 10
+    for counts in stats.block_counts(n, block, 300, rng):
+        assert counts.shape[1] == n and (counts >= 0).all()
+        assert (counts.sum(axis=1) == n).all()
+    # every window is reachable, the edges less often: moving blocks, not circular ones
+    total = sum(c.sum(axis=0) for c in stats.block_counts(n, block, 2000, np.random.default_rng(1)))
+    assert (total > 0).all() and total[0] < total[n // 2]
+
+
+def test_block_length_follows_window_horizon_and_stride():
+    assert stats.block_length(6000, 6000, 50) == 240
+    assert stats.block_length(32, 40, 4) == 18
+    assert stats.block_length(33, 40, 4) == 19  # rounded up
+
+
+def test_stouffer_and_one_sided_p():
+    assert stats.stouffer(np.array([1.0, 1.0, 1.0, 1.0])) == pytest.approx(2.0)
+    assert stats.stouffer(np.array([2.0, 0.0]), np.array([3.0, 1.0])) == pytest.approx(6 / math.sqrt(10))
+    assert stats.stouffer(np.array([np.nan, 1.0])) == pytest.approx(1.0)  # a missing z is left out
+    assert math.isnan(stats.stouffer(np.array([np.nan])))
+    assert stats.one_sided_p(1.6448536) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_thinning_keeps_windows_at_least_the_spacing_apart():
+    index = np.array([40, 0, 8, 4, 12, 16, 100, 104], dtype=np.int64)
+    kept = stats.thin_by_index(index, 10)
+    assert index[kept].tolist() == [0, 12, 40, 100]
+
+
+def test_bootstrap_sees_dependence_that_an_iid_test_misses():
+    """Δ driven by a few long episodes: i.i.d. DeLong is confident, the block bootstrap is not."""
+    rng = np.random.default_rng(5)
+    n, episode = 2000, 200
+    y = rng.random((n, 1)) < 0.5
+    noise = rng.normal(size=(n, 1))
+    signs = np.repeat([1, 1, -1, 1, -1, 1, 1, -1, 1, -1], episode)[:, None]
+    a = y * 0.6 + noise
+    b = a + 0.2 * signs * (2.0 * y - 1)
+    iid = stats.delong_paired(a[:, 0], b[:, 0], y[:, 0])
+    boot = stats.paired_block_bootstrap(a, b, y, np.ones_like(y), episode, 2000, np.random.default_rng(0))[0]
+    assert boot.delta == pytest.approx(iid.delta)
+    assert stats.one_sided_p(iid.z) < 0.01
+    assert stats.one_sided_p(boot.z) > 0.05
+    assert boot.se > 3 * iid.se
