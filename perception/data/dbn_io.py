@@ -153,6 +153,7 @@ def write_mbp10(path: str | Path, records: np.ndarray, dataset: str = "SYNTH.MBP
                 tc = dbn.Transcoder(f, dbn.Encoding.DBN, dbn.Compression.ZSTD)
                 tc.write(payload)
                 tc.flush()
+                del tc  # the zstd frame is closed when the transcoder is dropped
         else:
             tmp.write_bytes(payload)
 
