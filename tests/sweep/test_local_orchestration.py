@@ -1,0 +1,154 @@
+"""How the local sweep drives its steps: which runs start, with which overrides and GPU, what is
+skipped on a re-run, and that the gate always runs. The trainer here is a recording stand-in
+(the real one is exercised end to end in test_local_sweep.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from perception.errors import ConfigError
+from perception.sweep.local import gate_config_for, run_local_sweep
+
+FAKE_TRAIN = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    kv = dict(a.split("=", 1) for a in sys.argv[1:])
+    name = f"{kv['model.attention_pool']}-f{kv['data.fold']}"
+    d = Path(os.environ["PERCEPTION_HOME"]) / "runs" / kv["sweep_id"] / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "last.safetensors").write_text("partial")
+    t0 = time.time()
+    time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+        f.write(json.dumps({"argv": sys.argv[1:], "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            "t0": t0, "t1": time.time(), "name": name}) + "\\n")
+    fail = dict(x.split(":") for x in os.environ.get("FAKE_FAIL", "").split(",") if x)
+    if name in fail:
+        print("boom", name)
+        sys.exit(int(fail[name]))
+    (d / "done.json").write_text(json.dumps({"run_id": "run-" + name, "metrics": {"val_auc_mean": 0.6}}))
+""")
+FAKE_DATA = textwrap.dedent("""
+    import json, os, sys
+    with open(os.environ["FAKE_CALLS"], "a") as f:
+        f.write(json.dumps({"data": sys.argv[1:]}) + "\\n")
+""")
+
+
+@pytest.fixture
+def fakes(tmp_path, perception_home, monkeypatch, mlflow_server):
+    calls = tmp_path / "calls.jsonl"
+    (tmp_path / "train.py").write_text(FAKE_TRAIN)
+    (tmp_path / "data.py").write_text(FAKE_DATA)
+    monkeypatch.setenv("FAKE_CALLS", str(calls))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gate_calls: list[dict] = []
+
+    def gate(sweep_id, **kw):
+        gate_calls.append({"sweep_id": sweep_id, **kw})
+        return SimpleNamespace(decision="keep_shared", refused=False, reasons=[], report_dir=tmp_path, exit_code=0)
+
+    def read() -> list[dict]:
+        return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+    sweep_id = f"sweep-{uuid.uuid4().hex[:8]}"  # one tracking server serves every test
+
+    def sweep(*overrides, gpus=(), sweep_id=sweep_id):
+        lines: list[str] = []
+        result = run_local_sweep(sweep_id, [*overrides, f"tracking.uri={mlflow_server}"], gpus=list(gpus),
+                                 train_command=[sys.executable, str(tmp_path / "train.py")],
+                                 data_command=[sys.executable, str(tmp_path / "data.py")],
+                                 gate=gate, say=lines.append)
+        return result, lines
+
+    return SimpleNamespace(sweep=sweep, calls=read, gate_calls=gate_calls, id=sweep_id, uri=mlflow_server)
+
+
+def train_calls(calls):
+    return [c for c in calls if "argv" in c]
+
+
+def test_cpu_sweep_trains_six_runs_in_order_then_gates(fakes):
+    result, lines = fakes.sweep("experiment=ci")
+    calls = fakes.calls()
+    assert calls[0] == {"data": ["build", "experiment=ci", f"tracking.uri={fakes.uri}"]}
+    runs = train_calls(calls)
+    assert [c["name"] for c in runs] == ["shared-f0", "per_horizon-f0", "shared-f1", "per_horizon-f1",
+                                         "shared-f2", "per_horizon-f2"]
+    for c in runs:
+        assert c["argv"][0] == "experiment=ci"
+        assert f"sweep_id={fakes.id}" in c["argv"] and f"tracking.parent_run_id={result.parent_run_id}" in c["argv"]
+        assert c["gpu"] is None
+    for earlier, later in zip(runs, runs[1:]):
+        assert earlier["t1"] <= later["t0"]  # sequential on CPU
+    assert [r.status for r in result.runs] == ["finished"] * 6
+    assert fakes.gate_calls == [{"sweep_id": fakes.id, "tracking_uri": fakes.uri,
+                                 "experiment": "perception-ab", "config_name": "ci"}]
+    assert result.exit_code == 0
+    assert sum("finished in" in line for line in lines) == 6 and "[6/6]" in lines[-2]
+
+
+def test_a_rerun_skips_finished_runs_and_retrains_only_the_failed_one(fakes, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "per_horizon-f1:1")
+    first, lines = fakes.sweep("experiment=ci")
+    assert [r.status for r in first.runs].count("failed") == 1
+    assert len(fakes.gate_calls) == 1  # the gate runs anyway, to refuse with a reason
+    assert first.exit_code == 1
+    assert any("FAILED (exit 1)" in line for line in lines)
+
+    monkeypatch.delenv("FAKE_FAIL")
+    second, lines = fakes.sweep("experiment=ci")
+    runs = train_calls(fakes.calls())
+    assert [c["name"] for c in runs[6:]] == ["per_horizon-f1"]
+    assert second.parent_run_id == first.parent_run_id
+    assert sum("skipped" in line for line in lines) == 5
+    assert any("per_horizon fold 1: resuming" in line for line in lines)
+    assert second.exit_code == 0
+
+    third, lines = fakes.sweep("experiment=ci")
+    assert len(train_calls(fakes.calls())) == 7 and [r.status for r in third.runs] == ["skipped"] * 6
+    assert sum("data" in c for c in fakes.calls()) == 2  # nothing left to train: no cache build either
+    assert len(fakes.gate_calls) == 3
+
+
+def test_gpus_train_one_run_each_in_parallel_with_their_own_logs(fakes, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "1.0")
+    result, _ = fakes.sweep("experiment=ci", gpus=["3", "5"])
+    runs = {c["name"]: c for c in train_calls(fakes.calls())}
+    for fold in range(3):
+        a, b = runs[f"shared-f{fold}"], runs[f"per_horizon-f{fold}"]
+        assert (a["gpu"], b["gpu"]) == ("3", "5")
+        assert a["t0"] < b["t1"] and b["t0"] < a["t1"]  # overlapping: side by side
+    for r in result.runs:
+        assert r.log is not None and r.log.parent.name == f"{r.spec.variant}-f{r.spec.fold}" and r.log.exists()
+
+
+def test_overrides_the_sweep_sets_itself_are_refused_before_any_work(fakes):
+    for bad in ("data.fold=1", "model.attention_pool=shared", "sweep_id=x", "tracking.parent_run_id=abc"):
+        with pytest.raises(ConfigError, match="set by the sweep"):
+            fakes.sweep(bad)
+    with pytest.raises(ConfigError, match="trainer.epochs"):
+        fakes.sweep("trainer.epochs=many")
+    with pytest.raises(ConfigError, match="sweep_id 'a b'"):
+        fakes.sweep(sweep_id="a b")
+    assert fakes.calls() == [] and fakes.gate_calls == []
+
+
+def test_a_config_error_in_training_stops_the_sweep(fakes, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "shared-f0:2")
+    with pytest.raises(ConfigError, match="exit 2"):
+        fakes.sweep("experiment=ci")
+    assert len(train_calls(fakes.calls())) == 1 and fakes.gate_calls == []
+
+
+def test_gate_config_follows_the_experiment():
+    assert gate_config_for("ci") == "ci"
+    assert gate_config_for("local") == "local"
+    assert gate_config_for("production") == "default"
