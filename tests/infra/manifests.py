@@ -76,7 +76,8 @@ def containers(pod_spec: dict) -> Iterator[dict]:
 
 
 def security_problems(where: str, pod_spec: dict) -> list[str]:
-    """Every way a container of this pod could run as root or privileged."""
+    """Every way a container of this pod could run as root or privileged, or fall short of the
+    Pod Security "restricted" level the namespace warns about."""
     problems = []
     pod_sc = pod_spec.get("securityContext", {})
     if pod_spec.get("hostPID") or pod_spec.get("hostIPC") or pod_spec.get("hostNetwork"):
@@ -98,6 +99,9 @@ def security_problems(where: str, pod_spec: dict) -> list[str]:
             problems.append(f"{name}: capabilities do not drop ALL")
         if sc.get("capabilities", {}).get("add"):
             problems.append(f"{name}: adds capabilities {sc['capabilities']['add']}")
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile is {seccomp!r} (Pod Security 'restricted' needs RuntimeDefault)")
     return problems
 
 
