@@ -1,0 +1,154 @@
+"""The gate's decisions on sweeps logged to a real local MLflow store (ci horizons [2, 5, 10, 20, 40];
+conf/gate/ci.yaml: h40 weighs 1, shift horizons [2, 5])."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from sklearn.metrics import roc_auc_score
+
+from perception.errors import ConfigError
+from perception.sweep import stats
+from perception.sweep.gate import run_gate
+from tests.gate.sweep_store import CI_HORIZONS, SweepSpec, build_sweep, fold_predictions
+
+BASE = [0.6] * 5
+
+
+def gate(gate_store, tmp_path: Path, sweep_id: str, spec: SweepSpec, config: str = "ci"):
+    uri, client = gate_store
+    chosen = build_sweep(client, sweep_id, spec)
+    outcome = run_gate(sweep_id, tracking_uri=uri, config_name=config, out_dir=tmp_path / "report",
+                       decision_file=tmp_path / "decision", progress=False)
+    return outcome, chosen
+
+
+def rule(outcome, name):
+    return next(r for r in outcome.summary["rules"] if r["name"] == name)
+
+
+def test_ship_by_rule_1_on_the_noise_floor_and_logged_to_mlflow(gate_store, tmp_path):
+    outcome, _ = gate(gate_store, tmp_path, "ship-r1", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]))
+    assert (outcome.decision, outcome.refused, outcome.exit_code) == ("ship_per_horizon", False, 0)
+    s = outcome.summary
+    assert s["rule"] == "rule 1" and s["W"] >= 0.024 and rule(outcome, "rule 1")["evidence_floor"]
+    assert (tmp_path / "decision").read_text().strip() == "ship_per_horizon"
+    for name in ("report.json", "report.md", "auc_by_horizon.png", "attention_by_lag.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    assert json.loads((tmp_path / "report" / "report.json").read_text())["decision"] == "ship_per_horizon"
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "ship_per_horizon" in md and "| h40 | 1.0 |" in md and "per_horizon / h40" in md
+
+    client: MlflowClient = gate_store[1]
+    run = client.get_run(s["gate_run_id"])
+    assert run.data.tags["role"] == "gate" and run.data.tags["decision"] == "ship_per_horizon"
+    assert run.data.tags["sweep_id"] == "ship-r1" and run.data.tags["mlflow.parentRunId"]
+    assert run.data.metrics["gate_W"] == pytest.approx(s["W"])
+    assert run.data.metrics["gate_delta_h40"] == pytest.approx(s["delta"]["h40"])
+    assert "gate_G" in run.data.metrics and "gate_p" in run.data.metrics
+    logged = {a.path for a in client.list_artifacts(run.info.run_id, "gate")}
+    assert {"gate/report.md", "gate/report.json", "gate/auc_by_horizon.png"} <= logged
+
+
+def test_ship_by_rule_1_on_the_test_when_the_lift_is_under_the_floor(gate_store, tmp_path):
+    outcome, _ = gate(gate_store, tmp_path, "ship-r1-test", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66]))
+    r1 = rule(outcome, "rule 1")
+    assert 0.01 <= outcome.summary["W"] < 0.024 and not r1["evidence_floor"]
+    assert r1["p_bootstrap"] < 0.05 and r1["evidence_test"]
+    assert outcome.decision == "ship_per_horizon"
+
+
+def test_ship_by_rule_2_a_shift_toward_short_horizons(gate_store, tmp_path):
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.75, 0.75, 0.6, 0.6, 0.58])
+    outcome, _ = gate(gate_store, tmp_path, "ship-r2", spec)
+    s = outcome.summary
+    assert s["W"] < 0.01 and s["G"] > 0 and s["G"] >= max(0.0, -s["W"])
+    assert s["rule"] == "rule 2" and outcome.decision == "ship_per_horizon"
+    assert any("rule 1 did not fire" in r for r in outcome.reasons)
+
+
+def test_rule_2_without_loss_allowance_keeps_shared_when_w_is_negative(gate_store, tmp_path):
+    cfg = tmp_path / "no_loss.yaml"
+    cfg.write_text("weights: {40: 1.0}\nshift_horizons: [2, 5]\nshift_allows_loss: false\n")
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.75, 0.75, 0.6, 0.6, 0.55])
+    outcome, _ = gate(gate_store, tmp_path, "r2-no-loss", spec, config=str(cfg))
+    assert outcome.summary["W"] < 0 < outcome.summary["G"]
+    assert outcome.decision == "keep_shared" and outcome.summary["rule"] is None
+
+
+def test_keep_shared_when_per_horizon_is_worse(gate_store, tmp_path):
+    outcome, _ = gate(gate_store, tmp_path, "keep", SweepSpec(mu_a=BASE, mu_b=[0.5] * 5))
+    assert outcome.summary["W"] < 0 and outcome.summary["G"] < 0
+    assert (outcome.decision, outcome.exit_code) == ("keep_shared", 0)
+    assert (tmp_path / "decision").read_text().strip() == "keep_shared"
+
+
+def test_inconclusive_when_the_rule_fires_without_evidence(gate_store, tmp_path):
+    # arms nearly independent and few windows: a small lift inside the noise
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.64], n_windows=400, own_noise=1.5, seed=0)
+    outcome, _ = gate(gate_store, tmp_path, "inconclusive", spec)
+    r1 = rule(outcome, "rule 1")
+    assert 0.01 <= outcome.summary["W"] < 0.024, outcome.summary["W"]
+    assert r1["fired"] and not r1["evidence_floor"] and r1["p_bootstrap"] >= 0.05
+    assert outcome.decision == "inconclusive"
+    assert any(r.startswith("no evidence for rule 1") for r in outcome.reasons)
+
+
+def test_autocorrelated_lift_iid_test_significant_block_bootstrap_not(gate_store, tmp_path):
+    """B's advantage flips sign every 200 windows, the span of one window's dependence
+    ((K + h_max) / stride = (720 + 40) / 4 = 190): 6000 windows but only ~30 independent pieces."""
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, window=720, n_windows=2000,
+                     episodes=[[1, 1, -1, 1, -1, 1, 1, -1, 1, -1]] * 3, episode_effect=0.2)
+    outcome, _ = gate(gate_store, tmp_path, "autocorrelated", spec)
+    s = outcome.summary
+    assert s["block_len_windows"] == 190
+    rows = [r for r in s["per_fold"] if r["horizon"] == 40]
+    iid_p = stats.one_sided_p(stats.stouffer(np.array([r["delong_iid"]["z"] for r in rows])))
+    assert iid_p < 0.01  # an i.i.d. test would call the lift significant ...
+    assert s["p"] >= 0.05  # ... the block bootstrap does not
+    assert 0.01 <= s["W"] < 0.024 and outcome.decision == "inconclusive"
+
+
+def test_custom_weights_average_the_per_horizon_deltas(gate_store, tmp_path):
+    cfg = tmp_path / "custom.yaml"
+    cfg.write_text("weights: {5: 1.0, 40: 3.0}\nshift_horizons: [10]\nmin_lift: 0.02\n")
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.7, 0.55, 0.6, 0.72])
+    outcome, _ = gate(gate_store, tmp_path, "custom-weights", spec, config=str(cfg))
+    # Δ_h recomputed from the logged predictions, independently of the gate
+    delta = {}
+    for j, h in enumerate(CI_HORIZONS):
+        per_fold = []
+        for fold in range(3):
+            p = fold_predictions(spec, fold)
+            m = p["shared"]["mask"][:, j]
+            per_fold.append(roc_auc_score(p["per_horizon"]["labels"][m, j], p["per_horizon"]["probs"][m, j])
+                            - roc_auc_score(p["shared"]["labels"][m, j], p["shared"]["probs"][m, j]))
+        delta[h] = float(np.mean(per_fold))
+    s = outcome.summary
+    assert s["W"] == pytest.approx((delta[5] + 3 * delta[40]) / 4, abs=1e-9)
+    assert s["G"] == pytest.approx(delta[10], abs=1e-9)
+    assert s["config"]["weights"] == {"h5": 1.0, "h40": 3.0} and s["config"]["min_lift"] == 0.02
+    assert rule(outcome, "rule 1")["horizons"] == [5, 40]
+    assert s["W"] >= 0.02 and outcome.decision == "ship_per_horizon"
+
+
+def test_config_horizon_absent_from_the_runs_is_a_usage_error(gate_store, tmp_path):
+    uri, client = gate_store
+    build_sweep(client, "wrong-horizons", SweepSpec(mu_a=BASE, mu_b=BASE))
+    with pytest.raises(ConfigError, match=r"weights names horizon\(s\) \[6000\].*\[2, 5, 10, 20, 40\]"):
+        run_gate("wrong-horizons", tracking_uri=uri, config_name="default", out_dir=tmp_path, progress=False)
+
+
+def test_duplicate_runs_use_the_latest_finished_and_are_reported(gate_store, tmp_path):
+    outcome, chosen = gate(gate_store, tmp_path, "duplicates", SweepSpec(mu_a=BASE, mu_b=BASE, duplicate=("shared", 0)))
+    assert not outcome.refused
+    assert outcome.summary["runs"]["shared/f0"]["run_id"] == chosen[("shared", 0)]
+    notes = outcome.summary["notes"]
+    assert any(n.startswith("duplicate runs for shared fold 0") and chosen[("shared", 0)] in n for n in notes)
+    assert any("status RUNNING" in n for n in notes)
+    assert math.isfinite(outcome.summary["W"])
