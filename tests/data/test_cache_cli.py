@@ -1,0 +1,124 @@
+"""Feature cache keyed by data_hash, concurrent builders, config checks and `perception-data build`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from perception.data import check_data_config, data_hash, load_dataset
+from perception.data.config import DataConfig, DataSource
+from perception.errors import ConfigError
+
+from tests.data.builders import dbn_config, make_records
+
+CI = dict(n_snapshots=6000, window=32, window_stride=4, horizons=[2, 5, 10, 20, 40])
+
+
+def test_hash_ignores_fold_and_follows_config_and_file_bytes(write_dbn, tmp_path):
+    assert data_hash(DataConfig(**CI, fold=0)) == data_hash(DataConfig(**CI, fold=2, cache=False))
+    assert data_hash(DataConfig(**CI)) != data_hash(DataConfig(**{**CI, "n_snapshots": 6001}))
+    path = write_dbn(make_records(np.arange(30) + 0.5))
+    before = data_hash(dbn_config([path]))
+    moved = tmp_path / "elsewhere.dbn"
+    shutil.copy(path, moved)
+    assert data_hash(dbn_config([moved])) == before  # contents, not names
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    assert data_hash(dbn_config([path])) != before
+
+
+def test_cache_is_built_once_and_shared_by_folds(perception_home):
+    a = load_dataset(DataConfig(**CI, fold=0), progress=False)
+    stamp = (a.cache_path / "meta.json").stat().st_mtime_ns
+    b = load_dataset(DataConfig(**CI, fold=2), progress=False)
+    assert a.cache_path == b.cache_path == perception_home / "cache" / a.data_hash
+    assert (b.cache_path / "meta.json").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    np.testing.assert_array_equal(a.features, b.features)
+    assert sorted(p.name for p in (perception_home / "cache").iterdir()) == [a.data_hash]
+
+
+def test_an_incomplete_cache_is_rebuilt(perception_home):
+    a = load_dataset(DataConfig(**CI), progress=False)
+    (a.cache_path / "y.npy").unlink()  # as if a writer had been killed mid-way
+    b = load_dataset(DataConfig(**CI), progress=False)
+    np.testing.assert_array_equal(a.y, b.y)
+
+
+_BUILD = """
+import sys
+from perception.data import load_dataset
+from perception.data.config import DataConfig
+ds = load_dataset(DataConfig(n_snapshots=120_000, window=64, horizons=[5, 300]), progress=False)
+print(ds.data_hash, float(ds.features.sum()))
+"""
+
+
+def test_two_concurrent_builders_leave_one_valid_cache(perception_home):
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert outs[0] == outs[1]
+    entries = list((perception_home / "cache").iterdir())
+    assert [e.name for e in entries] == [outs[0][0]]  # no temp directory left behind
+    meta = json.loads((entries[0] / "meta.json").read_text())
+    assert np.load(entries[0] / "features.npy", mmap_mode="r").shape == (meta["T"], meta["F"])
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"horizons": [10, 5]}, "data.horizons"),
+    ({"horizons": [0, 5]}, "data.horizons"),
+    ({"horizons": []}, "data.horizons"),
+    ({"fold": 3}, "data.fold=3: expected an integer in 0..2"),
+    ({"n_folds": 1, "fold": 0}, "data.n_folds=1"),
+    ({"window": 0}, "data.window=0"),
+    ({"window_stride": 0}, "data.window_stride=0"),
+    ({"embargo": -1}, "data.embargo=-1"),
+    ({"snapshot_interval": 0.0}, "data.snapshot_interval"),
+    ({"max_gap": 0.5}, "data.max_gap"),
+    ({"tick_size": -0.25}, "data.tick_size"),
+    ({"source": DataSource.dbn}, "data.paths is empty"),
+    ({"source": DataSource.dbn, "paths": ["/nonexistent/*.dbn.zst"]}, r"'/nonexistent/\*.dbn.zst' matches no file"),
+    ({"source": "csv"}, "data.source='csv'"),
+])
+def test_config_errors_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=key):
+        check_data_config(DataConfig(**{**CI, **override}))
+
+
+def _cli(*args, env_home):
+    import os
+
+    env = {**os.environ, "PERCEPTION_HOME": str(env_home)}
+    return subprocess.run(["perception-data", *args], capture_output=True, text=True, env=env, timeout=180)
+
+
+def test_cli_builds_the_cache_and_reports_it(perception_home):
+    res = _cli("build", "experiment=ci", "data.n_snapshots=5000", env_home=perception_home)
+    assert res.returncode == 0, res.stderr
+    expected = data_hash(DataConfig(**{**CI, "n_snapshots": 5000}))
+    assert f"data_hash: {expected}" in res.stdout
+    assert f"cache:     {perception_home / 'cache' / expected}" in res.stdout
+    assert "T:         5000" in res.stdout and "F:         65" in res.stdout
+    assert "build data" in res.stderr and "stage/s" in res.stderr  # the progress bar
+    again = load_dataset(DataConfig(**{**CI, "n_snapshots": 5000}), progress=False)
+    assert again.data_hash == expected and again.cache_path.is_dir()
+
+
+def test_cli_exit_codes(perception_home, write_dbn, tmp_path):
+    bad = _cli("build", "experiment=ci", "data.window_stride=0", env_home=perception_home)
+    assert bad.returncode == 2 and "data.window_stride=0" in bad.stderr
+    unknown = _cli("build", "data.bogus=1", env_home=perception_home)
+    assert unknown.returncode == 2 and "data.bogus" in unknown.stderr
+    assert _cli(env_home=perception_home).returncode == 2
+    empty = tmp_path / "empty.dbn.zst"
+    empty.write_bytes(b"")
+    res = _cli("build", "data=dbn", f"data.paths=[{empty}]", "--no-progress", env_home=perception_home)
+    assert res.returncode == 1 and f"{empty}: empty file" in res.stderr
+    assert "Traceback" not in res.stderr
