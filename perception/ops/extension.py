@@ -46,7 +46,7 @@ def arch_list() -> str:
 def compile_flags() -> dict[str, list[str]]:
     return {
         "extra_cflags": ["-O3", "-std=c++17"],
-        "extra_cuda_cflags": ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo"],
+        "extra_cuda_cflags": ["-O3", "-std=c++17", "-lineinfo", "--threads", "0"],
     }
 
 
