@@ -29,23 +29,31 @@ def use_kernels(backend: str, *tensors: torch.Tensor) -> bool:
     raise ValueError(f"model.ops={backend!r}: expected one of auto, ref, cuda")
 
 
+def _kernel_takes(backend: str, *tensors: torch.Tensor) -> bool:
+    """Pool kernels take fp32 with D in {16, 32, 64, 128}; auto falls back to the references otherwise,
+    cuda lets the kernel's own check name what it expected."""
+    from perception.ops.pool_autograd import kernel_supports
+
+    return getattr(backend, "value", backend) == "cuda" or kernel_supports(*tensors)
+
+
 def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D)."""
-    if use_kernels(backend, lnb, q):
-        return torch.ops.perception.attention_pool(lnb, q)
+    if use_kernels(backend, lnb, q) and _kernel_takes(backend, lnb, q):
+        return torch.ops.perception.attention_pool(lnb, q)[0]  # [1] is the log-sum-exp kept for backward
     return attention_pool_ref(lnb, q)
 
 
 def inverted_pool(lnb: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D) -> inv: (B, D)."""
-    if use_kernels(backend, lnb):
-        return torch.ops.perception.inverted_pool(lnb)
+    if use_kernels(backend, lnb) and _kernel_takes(backend, lnb):
+        return torch.ops.perception.inverted_pool(lnb)[0]  # [1:] are attention and means kept for backward
     return inverted_pool_ref(lnb)
 
 
 def inv_pool_merge(ctx: torch.Tensor, inv: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """ctx: (B, Q, D), inv: (B, D) -> ctx: (B, Q, D)."""
-    if use_kernels(backend, ctx, inv):
+    if use_kernels(backend, ctx, inv) and _kernel_takes(backend, ctx, inv):
         return torch.ops.perception.inv_pool_merge(ctx, inv)
     return inv_pool_merge_ref(ctx, inv)
 
