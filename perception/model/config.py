@@ -41,3 +41,6 @@ class ModelConfig:
     inverted_pool: bool = False
     head_aux_weight: float = 0.25  # alpha of Path A heads (per_horizon)
     ops: OpsBackend = OpsBackend.auto
+    # recompute VSN and Mamba2 activations in backward instead of keeping them: at K = 6000 they are
+    # most of the activation memory (benchmarks/model_step.py); costs about one extra trunk forward
+    activation_checkpointing: bool = False

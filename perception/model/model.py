@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from perception import ops
 from perception.errors import ConfigError, DataError
@@ -47,6 +48,7 @@ class PerceptionModel(nn.Module):
             self.cfc = CfC(d, backend)
             self.head = Heads(len(self.horizons), d, per_horizon, float(cfg.head_aux_weight))
         self.backend = backend
+        self.checkpointing = bool(getattr(cfg, "activation_checkpointing", False))
         self.register_buffer("dt_scale", torch.ones(()), persistent=True)  # median Δt of training data
 
         for name, module in (("vsn", self.vsn), ("mamba", self.mamba), ("pool", self.pool), ("cfc", self.cfc), ("head", self.head)):
@@ -71,8 +73,13 @@ class PerceptionModel(nn.Module):
                 f"PerceptionModel expects x (B, K, {self.n_features}) and dt (B, K); got x "
                 f"{tuple(x.shape)} and dt {tuple(dt.shape)}"
             )
-        h, _ = self.vsn(x)  # (B, K, D)
-        lnb = self.ln_b(self.mamba(h))  # (B, K, D)
+        if self.checkpointing and torch.is_grad_enabled():
+            h = checkpoint(lambda t: self.vsn(t)[0], x, use_reentrant=False)  # (B, K, D)
+            for layer in self.mamba.layers:
+                h = checkpoint(layer, h, use_reentrant=False)
+        else:
+            h = self.mamba(self.vsn(x)[0])  # (B, K, D)
+        lnb = self.ln_b(h)  # (B, K, D)
         ctx = self.pool(lnb)  # (B, Q, D)
         if self.inv_pool is not None:
             ctx = ops.inv_pool_merge(ctx, self.inv_pool(lnb), backend=self.backend)

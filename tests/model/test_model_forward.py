@@ -183,3 +183,19 @@ def test_overfits_one_small_batch(variant):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] <= 0.5 * losses[0], (losses[0], losses[-1])
+
+
+def test_activation_checkpointing_changes_memory_not_results():
+    x, dt = (t.double() for t in batch())
+    plain = build("per_horizon").double()
+    cfg = tiny_config("per_horizon")
+    cfg.activation_checkpointing = True
+    recomputed = PerceptionModel(cfg, N_FEATURES, HORIZONS, 0).double()
+    outs = []
+    for model in (plain, recomputed):
+        logits = model(x, dt)
+        logits.square().sum().backward()
+        outs.append((logits.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-12)
+    for a, b in zip(outs[0][1], outs[1][1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

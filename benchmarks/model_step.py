@@ -1,0 +1,289 @@
+"""Forward + backward of the full PerceptionModel, per module (VSN, Mamba2, LN_b, pools, CfC, heads):
+median time, memory saved for backward, and peak memory. Random inputs, no data pipeline; needs
+torch and numpy only.
+
+    PYTHONPATH=. python3 benchmarks/model_step.py --device cuda   # production: B=64, K=6000, D=128
+    PYTHONPATH=. python3 benchmarks/model_step.py --device cpu    # B=16, K=512, D=128
+    PYTHONPATH=. python3 benchmarks/model_step.py --device meta   # saved-activation bytes only, any size
+
+Each module runs on detached leaf copies of its inputs, so its forward and backward are timed alone;
+the full step (model forward, masked BCE, backward) is timed separately. "saved" counts the tensors
+autograd keeps for backward (torch.autograd.graph.saved_tensors_hooks), the activation memory each
+module adds. `meta` runs the model on shape-only tensors: the saved bytes at production size without
+a GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from perception.atomic import atomic_write_text  # noqa: E402
+from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
+from perception.model.config import MambaConfig, VSNConfig  # noqa: E402
+
+HORIZONS = [30, 100, 300, 1000, 6000]
+MEMORY_LIMIT_GIB = 44.0  # an L40S has 48 GiB
+SIZES = {  # (B, K) per device: production on CUDA and meta, a CPU-sized window otherwise
+    "cuda": (64, 6000),
+    "meta": (64, 6000),
+    "cpu": (16, 512),
+}
+
+
+def default_features() -> int:
+    """F of the synthetic data; 65 (10 levels x 6 + 5 book-wide) where the data package won't import."""
+    try:
+        from perception.data.features import FEATURE_NAMES
+
+        return len(FEATURE_NAMES)
+    except Exception:  # the GPU machine may lack the data package's dependencies
+        return 65
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda", "meta"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch", type=int, help="B (default: 64 on cuda/meta, 16 on cpu)")
+    p.add_argument("--window", type=int, help="K (default: 6000 on cuda/meta, 512 on cpu)")
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--features", type=int, default=None, help="F (default: the synthetic data's)")
+    p.add_argument("--variants", nargs="+", default=["shared", "per_horizon"], choices=["shared", "per_horizon"])
+    p.add_argument("--inverted-pool", action="store_true")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute VSN and Mamba2 in backward (the full step and its peak; the per-module rows run without)")
+    p.add_argument("--ops", default="auto", choices=["auto", "ref", "cuda"])
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 3 on cuda, 5 on cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default: benchmarks/results/model_step_<device>.json)")
+    args = p.parse_args(argv)
+    b, k = SIZES[args.device]
+    args.batch, args.window = args.batch or b, args.window or k
+    args.features = args.features or default_features()
+    args.repeats = args.repeats or (3 if args.device == "cuda" else 1 if args.device == "meta" else 5)
+    args.out = args.out or Path(__file__).parent / "results" / f"model_step_{args.device}.json"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU (torch.cuda.is_available() is False)")
+    return args
+
+
+def build(args, variant: str, device: torch.device):
+    cfg = ModelConfig(
+        attention_pool=variant, d_model=args.d_model, vsn=VSNConfig(), mamba=MambaConfig(),
+        inverted_pool=args.inverted_pool, ops=args.ops, activation_checkpointing=args.activation_checkpointing,
+    )
+    model = PerceptionModel(cfg, args.features, HORIZONS, seed=0).to(device)
+    g = torch.Generator().manual_seed(1)
+    b, k, f, h = args.batch, args.window, args.features, len(HORIZONS)
+    if device.type == "meta":
+        x, dt, y = torch.empty(b, k, f), torch.empty(b, k), torch.empty(b, h)
+    else:
+        x, dt, y = torch.randn(b, k, f, generator=g), torch.rand(b, k, generator=g) + 0.5, (torch.rand(b, h, generator=g) > 0.5).float()
+    mask = torch.ones(b, h, dtype=torch.bool)
+    return model, x.to(device), dt.to(device), y.to(device), mask.to(device)
+
+
+def stages(model: PerceptionModel, dt, y, mask) -> list[tuple[str, Callable]]:
+    """The model's forward as a chain of modules; each takes and returns a tuple of tensors."""
+
+    def pools(lnb):
+        ctx = model.pool(lnb)  # (B, Q, D)
+        if model.inv_pool is not None:
+            from perception import ops
+
+            ctx = ops.inv_pool_merge(ctx, model.inv_pool(lnb), backend=model.backend)
+        return lnb, ctx
+
+    def cfc(lnb, ctx):
+        h_seq = model.cfc(lnb, dt / model.dt_scale, ctx.mean(dim=1))  # (B, K, D)
+        return h_seq[:, -1], ctx
+
+    return [
+        ("vsn", lambda x: (model.vsn(x)[0],)),
+        ("mamba2", lambda h: (model.mamba(h),)),
+        ("ln_b", lambda m: (model.ln_b(m),)),
+        ("pools", pools),
+        ("cfc", cfc),
+        ("heads", lambda h_last, ctx: (masked_bce(model.head(h_last, ctx), y, mask),)),
+    ]
+
+
+class SavedBytes:
+    """Bytes of the storages autograd keeps for backward while active, each storage once (a tensor
+    saved by two ops, or many slices of one tensor, count as the memory they really hold)."""
+
+    def __init__(self):
+        self.total = 0
+        self.seen: set[int] = set()
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in self.seen:  # the StorageImpl's address: unique while it is alive
+            self.seen.add(storage._cdata)
+            self.total += storage.nbytes()
+        return t
+
+    def __enter__(self):
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.hooks.__exit__(*exc)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_stage(fn, inputs, device):
+    """One module's forward and backward on leaf copies of its inputs -> (outputs, fwd s, bwd s, saved bytes)."""
+    leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
+    sync(device)
+    t0 = time.perf_counter()
+    with SavedBytes() as saved:
+        outs = fn(*leaves)
+    sync(device)
+    t1 = time.perf_counter()
+    grads = [torch.ones_like(o) for o in outs if o.requires_grad]
+    torch.autograd.backward([o for o in outs if o.requires_grad], grads)
+    sync(device)
+    t2 = time.perf_counter()
+    return tuple(o.detach() for o in outs), t1 - t0, t2 - t1, saved.total
+
+
+def bench_variant(args, variant: str, device: torch.device, progress) -> dict:
+    model, x, dt, y, mask = build(args, variant, device)
+    chain = stages(model, dt, y, mask)
+    per_module = {name: {"fwd_ms": [], "bwd_ms": [], "saved_mib": 0.0} for name, _ in chain}
+    full_ms, fwd_ms = [], []
+    reps = args.repeats + (0 if device.type == "meta" else 1)  # the first repeat warms up
+    for rep in range(reps):
+        inputs = (x,)
+        for name, fn in chain:
+            progress(f"{variant} repeat {rep + 1}/{reps}: {name}")
+            inputs, f_s, b_s, saved = run_stage(fn, inputs, device)
+            if rep > 0 or device.type == "meta":
+                per_module[name]["fwd_ms"].append(1e3 * f_s)
+                per_module[name]["bwd_ms"].append(1e3 * b_s)
+            per_module[name]["saved_mib"] = saved / 2**20
+        if device.type == "meta":
+            continue
+        progress(f"{variant} repeat {rep + 1}/{reps}: full step")
+        model.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        sync(device)
+        t0 = time.perf_counter()
+        logits = model(x, dt)
+        sync(device)
+        t1 = time.perf_counter()
+        masked_bce(logits, y, mask).backward()
+        sync(device)
+        t2 = time.perf_counter()
+        if rep > 0:
+            full_ms.append(1e3 * (t2 - t0))
+            fwd_ms.append(1e3 * (t1 - t0))
+        del logits
+
+    result = {
+        "variant": variant,
+        "params": sum(p.numel() for p in model.parameters()),
+        "modules": {
+            name: {
+                "fwd_ms": statistics.median(m["fwd_ms"]),
+                "bwd_ms": statistics.median(m["bwd_ms"]),
+                "saved_mib": round(m["saved_mib"], 1),
+            }
+            for name, m in per_module.items()
+        },
+        "saved_total_gib": round(sum(m["saved_mib"] for m in per_module.values()) / 1024, 3),
+    }
+    if full_ms:
+        result["step_ms_median"] = statistics.median(full_ms)
+        result["forward_ms_median"] = statistics.median(fwd_ms)
+        result["samples_per_s"] = args.batch / (result["step_ms_median"] / 1e3)
+    if device.type == "cuda":
+        result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        result["fits_44_gib"] = result["peak_gib"] <= MEMORY_LIMIT_GIB
+    return result
+
+
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
+
+
+def print_table(report: dict) -> None:
+    print(f"\nmodel step, {report['machine']}: B={report['batch']} K={report['window']} D={report['d_model']} "
+          f"F={report['features']} H={len(HORIZONS)} ops={report['ops']} "
+          f"checkpointing={report['activation_checkpointing']}; medians of {report['repeats']}")
+    for r in report["results"]:
+        print(f"\n{r['variant']} ({r['params']:,} parameters)")
+        print(f"  {'module':<8} {'fwd ms':>10} {'bwd ms':>10} {'saved MiB':>11}")
+        for name, m in r["modules"].items():
+            print(f"  {name:<8} {m['fwd_ms']:>10.1f} {m['bwd_ms']:>10.1f} {m['saved_mib']:>11.1f}")
+        line = f"  saved for backward: {r['saved_total_gib']:.2f} GiB"
+        if "step_ms_median" in r:
+            line += f"; full step {r['step_ms_median']:.1f} ms (forward {r['forward_ms_median']:.1f}), {r['samples_per_s']:.1f} samples/s"
+        if "peak_gib" in r:
+            line += f"; peak {r['peak_gib']:.2f} GiB ({'fits' if r['fits_44_gib'] else 'EXCEEDS'} {MEMORY_LIMIT_GIB:.0f} GiB)"
+        print(line)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(args.variants) * (args.repeats + 1) * 7, unit="stage", file=sys.stderr)
+    except ImportError:
+        bar = None
+
+    def progress(what: str) -> None:
+        if bar is not None:
+            bar.set_description(what)
+            bar.update(1)
+        else:
+            print(what, file=sys.stderr, flush=True)
+
+    report = {
+        "benchmark": "model_step", "device": args.device, "machine": machine(device), "batch": args.batch,
+        "window": args.window, "d_model": args.d_model, "features": args.features, "horizons": HORIZONS,
+        "inverted_pool": args.inverted_pool, "activation_checkpointing": args.activation_checkpointing, "ops": args.ops, "repeats": args.repeats, "results": [],
+    }
+    for variant in args.variants:
+        try:
+            report["results"].append(bench_variant(args, variant, device, progress))
+        except torch.cuda.OutOfMemoryError as exc:  # record it, keep what was measured
+            report["results"].append({"variant": variant, "error": f"CUDA out of memory: {exc}".splitlines()[0],
+                                      "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30})
+            torch.cuda.empty_cache()
+    if bar is not None:
+        bar.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
+    print_table({**report, "results": [r for r in report["results"] if "error" not in r]})
+    for r in report["results"]:
+        if "error" in r:
+            print(f"\n{r['variant']}: {r['error']} (peak {r['peak_gib']:.2f} GiB)")
+    print(f"\nwrote {args.out}")
+    return 1 if any("error" in r for r in report["results"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
