@@ -1,0 +1,198 @@
+"""Pool kernels vs eager PyTorch, torch.compile, SDPA and the HBM floor (fp32, TF32 off).
+
+    PYTHONPATH=. python benchmarks/ops.py [--batch 64 --window 6000 --d 128 --queries 1 5]
+
+Prints one table and writes benchmarks/results/ops.json and ops.md. Times are medians of CUDA-event
+timed iterations; the floor is the op's compulsory HBM bytes at the device-to-device copy bandwidth
+measured in the same run. CfC rows come from benchmarks/ops_cfc.py when it is present."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from perception.ops import (  # noqa: E402
+    attention_pool,
+    attention_pool_ref,
+    extension,
+    inv_pool_merge,
+    inv_pool_merge_ref,
+    inverted_pool,
+    inverted_pool_ref,
+)
+
+TARGETS = {"attention_pool": "fwd+bwd <= 1.5x floor", "inverted_pool": ">= 3x faster than eager fwd+bwd",
+           "inv_pool_merge": "fwd+bwd <= 0.010 ms"}
+
+
+def time_ms(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth(nbytes: int = 2 << 30) -> float:
+    """Bytes/ms of a device-to-device copy (read + write counted)."""
+    src = torch.empty(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), 20)
+    del src, dst
+    return 2 * nbytes / ms
+
+
+def fwd(fn, inputs):
+    def step():
+        with torch.no_grad():
+            fn(*inputs)
+
+    return step
+
+
+def fwd_bwd(fn, inputs, cot):
+    leaves = [x.detach().requires_grad_(True) for x in inputs]
+
+    def step():
+        torch.autograd.grad(fn(*leaves), leaves, cot)
+
+    return step
+
+
+def sdpa_pool(lnb, q):
+    b, _, d = lnb.shape
+    kv = lnb.unsqueeze(1)  # (B, 1, K, D)
+    return F.scaled_dot_product_attention(q.expand(b, 1, -1, d), kv, kv, scale=1.0).squeeze(1)
+
+
+def run_pool(args, bw: float) -> list[dict]:
+    b, k, d = args.batch, args.window, args.d
+    lnb_bytes = b * k * d * 4
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lnb = torch.randn(b, k, d, device="cuda", generator=gen)
+    for nq in args.queries:
+        q = torch.randn(nq, d, device="cuda", generator=gen) / d**0.5
+        cot = torch.randn(b, nq, d, device="cuda", generator=gen)
+        impls = {"cuda": lambda x, w: attention_pool(x, w, backend="cuda"), "eager": attention_pool_ref,
+                 "sdpa": sdpa_pool}
+        if not args.no_compile:
+            impls["torch.compile"] = torch.compile(attention_pool_ref, dynamic=False)
+        floor_f, floor_fb = lnb_bytes / bw, 3 * lnb_bytes / bw  # read LNb | read it twice, write d_LNb
+        for impl, fn in impls.items():
+            f = time_ms(fwd(fn, [lnb, q]), args.reps)
+            fb = time_ms(fwd_bwd(fn, [lnb, q], cot), args.reps)
+            rows.append(dict(op="attention_pool", impl=impl, shape=f"B={b} K={k} D={d} Q={nq}", fwd_ms=f,
+                             fwdbwd_ms=fb, floor_fwd_ms=floor_f, floor_fwdbwd_ms=floor_fb,
+                             note=f"{fb / floor_fb:.2f}x floor fwd+bwd"))
+    return rows
+
+
+def run_inverted(args, bw: float) -> list[dict]:
+    b, k, d = args.batch, args.window, args.d
+    lnb = torch.randn(b, k, d, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    cot = torch.randn(b, d, device="cuda")
+    impls = {"cuda": lambda x: inverted_pool(x, backend="cuda"), "eager": inverted_pool_ref}
+    if not args.no_compile:
+        impls["torch.compile"] = torch.compile(inverted_pool_ref, dynamic=False)
+    rows, eager_fb = [], None
+    floor_fb = 3 * lnb.numel() * 4 / bw
+    for impl, fn in impls.items():
+        f = time_ms(fwd(fn, [lnb]), args.reps)
+        fb = time_ms(fwd_bwd(fn, [lnb], cot), args.reps)
+        eager_fb = fb if impl == "eager" else eager_fb
+        rows.append(dict(op="inverted_pool", impl=impl, shape=f"B={b} K={k} D={d}", fwd_ms=f, fwdbwd_ms=fb,
+                         floor_fwd_ms=lnb.numel() * 4 / bw, floor_fwdbwd_ms=floor_fb, note=""))
+    for r in rows:
+        r["note"] = f"{eager_fb / r['fwdbwd_ms']:.2f}x faster than eager fwd+bwd; {2 * 2 * k * d * d * b / 1e9:.1f} GFLOP"
+    return rows
+
+
+def run_merge(args, bw: float) -> list[dict]:
+    b, d = args.batch, args.d
+    rows = []
+    for nq in args.queries:
+        ctx, inv = torch.randn(b, nq, d, device="cuda"), torch.randn(b, d, device="cuda")
+        cot = torch.randn(b, nq, d, device="cuda")
+        for impl, fn in {"cuda": lambda c, i: inv_pool_merge(c, i, backend="cuda"), "eager": inv_pool_merge_ref}.items():
+            f = time_ms(fwd(fn, [ctx, inv]), args.reps * 5)
+            fb = time_ms(fwd_bwd(fn, [ctx, inv], cot), args.reps * 5)
+            rows.append(dict(op="inv_pool_merge", impl=impl, shape=f"B={b} Q={nq} D={d}", fwd_ms=f, fwdbwd_ms=fb,
+                             floor_fwd_ms=None, floor_fwdbwd_ms=None, note="launch-bound; event-timed incl. autograd"))
+    return rows
+
+
+def cfc_rows(args) -> list[dict]:
+    path = Path(__file__).with_name("ops_cfc.py")
+    if args.skip_cfc or not path.exists():
+        return []
+    spec = importlib.util.spec_from_file_location("ops_cfc", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.run(args)
+
+
+def table(rows: list[dict], machine: dict) -> str:
+    fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    lines = [f"GPU: {machine['gpu']} (torch {machine['torch']}, CUDA {machine['cuda']}); "
+             f"device copy {machine['copy_tb_s']:.2f} TB/s; fp32, TF32 off; medians of CUDA-event timings", "",
+             "| op | impl | shape | fwd ms | fwd+bwd ms | floor fwd+bwd ms | note |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {fmt(r.get('fwd_ms'))} | {fmt(r.get('fwdbwd_ms'))} "
+                     f"| {fmt(r.get('floor_fwdbwd_ms'))} | {r.get('note', '')} |")
+    lines += ["", "Targets: " + "; ".join(f"{k}: {v}" for k, v in TARGETS.items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--window", type=int, default=6000)
+    parser.add_argument("--d", type=int, default=128)
+    parser.add_argument("--queries", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--eager-reps", type=int, default=3, help="passed on to the CfC rows")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
+    parser.add_argument("--skip-cfc", action="store_true", help="skip the rows of benchmarks/ops_cfc.py")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops.json"))
+    args = parser.parse_args(argv)
+    extension.require()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    bw = copy_bandwidth()
+    machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+                   copy_tb_s=bw / 1e9)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for part in (run_pool, run_inverted, run_merge):
+        rows += part(args, bw)
+        out.write_text(json.dumps(dict(machine=machine, rows=rows), indent=2) + "\n")  # keep what is measured
+    rows += cfc_rows(args)
+    text = table(rows, machine)
+    print(text)
+    out.write_text(json.dumps(dict(machine=machine, rows=rows), indent=2) + "\n")
+    out.with_suffix(".md").write_text(text + "\n")
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
