@@ -18,12 +18,12 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY conf ./conf
 COPY perception ./perception
-# The wheel carries perception/ops/lib/*.so (package data); the checks fail the build when the
-# compile produced no library or the wheel left it out.
+# The library and its manifest (torch version, architectures) are checked here, so a failed or
+# partial compile fails the build rather than a pod.
 RUN python -m perception.ops.build \
- && ls perception/ops/lib/*.so \
- && pip wheel --no-deps --wheel-dir /wheels . \
- && python -m zipfile -l /wheels/perception-*.whl | grep -E "perception/ops/lib/.+\.so"
+ && test -f perception/ops/lib/perception_ops.so \
+ && test -f perception/ops/lib/perception_ops.json \
+ && pip wheel --no-deps --wheel-dir /wheels .
 
 FROM pytorch/pytorch:${PYTORCH_VERSION}-${CUDA_FLAVOR}-runtime AS runtime
 ARG PERCEPTION_GIT_SHA=unknown
@@ -45,11 +45,17 @@ RUN if getent passwd 1000 > /dev/null; then userdel --remove "$(getent passwd 10
  && mkdir -p /perception-home/cache /perception-home/runs \
  && chown -R 1000:1000 /perception-home
 COPY --from=build /wheels /wheels
-# torch stays the base image's (it satisfies torch>=2.4); the import check proves the library
-# landed beside the installed package, so no pod ever needs a compiler.
+COPY --from=build /src/perception/ops/lib /opt/perception-ops-lib
+# torch stays the base image's (it satisfies torch>=2.4). The library and its manifest go into the
+# installed package as one unit; the check repeats the loader's own test (same torch, sm_89 and
+# sm_90 built), so a pod finds a matching library and never needs a compiler.
 RUN pip install /wheels/perception-*.whl \
  && rm -rf /wheels \
- && python -c "import perception.ops.extension as e, sys; libs = sorted(e.LIB_DIR.glob('*.so')); print(libs); sys.exit(0 if libs else 1)" \
+ && lib_dir="$(python -c 'from perception.ops import extension; print(extension.LIB_DIR)')" \
+ && mkdir -p "$lib_dir" \
+ && cp /opt/perception-ops-lib/perception_ops.so /opt/perception-ops-lib/perception_ops.json "$lib_dir"/ \
+ && rm -rf /opt/perception-ops-lib \
+ && python -c "import json, torch; from perception.ops import extension as e; m = json.loads(e.manifest_path().read_text()); assert (e.LIB_DIR / (e.LIB_NAME + '.so')).is_file(), e.LIB_DIR; assert m['torch'] == torch.__version__, (m, torch.__version__); assert {'8.9', '9.0'} <= set(m['archs'].split(';')), m; print('prebuilt kernels:', m)" \
  && ! command -v nvcc
 USER 1000:1000
 WORKDIR /perception-home

@@ -73,7 +73,9 @@ def test_build_stage_compiles_the_kernels_for_l40s_and_hopper():
     assert 'TORCH_CUDA_ARCH_LIST="8.9;9.0"' in env
     runs = " ".join(args for ins, args in build if ins == "RUN")
     assert "python -m perception.ops.build" in runs
-    assert "perception/ops/lib/" in runs  # the build fails when no library came out
+    # the build fails when no library or no manifest came out
+    assert "test -f perception/ops/lib/perception_ops.so" in runs
+    assert "test -f perception/ops/lib/perception_ops.json" in runs
 
 
 def test_runtime_stage_carries_the_library_and_no_compiler():
@@ -84,8 +86,12 @@ def test_runtime_stage_carries_the_library_and_no_compiler():
     assert build[0][1].split(":")[1].removesuffix("-devel AS build") == base.split(":")[1].removesuffix(
         "-runtime AS runtime")
     assert ("COPY", "--from=build /wheels /wheels") in runtime
+    assert ("COPY", "--from=build /src/perception/ops/lib /opt/perception-ops-lib") in runtime
     runs = " ".join(args for ins, args in runtime if ins == "RUN")
-    assert "LIB_DIR.glob('*.so')" in runs and "! command -v nvcc" in runs
+    # the library and the manifest the loader checks, installed together and verified
+    assert "perception_ops.so /opt/perception-ops-lib/perception_ops.json" in runs
+    assert "m['torch'] == torch.__version__" in runs and "{'8.9', '9.0'} <= set(m['archs']" in runs
+    assert "! command -v nvcc" in runs
 
 
 def test_runtime_contract_with_the_cluster():
@@ -113,7 +119,7 @@ def test_build_context_holds_the_package_and_nothing_secret(tmp_path):
         "pyproject.toml", "README.md", "conf/config.yaml", "conf/experiment/production.yaml",
         "perception/__init__.py", "perception/ops/build.py", "perception/ops/csrc/attention_pool.cu",
         # must stay out:
-        "perception/ops/lib/libperception_ops.so", "perception/__pycache__/x.cpython-311.pyc",
+        "perception/ops/lib/perception_ops.so", "perception/ops/lib/perception_ops.json", "perception/__pycache__/x.cpython-311.pyc",
         "infra/k8s/base/secrets/mlflow-db.env", ".git/config", "perception-home/mlflow.db",
         "tests/conftest.py", "benchmarks/results/x.json", ".venv/bin/python",
     ]
