@@ -20,6 +20,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace cg = cooperative_groups;
 
@@ -396,11 +397,13 @@ void bwd_dispatch(const at::Tensor& grad_h, const at::Tensor& gates, const at::T
          d_pre.data_ptr<float>(), d_gates.data_ptr<float>(), d_h0.data_ptr<float>(), K);
 }
 
-void check(const at::Tensor& t, const char* name, at::IntArrayRef shape, const at::Tensor& like) {
+// The shape is owned (a vector), never an ArrayRef over a braced list that could dangle.
+void check(const at::Tensor& t, const char* name, std::vector<int64_t> shape, const at::Tensor& like) {
   TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "cfc_scan: ", name, " must be on ", like.device(),
               ", got ", t.device());
   TORCH_CHECK(t.scalar_type() == at::kFloat, "cfc_scan: ", name, " must be float32, got ", t.scalar_type());
-  TORCH_CHECK(t.sizes() == shape, "cfc_scan: ", name, " must have shape ", shape, ", got ", t.sizes());
+  const at::IntArrayRef want(shape);
+  TORCH_CHECK(t.sizes() == want, "cfc_scan: ", name, " must have shape ", want, ", got ", t.sizes());
 }
 
 #define CFC_DISPATCH_D(D_VALUE, CALL)                                                                  \
