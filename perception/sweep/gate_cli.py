@@ -9,13 +9,18 @@ Exit codes: 0 a decision was made (ship_per_horizon, keep_shared or inconclusive
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
 
-from perception.errors import ConfigError
-from perception.sweep.gate import run_gate
+# Set before MLflow is imported: one download bar per small artifact would bury the gate's output.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+from perception.errors import ConfigError  # noqa: E402
+from perception.sweep.gate import run_gate  # noqa: E402
 
 EXIT_USAGE = 2
 
@@ -45,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
-                           config_name=args.config, out_dir=args.out, decision_file=args.decision_file,
-                           progress=not args.no_progress)
+        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON line
+            outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
+                               config_name=args.config, out_dir=args.out, decision_file=args.decision_file,
+                               progress=not args.no_progress)
     except ConfigError as e:
         print(f"perception-gate: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import math
-import os
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -252,20 +251,10 @@ def _median_metric(client: MlflowClient, run: Run, key: str) -> Optional[float]:
 def _download(client: MlflowClient, run: Run, path: str, tmp: Path) -> Optional[Path]:
     dst = tmp / run.info.run_id
     dst.mkdir(exist_ok=True)
-    quiet = os.environ.get(_BAR_ENV)
-    os.environ[_BAR_ENV] = "false"  # one bar per small file would bury the gate's own output
     try:
         return Path(client.download_artifacts(run.info.run_id, path, str(dst)))
     except (MlflowException, OSError):
         return None
-    finally:
-        if quiet is None:
-            os.environ.pop(_BAR_ENV, None)
-        else:
-            os.environ[_BAR_ENV] = quiet
-
-
-_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: Path, where: str,

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.gate.sweep_store import new_store
+# MLflow's telemetry thread adds and removes an environment variable while requests read the
+# environment: an occasional KeyError in a client call. Off before MLflow is first imported.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import pytest  # noqa: E402
+
+from tests.gate.sweep_store import new_store  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,57 @@
+"""`perception-gate` as installed, in a subprocess, against a real `mlflow server`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from tests.gate.sweep_store import SweepSpec, build_sweep
+
+BASE = [0.6] * 5
+
+
+def gate_cli(*args: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PERCEPTION_HOME": str(home)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(["perception-gate", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_server, tmp_path, perception_home):
+    client = MlflowClient(tracking_uri=mlflow_server)
+    client.create_experiment("perception-ab")  # artifacts proxied by the server
+    build_sweep(client, "cli-ship", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]))
+    build_sweep(client, "cli-missing", SweepSpec(mu_a=BASE, mu_b=BASE, skip={("shared", 0)}))
+
+    # a decision: exit 0, one JSON line on stdout, the decision file, the report under PERCEPTION_HOME
+    done = gate_cli("--sweep-id", "cli-ship", "--tracking-uri", mlflow_server, "--config", "ci",
+                    "--decision-file", str(tmp_path / "decision.txt"), home=perception_home)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    out = json.loads(line)
+    assert out["decision"] == "ship_per_horizon" and out["W"] > 0.024 and 0 <= out["p"] < 0.05
+    assert (tmp_path / "decision.txt").read_text().strip() == "ship_per_horizon"
+    report = perception_home / "gate" / "cli-ship"
+    assert {p.name for p in report.iterdir()} >= {"report.json", "report.md", "auc_by_horizon.png"}
+    logged = {a.path for a in client.list_artifacts(out["gate_run_id"], "gate")}
+    assert "gate/report.md" in logged and "gate/auc_by_horizon.png" in logged
+
+    # a refusal: exit 3 naming the missing run
+    done = gate_cli("--sweep-id", "cli-missing", "--tracking-uri", mlflow_server, "--config", "ci",
+                    "--out", str(tmp_path / "refused"), home=perception_home)
+    assert done.returncode == 3, done.stderr
+    out = json.loads(done.stdout)
+    assert out["refused"] and out["decision"] is None
+    assert out["reasons"] == ["shared fold 0: no FINISHED run"]
+    assert "refused: shared fold 0: no FINISHED run" in done.stderr
+
+    # usage errors: exit 2 with the offending value named
+    done = gate_cli("--sweep-id", "cli-ship", "--tracking-uri", mlflow_server, "--config", "nope", home=perception_home)
+    assert done.returncode == 2 and "gate config 'nope' not found" in done.stderr and "ci" in done.stderr
+    done = gate_cli("--sweep-id", "cli-ship", "--tracking-uri", mlflow_server, home=perception_home)  # default: h6000
+    assert done.returncode == 2 and "horizon(s) [6000]" in done.stderr
+    done = gate_cli(home=perception_home)
+    assert done.returncode == 2 and "--sweep-id" in done.stderr
