@@ -47,17 +47,17 @@ def snapshots_from_records(records: np.ndarray, snapshot_interval: float, max_ga
     n_late = int(np.count_nonzero(ts_in[1:] < np.maximum.accumulate(ts_in)[:-1])) if len(ts_in) else 0
     if n_late:
         counts["out_of_order_reordered"] += n_late
-    rec = records[order]
+    field = lambda name: records[name][order]  # one column in time order; no record copies
 
-    flags = rec["flags"]
-    is_clear = rec["action"] == b"R"
+    flags = field("flags")
+    is_clear = field("action") == b"R"
     bad = (flags & F_MAYBE_BAD_BOOK) != 0
     last = (flags & F_LAST) != 0
     counts["maybe_bad_book"] += int(np.count_nonzero(bad))
     counts["book_clear"] += int(np.count_nonzero(is_clear & ~bad))
     counts["incomplete_no_f_last"] += int(np.count_nonzero(~last & ~bad & ~is_clear))
     state = last & ~bad & ~is_clear
-    bid0, ask0 = rec["bid_px_00"], rec["ask_px_00"]
+    bid0, ask0 = field("bid_px_00"), field("ask_px_00")
     one_sided = state & ((bid0 == UNDEF_PRICE) | (ask0 == UNDEF_PRICE))
     crossed = state & ~one_sided & (bid0 >= ask0)
     counts["one_sided"] += int(np.count_nonzero(one_sided))
@@ -65,15 +65,17 @@ def snapshots_from_records(records: np.ndarray, snapshot_interval: float, max_ga
     state &= ~one_sided & ~crossed
 
     interval_ns = int(round(snapshot_interval * NS))
-    st = rec[state]
-    tick = st["ts_recv"].astype(np.int64) // interval_ns
+    ts = field("ts_recv")
+    tick = ts[state].astype(np.int64) // interval_ns
     # the last state in each interval; earlier ones in the same interval are superseded, not dropped
     keep = np.r_[tick[1:] != tick[:-1], True] if len(tick) else np.zeros(0, bool)
-    st, tick = st[keep], tick[keep]
+    tick = tick[keep]
+    st = records[order[state][keep]]
+    state_ts = ts[state][keep]
 
     steps = np.diff(tick)  # clock intervals between consecutive snapshots
-    clear_ts = rec["ts_recv"][is_clear & ~bad]
-    n_clears = np.searchsorted(clear_ts, st["ts_recv"], side="right")
+    clear_ts = ts[is_clear & ~bad]
+    n_clears = np.searchsorted(clear_ts, state_ts, side="right")
     new_seg = np.r_[True, (steps * snapshot_interval > max_gap) | (np.diff(n_clears) > 0)]
     dt = np.r_[snapshot_interval, steps * snapshot_interval].astype(np.float32)
     dt[new_seg] = snapshot_interval  # no previous snapshot in this segment: the nominal interval

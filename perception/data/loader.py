@@ -66,6 +66,10 @@ class Batch:
 
 
 class WindowLoader:
+    """Batches of windows ending at `ends`. A batch's `x` lives in one of two reused buffers:
+    it stays valid while the next batch is drawn and is overwritten by the one after (clone it
+    to keep it longer). dt, y, mask and index are fresh tensors."""
+
     def __init__(self, ds, ends: np.ndarray, window: int, batch_size: int,
                  normalizer: Optional[Normalizer] = None, shuffle: bool = True, seed: int = 0):
         if batch_size < 1:
@@ -75,6 +79,8 @@ class WindowLoader:
         if len(self.ends) and (self.ends.min() < window - 1 or self.ends.max() >= len(ds.dt)):
             raise ValueError(f"window ends must lie in [{window - 1}, {len(ds.dt) - 1}]")
         self.shuffle, self.seed = shuffle, seed
+        self._ring: list = [None, None]
+        self._turn = 0
         self.offsets = np.arange(-window + 1, 1, dtype=np.int64)  # (K,)
         with warnings.catch_warnings():  # a read-only memory map: torch only reads it here
             warnings.simplefilter("ignore", UserWarning)
@@ -84,6 +90,15 @@ class WindowLoader:
             self._shift = torch.from_numpy(-normalizer.mean / normalizer.std)
         else:
             self._scale = self._shift = None
+
+    def _buffer(self, n_rows: int) -> torch.Tensor:
+        """(n_rows, F) from a ring of two reused buffers: fresh 100 MB tensors cost more in page
+        faults than the gather itself."""
+        self._turn ^= 1
+        buf = self._ring[self._turn]
+        if buf is None or buf.shape[0] < n_rows:
+            buf = self._ring[self._turn] = torch.empty(n_rows, self._features.shape[1])
+        return buf[:n_rows]
 
     def __len__(self) -> int:
         return -(-len(self.ends) // self.batch_size)
@@ -102,10 +117,10 @@ class WindowLoader:
     def gather(self, ends: np.ndarray) -> Batch:
         rows = ends[:, None] + self.offsets  # (B, K)
         B, K = rows.shape
-        # torch's gather runs on all threads
-        x = self._features.index_select(0, torch.from_numpy(rows.reshape(-1))).view(B, K, -1)
+        x = self._buffer(B * K).view(B, K, -1)
+        torch.index_select(self._features, 0, torch.from_numpy(rows.reshape(-1)), out=x.view(B * K, -1))
         if self._scale is not None:
-            x.mul_(self._scale).add_(self._shift)  # (x - mean) / std
+            torch.addcmul(self._shift, x, self._scale, out=x)  # (x - mean) / std in one pass
         return Batch(
             x=x,
             dt=torch.from_numpy(np.asarray(self.ds.dt)[rows]),

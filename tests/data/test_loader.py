@@ -71,3 +71,13 @@ def test_memory_mapped_cache_feeds_the_loader(tmp_path, monkeypatch):
     t = int(batch.index[0])
     np.testing.assert_allclose(batch.x[0, -1].numpy(), (ds.features[t] - norm.mean) / norm.std, rtol=1e-5, atol=1e-5)
     assert np.array_equal(ds.features[t], np.load(ds.cache_path / "features.npy")[t])  # cache untouched
+
+
+def test_a_batch_survives_drawing_the_next(prepared):
+    ds, split, norm = prepared
+    loader = WindowLoader(ds, split.train_ends, CFG.window, 5, normalizer=norm, seed=1)
+    it = loader.batches(0)
+    first = next(it)
+    kept = first.x.clone()
+    second = next(it)
+    assert torch.equal(first.x, kept) and not torch.equal(second.x, kept)
