@@ -130,6 +130,9 @@ def assert_as_accurate_as_eager(op: str, inputs, label: str):
     names = ["out"] + [f"d_input{i}" for i in range(len(inputs))]
     for name, k, e, x in zip(names, got, eager, exact):
         assert k.dtype == torch.float32 and k.shape == x.shape, f"{label} {name}: {k.dtype} {tuple(k.shape)}"
+        if x.norm() <= 1e-9 * x.numel() ** 0.5:  # e.g. d_q at K = 1 (softmax constant): exactly zero
+            assert k.abs().max().item() <= 1e-5, f"{label} {name}: exact zero, kernel gives {k.abs().max():.3g}"
+            continue
         err_k, err_e = rel_err(k, x), rel_err(e, x)
         assert err_k <= 2 * err_e + FP32_EPS, f"{label} {name}: kernel rel err {err_k:.3g} vs eager {err_e:.3g}"
 

@@ -66,6 +66,9 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_gram(const float* __re
       *reinterpret_cast<float4*>(&xs[row][c4 * 4]) = v;
     }
     __syncthreads();
+    // Two-level sum (16 rows, then the running total) keeps the fp32 error of K ~ 6000-term dot
+    // products at eager cuBLAS's level; one running sum over a whole split was 4x worse.
+    float step[TM][TM] = {};
 #pragma unroll 4
     for (int kk = 0; kk < kGramRows; ++kk) {
       float av[TM], bv[TM];
@@ -74,12 +77,16 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_gram(const float* __re
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TM; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        for (int j = 0; j < TM; ++j) step[i][j] = fmaf(av[i], bv[j], step[i][j]);
       if (ty == 0) {
 #pragma unroll
         for (int j = 0; j < TM; ++j) cs[j] += bv[j];
       }
     }
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+      for (int j = 0; j < TM; ++j) acc[i][j] += step[i][j];
     __syncthreads();
   }
   float* g_out = part_g + (static_cast<size_t>(b) * S + split) * D * D;
