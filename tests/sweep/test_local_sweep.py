@@ -1,0 +1,94 @@
+"""`perception-sweep` end to end with the real trainer, data builder, gate and an MLflow server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from perception.paths import run_dir
+
+CI = ["experiment=ci"]
+
+
+def sweep_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    r = subprocess.run(["perception-sweep", *args], capture_output=True, text=True, timeout=timeout,
+                       env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"})
+    return r
+
+
+def train_runs(uri: str, sweep_id: str):
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("perception-ab")
+    return c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'train'")
+
+
+@pytest.mark.slow
+def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(perception_home, mlflow_server):
+    sweep_id = f"e2e-{uuid.uuid4().hex[:8]}"
+    args = ["local", "--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}"]
+    r = sweep_cli(*args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"^decision: (ship_per_horizon|keep_shared|inconclusive)$", r.stdout, re.M), r.stdout
+    report = Path(re.search(r"^report: (.+)$", r.stdout, re.M).group(1))
+    assert report.is_dir() and any(report.iterdir())
+    assert re.search(r"^wall time: [\d.]+ s", r.stdout, re.M)
+    assert len(re.findall(r"^\[\d/6\] .*: finished in", r.stderr, re.M)) == 6
+
+    runs = train_runs(mlflow_server, sweep_id)
+    assert sorted((x.data.tags["variant"], x.data.tags["fold"]) for x in runs) == sorted(
+        (v, f) for v in ("shared", "per_horizon") for f in "012")
+    parents = {x.data.tags.get("mlflow.parentRunId") for x in runs}
+    assert len(parents) == 1 and None not in parents
+
+    # A run killed after its last checkpoint but before it recorded completion.
+    done = run_dir(sweep_id, "per_horizon", 1, perception_home) / "done.json"
+    before = json.loads(done.read_text())["run_id"]
+    done.unlink()
+    r = sweep_cli(*args)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert len(re.findall(r"finished earlier \(run \w+\), skipped", r.stderr)) == 5
+    assert "per_horizon fold 1: resuming" in r.stderr
+    assert json.loads(done.read_text())["run_id"] == before  # the same MLflow run, continued
+    assert len(train_runs(mlflow_server, sweep_id)) == 6
+    assert "decision: " in r.stdout
+
+    r = sweep_cli("sync", "--sweep-id", sweep_id, "--tracking-uri", mlflow_server)
+    assert r.returncode == 0 and "sent 0 pending" in r.stdout, r.stderr
+
+
+def test_prepare_builds_the_cache_and_writes_the_parent_run_id(perception_home, mlflow_server, tmp_path):
+    sweep_id = f"prep-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "parent-run-id"
+    r = sweep_cli("prepare", "--sweep-id", sweep_id, "--parent-run-id-file", str(out), *CI,
+                  f"tracking.uri={mlflow_server}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    parent = out.read_text()
+    assert r.stdout.strip().splitlines()[-1] == parent
+    run = MlflowClient(mlflow_server).get_run(parent)
+    assert run.data.tags["role"] == "sweep" and run.data.tags["sweep_id"] == sweep_id
+    assert any((perception_home / "cache").iterdir())
+    again = sweep_cli("prepare", "--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}")
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == parent  # found, not duplicated
+
+
+@pytest.mark.parametrize("bad, expected", [
+    (["data.fold=1"], "data.fold is set by the sweep"),
+    (["trainer.epochs=many"], "trainer.epochs"),
+    (["model.attention_pool=bogus"], "model.attention_pool is set by the sweep"),
+])
+def test_bad_overrides_exit_2_before_any_work(perception_home, bad, expected):
+    r = sweep_cli("local", *bad, timeout=120)
+    assert r.returncode == 2 and expected in r.stderr, r.stderr
+    assert not (perception_home / "runs").exists()
+
+
+def test_sync_of_an_unknown_sweep_is_a_usage_error(perception_home):
+    r = sweep_cli("sync", "--sweep-id", "nope", timeout=120)
+    assert r.returncode == 2 and "nope" in r.stderr
