@@ -47,16 +47,17 @@ RUN if getent passwd 1000 > /dev/null; then userdel --remove "$(getent passwd 10
 COPY --from=build /wheels /wheels
 COPY --from=build /src/perception/ops/lib /opt/perception-ops-lib
 # torch stays the base image's (it satisfies torch>=2.4). The library and its manifest go into the
-# installed package as one unit; the check repeats the loader's own test (same torch, sm_89 and
-# sm_90 built), so a pod finds a matching library and never needs a compiler.
+# installed package as one unit, readable by uid 1000 (the build writes the manifest 0600); the
+# check after USER repeats the loader's own test (same torch, sm_89 and sm_90 built) as uid
+# 1000, so a pod finds a matching library and never needs a compiler.
 RUN pip install /wheels/perception-*.whl \
  && rm -rf /wheels \
  && lib_dir="$(python -c 'from perception.ops import extension; print(extension.LIB_DIR)')" \
- && mkdir -p "$lib_dir" \
- && cp /opt/perception-ops-lib/perception_ops.so /opt/perception-ops-lib/perception_ops.json "$lib_dir"/ \
+ && install -d -m 0755 "$lib_dir" \
+ && install -m 0644 /opt/perception-ops-lib/perception_ops.so /opt/perception-ops-lib/perception_ops.json "$lib_dir"/ \
  && rm -rf /opt/perception-ops-lib \
- && python -c "import json, torch; from perception.ops import extension as e; m = json.loads(e.manifest_path().read_text()); assert (e.LIB_DIR / (e.LIB_NAME + '.so')).is_file(), e.LIB_DIR; assert m['torch'] == torch.__version__, (m, torch.__version__); assert {'8.9', '9.0'} <= set(m['archs'].split(';')), m; print('prebuilt kernels:', m)" \
  && ! command -v nvcc
 USER 1000:1000
+RUN python -c "import json, torch; from perception.ops import extension as e; m = json.loads(e.manifest_path().read_text()); assert (e.LIB_DIR / (e.LIB_NAME + '.so')).is_file(), e.LIB_DIR; assert m['torch'] == torch.__version__, (m, torch.__version__); assert {'8.9', '9.0'} <= set(m['archs'].split(';')), m; print('prebuilt kernels:', m)"
 WORKDIR /perception-home
 ENTRYPOINT ["perception-train"]

@@ -90,7 +90,12 @@ def test_runtime_stage_carries_the_library_and_no_compiler():
     runs = " ".join(args for ins, args in runtime if ins == "RUN")
     # the library and the manifest the loader checks, installed together and verified
     assert "perception_ops.so /opt/perception-ops-lib/perception_ops.json" in runs
-    assert "m['torch'] == torch.__version__" in runs and "{'8.9', '9.0'} <= set(m['archs']" in runs
+    assert "install -m 0644 /opt/perception-ops-lib/perception_ops.so" in runs  # readable by uid 1000
+    # the loader's test, run as the pods' user after the install
+    user_at = runtime.index(("USER", "1000:1000"))
+    checks = [i for i, (ins, args) in enumerate(runtime) if ins == "RUN" and "m['torch'] == torch.__version__" in args]
+    assert checks and min(checks) > user_at
+    assert "{'8.9', '9.0'} <= set(m['archs']" in runs
     assert "! command -v nvcc" in runs
 
 
