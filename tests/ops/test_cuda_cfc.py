@@ -215,20 +215,27 @@ def test_public_wrapper_and_opcheck(op):
     torch.library.opcheck(torch.ops.perception.cfc_scan_bwd.default, bwd_args)
 
 
-def test_bad_inputs_name_the_argument(op, monkeypatch):
-    x_proj, ts, h0, w_rec, w_out, b_out = make_inputs(2, 4, 32, seed=2)
-    with pytest.raises(RuntimeError, match="x_proj must be float32"):
-        op(x_proj.double(), ts, h0, w_rec, w_out, b_out)
-    with pytest.raises(RuntimeError, match=r"w_out must have shape \[128, 32\]"):
-        op(x_proj, ts, h0, w_rec, w_out[:64], b_out)
-    with pytest.raises(RuntimeError, match="ts must be on cuda"):
-        op(x_proj, ts.cpu(), h0, w_rec, w_out, b_out)
-    x48, ts48, h48, wr48, wo48, bo48 = make_inputs(1, 3, 48, seed=2)
+BAD_INPUTS = {
+    "dtype": (lambda a: [a[0].double(), *a[1:]], "x_proj must be float32"),
+    "shape": (lambda a: [*a[:4], a[4][:64], a[5]], r"w_out must have shape \[128, 32\], got \[64, 32\]"),
+    "device": (lambda a: [a[0], a[1].cpu(), *a[2:]], "ts must be on cuda:0, got cpu"),
+    "rank": (lambda a: [a[0][0], *a[1:]], r"x_proj must be \(B, K, U\), got \[4, 32\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_inputs_name_the_argument(op, case):
+    change, message = BAD_INPUTS[case]
+    with pytest.raises(RuntimeError, match=message):
+        op(*change(make_inputs(2, 4, 32, seed=2)))
+
+
+def test_unsupported_width_and_path_are_named(op, monkeypatch):
     with pytest.raises(RuntimeError, match=r"D = U in \{16, 32, 64, 128\}, got D = 48"):
-        op(x48, ts48, h48, wr48, wo48, bo48)
+        op(*make_inputs(1, 3, 48, seed=2))
     monkeypatch.setenv("PERCEPTION_CFC_PATH", "fastest")
     with pytest.raises(RuntimeError, match="PERCEPTION_CFC_PATH=fastest: expected one of auto, cluster, portable"):
-        op(x_proj, ts, h0, w_rec, w_out, b_out)
+        op(*make_inputs(1, 3, 32, seed=2))
 
 
 def test_library_carries_sm89_and_sm90_code(op):
