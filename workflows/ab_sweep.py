@@ -45,7 +45,8 @@ GPU_PRODUCT = "NVIDIA-L40S"
 
 SWEEP_ID = "{{workflow.name}}"
 PARENT_RUN_FILE = "/tmp/parent-run-id"
-DECISION_FILE = "/tmp/decision.json"
+DECISION_FILE = "/tmp/decision"
+GATE_REPORT_DIR = "/perception-home/runs/{{workflow.name}}/gate"  # on the runs PVC, beside the runs
 
 # Spot preemption ends a pod as Failed ("imminent node shutdown") or Errored ("pod deleted");
 # a real training failure (exit 1) or a config error (exit 2) is not retried.
@@ -177,10 +178,13 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "{{workflow.parameters.gate-config}}",
                 "--decision-file",
                 DECISION_FILE,
+                "--out",
+                GATE_REPORT_DIR,
+                "--no-progress",
             ],
             Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
             volumes=_volumes(cache=False, data=False),
-            outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="{}"))],
+            outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))],
         )
 
         # fail_fast off: one failed training must not stop the gate from being scheduled.
