@@ -16,11 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-# Set before MLflow is imported: one download bar per small artifact would bury the gate's output.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-from perception.errors import ConfigError  # noqa: E402
-from perception.sweep.gate import run_gate  # noqa: E402
+from perception.errors import ConfigError
 
 EXIT_USAGE = 2
 
@@ -49,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from perception.sweep.gate import run_gate  # imported late so --help and usage errors are instant
+
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON line
             outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
