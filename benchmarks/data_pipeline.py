@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument("--gather-repeats", type=int, default=15)
     args = ap.parse_args()
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
-    res: dict = {"machine": machine, "numpy": np.__version__, "torch": torch.__version__}
+    res: dict = {"machine": machine, "numpy": np.__version__, "torch": torch.__version__,
+                 "load_avg_1min_at_start": os.getloadavg()[0]}  # a shared machine inflates times
     with tempfile.TemporaryDirectory(prefix="perception-bench-") as tmp:
         tmp = Path(tmp)
         torch.set_num_threads(1)
@@ -104,6 +105,7 @@ def main() -> None:
         torch.set_num_threads(min(2, os.cpu_count() or 1))
         res["gather_B64_K6000"] = bench_gather(400_000, 64, args.gather_repeats, tmp / "home")
 
+    res["load_avg_1min_at_end"] = os.getloadavg()[0]
     s1, s2 = res["synthetic_1M_1core"], res["synthetic_2M_1core"]
     d, z, g = res["dbn_1M_records"], res["dbn_zst_1M_records"], res["gather_B64_K6000"]
     rows = [
@@ -114,7 +116,8 @@ def main() -> None:
         ("DBN decode, 1M records (.dbn.zst)", f"{z['decode_s']:.3f} s", f"{z['records_per_s'] / 1e6:.1f} M rec/s", ""),
         ("gather B=64 K=6000 F=65, 2 threads", f"{g['median_ms']:.1f} ms", f"{g['batch_mb']:.0f} MB/batch", "< 50 ms"),
     ]
-    print(f"\nmachine: {machine}  (medians)")
+    print(f"\nmachine: {machine}  (medians; 1-min load average {res['load_avg_1min_at_start']:.1f} "
+          f"-> {res['load_avg_1min_at_end']:.1f})")
     print(f"{'measurement':38s} {'time':>10s} {'rate':>16s} {'target':>8s}")
     for r in rows:
         print(f"{r[0]:38s} {r[1]:>10s} {r[2]:>16s} {r[3]:>8s}")
