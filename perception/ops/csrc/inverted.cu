@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_gram(const float* __re
     // Two-level sum (16 rows, then the running total) keeps the fp32 error of K ~ 6000-term dot
     // products at eager cuBLAS's level; one running sum over a whole split was 4x worse.
     float step[TM][TM] = {};
+    float step_cs[TM] = {};
 #pragma unroll 4
     for (int kk = 0; kk < kGramRows; ++kk) {
       float av[TM], bv[TM];
@@ -80,13 +81,15 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_gram(const float* __re
         for (int j = 0; j < TM; ++j) step[i][j] = fmaf(av[i], bv[j], step[i][j]);
       if (ty == 0) {
 #pragma unroll
-        for (int j = 0; j < TM; ++j) cs[j] += bv[j];
+        for (int j = 0; j < TM; ++j) step_cs[j] += bv[j];
       }
     }
 #pragma unroll
-    for (int i = 0; i < TM; ++i)
+    for (int i = 0; i < TM; ++i) {
+      cs[i] += step_cs[i];
 #pragma unroll
       for (int j = 0; j < TM; ++j) acc[i][j] += step[i][j];
+    }
     __syncthreads();
   }
   float* g_out = part_g + (static_cast<size_t>(b) * S + split) * D * D;
@@ -110,7 +113,7 @@ __global__ void inverted_pool_softmax(const float* __restrict__ part_g, const fl
   const int b = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h = blockIdx.y * 8 + w;
   if (h >= D) return;
-  const float inv_sqrt_k = 1.f / sqrtf(static_cast<float>(K)), inv_k = 1.f / static_cast<float>(K);
+  const float inv_sqrt_k = 1.f / sqrtf(static_cast<float>(K));
   float m[C], sc[C];
   float mx = -INFINITY;
 #pragma unroll
@@ -124,7 +127,7 @@ __global__ void inverted_pool_softmax(const float* __restrict__ part_g, const fl
         ts += part_g[(base * D + h) * D + j];
       }
     }
-    m[c] = tm * inv_k;
+    m[c] = tm / static_cast<float>(K);  // as torch.mean: divide, not multiply by a rounded 1/K
     sc[c] = j < D ? ts * inv_sqrt_k : -INFINITY;
     mx = fmaxf(mx, sc[c]);
   }
