@@ -22,7 +22,7 @@ from perception import paths
 from perception.atomic import atomic_write_text
 from perception.sweep.gate_config import check_horizons, load_gate_config
 from perception.sweep.gate_decision import decide
-from perception.sweep.gate_inputs import GateRefusal, SweepInputs, check_sweep_id, load_sweep
+from perception.sweep.gate_inputs import GateRefusal, SweepInputs, check_sweep_id, find_parent_run, load_sweep
 from perception.sweep.gate_report import refusal_json, summary_json, write_report
 
 EXIT_DECIDED, EXIT_REFUSED = 0, 3
@@ -102,6 +102,7 @@ def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent
             notes.append(f"experiment {experiment!r} does not exist: no gate run logged")
             return None
         tags = {"role": "gate", "sweep_id": sweep_id, "decision": outcome.decision or REFUSED}
+        parent = parent or find_parent_run(client, exp.experiment_id, sweep_id)  # refusals nest too
         if parent:
             tags["mlflow.parentRunId"] = parent
         run = client.create_run(exp.experiment_id, tags=tags, run_name=f"gate-{sweep_id}")

@@ -151,6 +151,12 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
 # ---------------------------------------------------------------- runs
 
 
+def find_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str) -> Optional[str]:
+    """The sweep's parent run (role=sweep), the latest if several."""
+    parent = _latest([r for r in _search(client, experiment_id, sweep_id) if r.data.tags.get("role") == "sweep"])
+    return parent.info.run_id if parent else None
+
+
 def _search(client: MlflowClient, experiment_id: str, sweep_id: str) -> list[Run]:
     runs, token = [], None
     while True:

@@ -25,6 +25,7 @@ def refused(gate_store, tmp_path, sweep_id: str, spec: SweepSpec):
     assert "Refused" in md and all(r in md for r in outcome.reasons)
     gate_run = client.get_run(outcome.summary["gate_run_id"])
     assert gate_run.data.tags["decision"] == "refused" and gate_run.data.tags["role"] == "gate"
+    assert client.get_run(gate_run.data.tags["mlflow.parentRunId"]).data.tags["role"] == "sweep"
     return outcome, chosen
 
 
