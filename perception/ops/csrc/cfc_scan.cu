@@ -325,13 +325,29 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
 // ---------------------------------------------------------------------------------------------------
 // Host side.
 
-// Which path: PERCEPTION_CFC_PATH = auto (cluster where it can run) | cluster | portable.
-bool use_cluster(const void* kernel, size_t smem_bytes) {
+// Error messages are built as one std::string and raised before any tensor or guard is alive: streaming
+// other types into TORCH_CHECK from this nvcc-compiled host code crashed the process on torch 2.11.
+
+enum class CfcPath { kAuto, kCluster, kPortable };
+
+// PERCEPTION_CFC_PATH = auto (cluster where it can run) | cluster | portable.
+CfcPath requested_path() {
   const char* env = std::getenv("PERCEPTION_CFC_PATH");
   const std::string path = env ? env : "auto";
-  TORCH_CHECK(path == "auto" || path == "cluster" || path == "portable", "PERCEPTION_CFC_PATH=", path,
-              ": expected one of auto, cluster, portable");
-  if (path == "portable") return false;
+  if (path == "auto") return CfcPath::kAuto;
+  if (path == "cluster") return CfcPath::kCluster;
+  if (path == "portable") return CfcPath::kPortable;
+  TORCH_CHECK(false, "PERCEPTION_CFC_PATH=" + path + ": expected one of auto, cluster, portable");
+  return CfcPath::kAuto;  // unreachable
+}
+
+void check_width(int64_t D) {
+  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128, "cfc_scan kernels support D = U in {16, 32, 64, 128}, got D = " +
+              std::to_string(D) + "; use model.ops=ref for other sizes");
+}
+
+bool use_cluster(const void* kernel, size_t smem_bytes, CfcPath path) {
+  if (path == CfcPath::kPortable) return false;
   int dev = 0, major = 0, minor = 0, smem_optin = 0;
   C10_CUDA_CHECK(cudaGetDevice(&dev));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -340,9 +356,11 @@ bool use_cluster(const void* kernel, size_t smem_bytes) {
   cudaFuncAttributes attr{};
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
   const bool ok = major >= 9 && attr.binaryVersion >= 90 && static_cast<size_t>(smem_optin) >= smem_bytes;
-  TORCH_CHECK(ok || path != "cluster", "PERCEPTION_CFC_PATH=cluster needs an sm_90 GPU and a library built for "
-              "sm_90 with ", smem_bytes, " bytes of shared memory per block; this is sm_", major, minor,
-              " (kernel binary sm_", attr.binaryVersion, ", ", smem_optin, " bytes)");
+  TORCH_CHECK(ok || path != CfcPath::kCluster,
+              "PERCEPTION_CFC_PATH=cluster needs an sm_90 GPU and a library built for sm_90 with " +
+                  std::to_string(smem_bytes) + " bytes of shared memory per block; this is sm_" +
+                  std::to_string(major * 10 + minor) + " (kernel binary sm_" + std::to_string(attr.binaryVersion) +
+                  ", " + std::to_string(smem_optin) + " bytes)");
   return ok;
 }
 
@@ -367,10 +385,10 @@ void launch(void (*kernel)(KArgs...), int ncta, int blocks, int threads, size_t 
 
 template <int D>
 void fwd_dispatch(const at::Tensor& x, const at::Tensor& ts, const at::Tensor& h0, const at::Tensor& w_rec,
-                  const at::Tensor& w_out, const at::Tensor& b_out, at::Tensor& h_seq) {
+                  const at::Tensor& w_out, const at::Tensor& b_out, at::Tensor& h_seq, CfcPath path) {
   const int B = x.size(0), K = x.size(1);
   constexpr size_t smem2 = Shape<D, 2>::fwd_smem_floats * sizeof(float);
-  if (use_cluster(reinterpret_cast<const void*>(&cfc_scan_fwd<D, 2>), smem2)) {
+  if (use_cluster(reinterpret_cast<const void*>(&cfc_scan_fwd<D, 2>), smem2, path)) {
     launch(&cfc_scan_fwd<D, 2>, 2, B, 2 * D, smem2, x.data_ptr<float>(), ts.data_ptr<float>(),
            h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), w_out.data_ptr<float>(),
            b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
@@ -386,10 +404,10 @@ void fwd_dispatch(const at::Tensor& x, const at::Tensor& ts, const at::Tensor& h
 template <int D>
 void bwd_dispatch(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
                   const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& d_pre, at::Tensor& d_gates,
-                  at::Tensor& d_h0) {
+                  at::Tensor& d_h0, CfcPath path) {
   const int B = grad_h.size(0), K = grad_h.size(1);
   constexpr size_t smem2 = Shape<D, 2>::bwd_smem_floats * sizeof(float);
-  const bool cluster = use_cluster(reinterpret_cast<const void*>(&cfc_scan_bwd<D, 2>), smem2);
+  const bool cluster = use_cluster(reinterpret_cast<const void*>(&cfc_scan_bwd<D, 2>), smem2, path);
   auto kernel = cluster ? &cfc_scan_bwd<D, 2> : &cfc_scan_bwd<D, 1>;
   const size_t smem = cluster ? smem2 : Shape<D, 1>::bwd_smem_floats * sizeof(float);
   launch(kernel, cluster ? 2 : 1, B, 2 * D, smem, grad_h.data_ptr<float>(), gates.data_ptr<float>(),
@@ -422,8 +440,7 @@ void check(const at::Tensor& t, const char* name, std::vector<int64_t> shape, co
     case 32: CALL(32); break;                                                                          \
     case 64: CALL(64); break;                                                                          \
     case 128: CALL(128); break;                                                                        \
-    default: TORCH_CHECK(false, "cfc_scan kernels support D = U in {16, 32, 64, 128}, got D = ", D_VALUE, \
-                         "; use model.ops=ref for other sizes");                                       \
+    default: check_width(D_VALUE);                                                                     \
   }
 
 at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const at::Tensor& h0,
@@ -436,12 +453,14 @@ at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const a
   check(w_rec, "w_rec", {D, D}, x_proj);
   check(w_out, "w_out", {4 * D, D}, x_proj);
   check(b_out, "b_out", {4 * D}, x_proj);
+  check_width(D);
+  const CfcPath path = requested_path();
   const c10::cuda::CUDAGuard guard(x_proj.device());
   auto h_seq = at::empty({B, K, D}, x_proj.options());
   if (B == 0 || K == 0) return h_seq;
   const auto x = x_proj.contiguous(), t = ts.contiguous(), h = h0.contiguous();
   const auto wr = w_rec.contiguous(), wo = w_out.contiguous(), bo = b_out.contiguous();
-#define CFC_FWD(DV) fwd_dispatch<DV>(x, t, h, wr, wo, bo, h_seq)
+#define CFC_FWD(DV) fwd_dispatch<DV>(x, t, h, wr, wo, bo, h_seq, path)
   CFC_DISPATCH_D(D, CFC_FWD)
 #undef CFC_FWD
   return h_seq;
@@ -458,6 +477,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tenso
   check(ts, "ts", {B, K}, grad_h);
   check(w_rec, "w_rec", {D, D}, grad_h);
   check(w_out, "w_out", {4 * D, D}, grad_h);
+  check_width(D);
+  const CfcPath path = requested_path();
   const c10::cuda::CUDAGuard guard(grad_h.device());
   auto d_pre = at::empty({B, K, D}, grad_h.options());
   auto d_gates = at::empty({B, K, 4 * D}, grad_h.options());
@@ -465,7 +486,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tenso
   if (B == 0 || K == 0) return {d_pre, d_gates, d_h0};
   const auto gh = grad_h.contiguous(), gt = gates.contiguous(), zz = z.contiguous(), t = ts.contiguous();
   const auto wr = w_rec.contiguous(), wo = w_out.contiguous();
-#define CFC_BWD(DV) bwd_dispatch<DV>(gh, gt, zz, t, wr, wo, d_pre, d_gates, d_h0)
+#define CFC_BWD(DV) bwd_dispatch<DV>(gh, gt, zz, t, wr, wo, d_pre, d_gates, d_h0, path)
   CFC_DISPATCH_D(D, CFC_BWD)
 #undef CFC_BWD
   return {d_pre, d_gates, d_h0};
