@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -222,7 +223,9 @@ def bench_variant(args, variant: str, device: torch.device, progress) -> dict:
 def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{platform.processor() or platform.machine()} x{os.cpu_count()}, {torch.get_num_threads()} torch threads, "
+            f"load average {load:.1f} at start (torch {torch.__version__})")
 
 
 def print_table(report: dict) -> None:

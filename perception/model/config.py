@@ -40,6 +40,9 @@ class ModelConfig:
     mamba: MambaConfig = field(default_factory=MambaConfig)
     inverted_pool: bool = False
     head_aux_weight: float = 0.25  # alpha of Path A heads (per_horizon)
+    # ablation: SharedQuery whose one context also feeds Path A heads [H, 2D], separating "per-horizon
+    # queries" from "context skip" (the shared context otherwise reaches the logits only through h_0)
+    shared_context_to_heads: bool = False
     ops: OpsBackend = OpsBackend.auto
     # recompute VSN and Mamba2 activations in backward instead of keeping them: at K = 6000 they are
     # most of the activation memory (benchmarks/model_step.py); costs about one extra trunk forward

@@ -46,7 +46,8 @@ class PerceptionModel(nn.Module):
             self.pool = AttentionPool(self.n_queries, d, per_horizon, backend)
             self.inv_pool = InvertedPool(backend) if cfg.inverted_pool else None
             self.cfc = CfC(d, backend)
-            self.head = Heads(len(self.horizons), d, per_horizon, float(cfg.head_aux_weight))
+            path_a = per_horizon or bool(getattr(cfg, "shared_context_to_heads", False))
+            self.head = Heads(len(self.horizons), d, path_a, float(cfg.head_aux_weight))
         self.backend = backend
         self.checkpointing = bool(getattr(cfg, "activation_checkpointing", False))
         self.register_buffer("dt_scale", torch.ones(()), persistent=True)  # median Δt of training data

@@ -199,3 +199,18 @@ def test_activation_checkpointing_changes_memory_not_results():
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=0, atol=1e-12)
     for a, b in zip(outs[0][1], outs[1][1]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_shared_context_to_heads_ablation_feeds_the_one_context_to_path_a_heads():
+    cfg = tiny_config("shared")
+    cfg.shared_context_to_heads = True
+    model = PerceptionModel(cfg, N_FEATURES, HORIZONS, 0).double()
+    assert model.n_queries == 1 and model.head.weight.shape == (len(HORIZONS), 32)
+    x, dt = (t.double() for t in batch(k=40))  # long enough for the CfC to forget h_0
+    seen = {}
+    model.pool.register_forward_hook(lambda m, a, out: seen.update(ctx=out))
+    logits = model(x, dt)
+    d_ctx, = torch.autograd.grad(logits.sum(), seen["ctx"])
+    expected = (1 - cfg.head_aux_weight) * model.head.weight[:, :16].sum(0)  # the skip's share
+    torch.testing.assert_close(d_ctx[:, 0], expected.expand(B, -1).detach(), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(build("shared", seed=0).state_dict()["vsn.out.weight"], model.state_dict()["vsn.out.weight"].float())
