@@ -14,13 +14,30 @@ from mlflow.tracking import MlflowClient
 
 from perception.paths import run_dir
 
-CI = ["experiment=ci"]
+CI = ["experiment=ci", "trainer.epochs=1"]
+REPO = Path(__file__).resolve().parents[2]
+DECISION = re.compile(r"^decision: (ship_per_horizon|keep_shared|inconclusive)$", re.M)
 
 
 def sweep_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     r = subprocess.run(["perception-sweep", *args], capture_output=True, text=True, timeout=timeout,
                        env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"})
     return r
+
+
+def git_head() -> str:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def assert_decided(r: subprocess.CompletedProcess, head_before: str) -> None:
+    """A decision, unless the code itself changed during the sweep (a commit in this checkout):
+    then the gate must refuse on git_sha, as it should."""
+    if git_head() != head_before:
+        assert r.returncode == 1 and "git_sha" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+        return
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert DECISION.search(r.stdout), r.stdout
 
 
 def train_runs(uri: str, sweep_id: str):
@@ -33,9 +50,9 @@ def train_runs(uri: str, sweep_id: str):
 def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(perception_home, mlflow_server):
     sweep_id = f"e2e-{uuid.uuid4().hex[:8]}"
     args = ["local", "--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}"]
+    head = git_head()
     r = sweep_cli(*args)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert re.search(r"^decision: (ship_per_horizon|keep_shared|inconclusive)$", r.stdout, re.M), r.stdout
+    assert_decided(r, head)
     report = Path(re.search(r"^report: (.+)$", r.stdout, re.M).group(1))
     assert report.is_dir() and any(report.iterdir())
     assert re.search(r"^wall time: [\d.]+ s", r.stdout, re.M)
@@ -51,8 +68,9 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     done = run_dir(sweep_id, "per_horizon", 1, perception_home) / "done.json"
     before = json.loads(done.read_text())["run_id"]
     done.unlink()
+    head = git_head()
     r = sweep_cli(*args)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert_decided(r, head)
     assert len(re.findall(r"finished earlier \(run \w+\), skipped", r.stderr)) == 5
     assert "per_horizon fold 1: resuming" in r.stderr
     assert json.loads(done.read_text())["run_id"] == before  # the same MLflow run, continued
