@@ -163,12 +163,16 @@ def run_stage(fn, inputs, device):
     return tuple(o.detach() for o in outs), t1 - t0, t2 - t1, saved.total
 
 
+def repeats_run(args) -> int:
+    return args.repeats + (0 if args.device == "meta" else 1)  # the first repeat warms up
+
+
 def bench_variant(args, variant: str, device: torch.device, progress) -> dict:
     model, x, dt, y, mask = build(args, variant, device)
     chain = stages(model, dt, y, mask)
     per_module = {name: {"fwd_ms": [], "bwd_ms": [], "saved_mib": 0.0} for name, _ in chain}
     full_ms, fwd_ms = [], []
-    reps = args.repeats + (0 if device.type == "meta" else 1)  # the first repeat warms up
+    reps = repeats_run(args)
     for rep in range(reps):
         inputs = (x,)
         for name, fn in chain:
@@ -201,9 +205,9 @@ def bench_variant(args, variant: str, device: torch.device, progress) -> dict:
         "variant": variant,
         "params": sum(p.numel() for p in model.parameters()),
         "modules": {
-            name: {
-                "fwd_ms": statistics.median(m["fwd_ms"]),
-                "bwd_ms": statistics.median(m["bwd_ms"]),
+            name: {  # meta computes nothing: its times would mean nothing
+                "fwd_ms": None if device.type == "meta" else statistics.median(m["fwd_ms"]),
+                "bwd_ms": None if device.type == "meta" else statistics.median(m["bwd_ms"]),
                 "saved_mib": round(m["saved_mib"], 1),
             }
             for name, m in per_module.items()
@@ -236,7 +240,8 @@ def print_table(report: dict) -> None:
         print(f"\n{r['variant']} ({r['params']:,} parameters)")
         print(f"  {'module':<8} {'fwd ms':>10} {'bwd ms':>10} {'saved MiB':>11}")
         for name, m in r["modules"].items():
-            print(f"  {name:<8} {m['fwd_ms']:>10.1f} {m['bwd_ms']:>10.1f} {m['saved_mib']:>11.1f}")
+            times = [f"{t:>10.1f}" if t is not None else f"{'-':>10}" for t in (m["fwd_ms"], m["bwd_ms"])]
+            print(f"  {name:<8} {times[0]} {times[1]} {m['saved_mib']:>11.1f}")
         line = f"  saved for backward: {r['saved_total_gib']:.2f} GiB"
         if "step_ms_median" in r:
             line += f"; full step {r['step_ms_median']:.1f} ms (forward {r['forward_ms_median']:.1f}), {r['samples_per_s']:.1f} samples/s"
@@ -253,7 +258,7 @@ def main(argv=None) -> int:
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(args.variants) * (args.repeats + 1) * 7, unit="stage", file=sys.stderr)
+        bar = tqdm(total=len(args.variants) * repeats_run(args) * (6 if args.device == "meta" else 7), unit="stage", file=sys.stderr)
     except ImportError:
         bar = None
 
