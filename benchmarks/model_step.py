@@ -250,6 +250,40 @@ def print_table(report: dict) -> None:
         print(line)
 
 
+def plot(report: dict, path: Path) -> None:
+    """Per-module time and saved memory as bars, beside the JSON (skipped without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    results = [r for r in report["results"] if "error" not in r]
+    if not results:
+        return
+    names = list(results[0]["modules"])
+    timed = results[0]["modules"][names[0]]["fwd_ms"] is not None
+    fig, axes = plt.subplots(1, 2 if timed else 1, figsize=(11 if timed else 6, 4), squeeze=False)
+    width = 0.8 / len(results)
+    for i, r in enumerate(results):
+        xs = [j + i * width for j in range(len(names))]
+        axes[0][0].bar(xs, [r["modules"][n]["saved_mib"] / 1024 for n in names], width, label=r["variant"])
+        if timed:
+            ms = [r["modules"][n]["fwd_ms"] + r["modules"][n]["bwd_ms"] for n in names]
+            axes[0][1].bar(xs, ms, width, label=r["variant"])
+    axes[0][0].set_ylabel("saved for backward (GiB)")
+    if timed:
+        axes[0][1].set_ylabel("forward + backward (ms, median)")
+    for ax in axes[0]:
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
+        ax.legend()
+    fig.suptitle(f"model step on {report['device']}: B={report['batch']} K={report['window']} D={report['d_model']} F={report['features']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -289,7 +323,8 @@ def main(argv=None) -> int:
     for r in report["results"]:
         if "error" in r:
             print(f"\n{r['variant']}: {r['error']} (peak {r['peak_gib']:.2f} GiB)")
-    print(f"\nwrote {args.out}")
+    plot(report, args.out.with_suffix(".png"))
+    print(f"\nwrote {args.out} (and a .png beside it where matplotlib is installed)")
     return 1 if any("error" in r for r in report["results"]) else 0
 
 
