@@ -26,6 +26,8 @@ RUN_ID_FILE = "mlflow_run.json"
 # the ledger retries later with backoff instead.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+# Pods have no route out; MLflow's telemetry thread also races client calls in short-lived processes.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def client(uri: Optional[str] = None):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # its background thread races client calls
 from pathlib import Path
 
 import pytest
