@@ -37,6 +37,18 @@ def _kernel_takes(backend: str, *tensors: torch.Tensor) -> bool:
     return getattr(backend, "value", backend) == "cuda" or kernel_supports(*tensors)
 
 
+CFC_KERNEL_WIDTHS = (16, 32, 64, 128)  # D = U instances compiled in csrc/cfc_scan.cu
+
+
+def _cfc_kernel_takes(backend: str, x_proj: torch.Tensor, h0: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """The scan kernels take fp32 with D = U in {16, 32, 64, 128}; auto falls back to the reference
+    otherwise, cuda lets the kernel's own check name what it expected."""
+    if getattr(backend, "value", backend) == "cuda":
+        return True
+    fp32 = all(t.dtype == torch.float32 for t in (x_proj, h0, *weights))
+    return fp32 and h0.shape[-1] in CFC_KERNEL_WIDTHS and x_proj.shape[-1] == h0.shape[-1]
+
+
 def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D)."""
     if use_kernels(backend, lnb, q) and _kernel_takes(backend, lnb, q):
@@ -69,7 +81,9 @@ def cfc_scan(
 ) -> torch.Tensor:
     """x_proj: (B, K, U), ts: (B, K), h0: (B, D), w_rec: (U, D), w_out: (4D, U), b_out: (4D,)
     -> h_seq: (B, K, D)."""
-    if use_kernels(backend, x_proj, ts, h0, w_rec, w_out, b_out):
+    if use_kernels(backend, x_proj, ts, h0, w_rec, w_out, b_out) and _cfc_kernel_takes(
+        backend, x_proj, h0, ts, w_rec, w_out, b_out
+    ):
         return torch.ops.perception.cfc_scan(x_proj, ts, h0, w_rec, w_out, b_out)
     return cfc_scan_ref(x_proj, ts, h0, w_rec, w_out, b_out)
 

@@ -44,6 +44,8 @@ def build(verbose: bool = False) -> Path:
     manifest = {"torch": torch.__version__, "cuda": torch.version.cuda, "archs": archs,
                 "sources": [Path(s).name for s in extension.sources()]}
     atomic_write_text(extension.manifest_path(), json.dumps(manifest, indent=2) + "\n")
+    # The temp file behind the atomic write is private (0600); a shared install's other users must read it.
+    os.chmod(extension.manifest_path(), 0o644)
     (extension.LIB_DIR / ".gitignore").write_text("*\n")  # build outputs only
     return target
 

@@ -248,3 +248,16 @@ def test_library_carries_sm89_and_sm90_code(op):
     listing = subprocess.run([cuobjdump, "--list-elf", libs[0]], capture_output=True, text=True, check=True).stdout
     archs = set(re.findall(r"sm_(\d+)", listing))
     assert {"89", "90"} <= archs, f"{libs[0]} carries {sorted(archs)}"
+
+
+def test_auto_falls_back_to_the_reference_where_the_kernel_does_not_apply(op):
+    from perception.ops import cfc_scan
+
+    inputs = make_inputs(2, 5, 32, seed=4)
+    torch.testing.assert_close(cfc_scan(*inputs, backend="auto"), op(*inputs), rtol=0, atol=0)
+    wide = make_inputs(2, 5, 48, seed=4)  # D = 48: no kernel instance
+    torch.testing.assert_close(cfc_scan(*wide, backend="auto"), cfc_scan_ref(*wide), rtol=0, atol=0)
+    doubles = [t.double() for t in inputs]
+    out = cfc_scan(*doubles, backend="auto")
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, cfc_scan_ref(*doubles), rtol=0, atol=0)

@@ -428,10 +428,10 @@ std::string device_str(const at::Tensor& t) {
 // Messages are built from plain strings and integers only.
 void check(const at::Tensor& t, const char* name, std::vector<int64_t> shape, const at::Tensor& like) {
   const std::string where = device_str(like), got = device_str(t);
-  TORCH_CHECK(t.is_cuda() && t.get_device() == like.get_device(), "cfc_scan: ", name, " must be on ", where, ", got ", got);
-  TORCH_CHECK(t.scalar_type() == at::kFloat, "cfc_scan: ", name, " must be float32, got ", c10::toString(t.scalar_type()));
+  TORCH_CHECK(t.is_cuda() && t.get_device() == like.get_device(), std::string("cfc_scan: ") + name + " must be on " + where + ", got " + got);
+  TORCH_CHECK(t.scalar_type() == at::kFloat, std::string("cfc_scan: ") + name + " must be float32, got " + c10::toString(t.scalar_type()));
   const std::string want = shape_str(shape), have = shape_str(t.sizes());
-  TORCH_CHECK(want == have, "cfc_scan: ", name, " must have shape ", want, ", got ", have);
+  TORCH_CHECK(want == have, std::string("cfc_scan: ") + name + " must have shape " + want + ", got " + have);
 }
 
 #define CFC_DISPATCH_D(D_VALUE, CALL)                                                                  \
@@ -445,7 +445,7 @@ void check(const at::Tensor& t, const char* name, std::vector<int64_t> shape, co
 
 at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const at::Tensor& h0,
                          const at::Tensor& w_rec, const at::Tensor& w_out, const at::Tensor& b_out) {
-  TORCH_CHECK(x_proj.dim() == 3, "cfc_scan: x_proj must be (B, K, U), got ", shape_str(x_proj.sizes()));
+  TORCH_CHECK(x_proj.dim() == 3, "cfc_scan: x_proj must be (B, K, U), got " + shape_str(x_proj.sizes()));
   const int64_t B = x_proj.size(0), K = x_proj.size(1), D = x_proj.size(2);
   check(x_proj, "x_proj", {B, K, D}, x_proj);
   check(ts, "ts", {B, K}, x_proj);
@@ -469,7 +469,7 @@ at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tensor& grad_h, const at::Tensor& gates,
                                                                  const at::Tensor& z, const at::Tensor& ts,
                                                                  const at::Tensor& w_rec, const at::Tensor& w_out) {
-  TORCH_CHECK(grad_h.dim() == 3, "cfc_scan_bwd: grad_h must be (B, K, D), got ", shape_str(grad_h.sizes()));
+  TORCH_CHECK(grad_h.dim() == 3, "cfc_scan_bwd: grad_h must be (B, K, D), got " + shape_str(grad_h.sizes()));
   const int64_t B = grad_h.size(0), K = grad_h.size(1), D = grad_h.size(2);
   check(grad_h, "grad_h", {B, K, D}, grad_h);
   check(gates, "gates", {B, K, 4 * D}, grad_h);

@@ -10,6 +10,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "messages.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -244,17 +246,20 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_bwd_gemm(const float* 
     case 32: { constexpr int NV = 2; __VA_ARGS__; } break;  \
     case 64: { constexpr int NV = 4; __VA_ARGS__; } break;  \
     case 128: { constexpr int NV = 8; __VA_ARGS__; } break; \
-    default: TORCH_CHECK(false, "unreachable D ", D);       \
+    default: TORCH_CHECK(false, "unreachable D");           \
   }
 
-void check_lnb(const at::Tensor& lnb, const char* op) {
-  TORCH_CHECK(lnb.is_cuda(), op, ": lnb must be a CUDA tensor");
-  TORCH_CHECK(lnb.scalar_type() == at::kFloat, op, ": kernels take float32, got ", lnb.scalar_type());
-  TORCH_CHECK(lnb.dim() == 3, op, ": lnb must be (B, K, D), got ", lnb.sizes());
+// Messages are single strings (messages.h says why); each names the argument and what was expected.
+void check_lnb(const at::Tensor& lnb, const std::string& op) {
+  using namespace perception_msg;
+  TORCH_CHECK(lnb.is_cuda(), op + ": lnb must be a CUDA tensor");
+  TORCH_CHECK(lnb.scalar_type() == at::kFloat,
+              op + ": kernels take float32, got lnb " + dtype(lnb) + " (use model.ops=ref for other dtypes)");
+  TORCH_CHECK(lnb.dim() == 3, op + ": lnb must be (B, K, D), got shape " + shape(lnb.sizes()));
   const int64_t D = lnb.size(2);
-  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128, op, ": kernels take D in {16, 32, 64, 128}, got ", D,
-              " (use model.ops=ref)");
-  TORCH_CHECK(lnb.size(1) >= 1, op, ": K must be >= 1, got ", lnb.sizes());
+  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
+              op + ": kernels take D in {16, 32, 64, 128}, got D = " + num(D) + " (use model.ops=ref)");
+  TORCH_CHECK(lnb.size(1) >= 1, op + ": K must be >= 1, got lnb " + shape(lnb.sizes()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> inverted_pool_cuda(const at::Tensor& lnb_in) {
@@ -290,13 +295,24 @@ at::Tensor inverted_pool_bwd_cuda(const at::Tensor& grad_in, const at::Tensor& l
                                   const at::Tensor& mean_in, const at::Tensor& inv_in) {
   check_lnb(lnb_in, "inverted_pool_bwd");
   const int64_t B = lnb_in.size(0), K = lnb_in.size(1), D = lnb_in.size(2);
-  TORCH_CHECK(grad_in.dim() == 2 && grad_in.size(0) == B && grad_in.size(1) == D &&
-                  grad_in.scalar_type() == at::kFloat,
-              "inverted_pool_bwd: grad_inv must be float32 (B, D) = (", B, ", ", D, "), got ", grad_in.sizes());
-  TORCH_CHECK(attn_in.dim() == 3 && attn_in.size(0) == B && attn_in.size(1) == D && attn_in.size(2) == D,
-              "inverted_pool_bwd: attn must be (B, D, D), got ", attn_in.sizes());
-  TORCH_CHECK(mean_in.sizes() == grad_in.sizes() && inv_in.sizes() == grad_in.sizes(),
-              "inverted_pool_bwd: mean and inv must be (B, D), got ", mean_in.sizes(), " and ", inv_in.sizes());
+  {
+    using namespace perception_msg;
+    TORCH_CHECK(grad_in.dim() == 2 && grad_in.size(0) == B && grad_in.size(1) == D &&
+                    grad_in.scalar_type() == at::kFloat,
+                "inverted_pool_bwd: grad_inv must be float32 (B, D) = " + shape({B, D}) + ", got " + dtype(grad_in) +
+                    " " + shape(grad_in.sizes()));
+    TORCH_CHECK(attn_in.dim() == 3 && attn_in.size(0) == B && attn_in.size(1) == D && attn_in.size(2) == D,
+                "inverted_pool_bwd: attn must be (B, D, D) = " + shape({B, D, D}) + ", got " + shape(attn_in.sizes()));
+    TORCH_CHECK(mean_in.sizes() == grad_in.sizes() && inv_in.sizes() == grad_in.sizes(),
+                "inverted_pool_bwd: mean and inv must be (B, D) = " + shape({B, D}) + ", got " +
+                    shape(mean_in.sizes()) + " and " + shape(inv_in.sizes()));
+    TORCH_CHECK(attn_in.scalar_type() == at::kFloat && mean_in.scalar_type() == at::kFloat &&
+                    inv_in.scalar_type() == at::kFloat,
+                "inverted_pool_bwd: attn, mean and inv must be float32, got " + dtype(attn_in) + ", " +
+                    dtype(mean_in) + " and " + dtype(inv_in));
+    TORCH_CHECK(grad_in.is_cuda() && attn_in.is_cuda() && mean_in.is_cuda() && inv_in.is_cuda(),
+                "inverted_pool_bwd: grad_inv, attn, mean and inv must be CUDA tensors");
+  }
   const c10::cuda::CUDAGuard guard(lnb_in.device());
   const at::Tensor lnb = lnb_in.contiguous(), g = grad_in.contiguous(), attn = attn_in.contiguous();
   const at::Tensor mean = mean_in.contiguous(), inv = inv_in.contiguous();

@@ -7,6 +7,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "messages.h"
+
 #include <cstdlib>
 #include <limits>
 
@@ -42,12 +44,16 @@ int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) 
 
 at::Tensor inv_pool_merge_cuda(const at::Tensor& ctx_in, const at::Tensor& inv_in) {
   TORCH_CHECK(ctx_in.is_cuda() && inv_in.is_cuda(), "inv_pool_merge: ctx and inv must be CUDA tensors");
+  // Messages are single strings (messages.h says why).
+  using namespace perception_msg;
+  TORCH_CHECK(ctx_in.device() == inv_in.device(), "inv_pool_merge: ctx and inv must be on one device");
   TORCH_CHECK(ctx_in.scalar_type() == at::kFloat && inv_in.scalar_type() == at::kFloat,
-              "inv_pool_merge: kernels take float32, got ctx ", ctx_in.scalar_type(), " and inv ",
-              inv_in.scalar_type());
+              "inv_pool_merge: kernels take float32, got ctx " + dtype(ctx_in) + " and inv " + dtype(inv_in) +
+                  " (use model.ops=ref for other dtypes)");
   TORCH_CHECK(ctx_in.dim() == 3 && inv_in.dim() == 2 && inv_in.size(0) == ctx_in.size(0) &&
                   inv_in.size(1) == ctx_in.size(2),
-              "inv_pool_merge: expected ctx (B, Q, D) and inv (B, D), got ", ctx_in.sizes(), " and ", inv_in.sizes());
+              "inv_pool_merge: expected ctx (B, Q, D) and inv (B, D) with the same B and D, got ctx " +
+                  shape(ctx_in.sizes()) + " and inv " + shape(inv_in.sizes()));
   const c10::cuda::CUDAGuard guard(ctx_in.device());
   const at::Tensor ctx = ctx_in.contiguous(), inv = inv_in.contiguous();
   at::Tensor out = at::empty_like(ctx);
@@ -63,7 +69,8 @@ at::Tensor inv_pool_merge_cuda(const at::Tensor& ctx_in, const at::Tensor& inv_i
 
 at::Tensor inv_pool_merge_bwd_cuda(const at::Tensor& grad_in) {
   TORCH_CHECK(grad_in.is_cuda() && grad_in.scalar_type() == at::kFloat && grad_in.dim() == 3,
-              "inv_pool_merge_bwd: grad must be a float32 CUDA (B, Q, D) tensor, got ", grad_in.sizes());
+              "inv_pool_merge_bwd: grad must be a float32 CUDA (B, Q, D) tensor, got " +
+                  perception_msg::dtype(grad_in) + " " + perception_msg::shape(grad_in.sizes()));
   const c10::cuda::CUDAGuard guard(grad_in.device());
   const at::Tensor grad = grad_in.contiguous();
   const int64_t B = grad.size(0), Q = grad.size(1), D = grad.size(2);
