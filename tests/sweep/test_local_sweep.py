@@ -31,7 +31,7 @@ def git_head() -> str:
 
 
 def assert_decided(r: subprocess.CompletedProcess, head_before: str) -> None:
-    """A decision, unless the code itself changed during the sweep (a commit in this checkout):
+    """A decision, unless the code itself changed since the sweep began (a commit in this checkout):
     then the gate must refuse on git_sha, as it should."""
     if git_head() != head_before:
         assert r.returncode == 1 and "git_sha" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
@@ -68,9 +68,8 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     done = run_dir(sweep_id, "per_horizon", 1, perception_home) / "done.json"
     before = json.loads(done.read_text())["run_id"]
     done.unlink()
-    head = git_head()
     r = sweep_cli(*args)
-    assert_decided(r, head)
+    assert_decided(r, head)  # since the first run: its runs carry that code version
     assert len(re.findall(r"finished earlier \(run \w+\), skipped", r.stderr)) == 5
     assert "per_horizon fold 1: resuming" in r.stderr
     assert json.loads(done.read_text())["run_id"] == before  # the same MLflow run, continued
