@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from perception.errors import CheckpointError
 from perception.model import AttentionPoolVariant, PerceptionModel
 from perception.model.checkpoint import load_model, load_trunk, read_checkpoint_variant, save_model
 from tests.model.helpers import HORIZONS, N_FEATURES, tiny_config
-from tests.model.write_v1_fixture import FIXTURE, v1_model, write_v1
+from tests.model.write_v1_fixture import FIXTURE, V1_DT_SCALE, write_v1
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,11 @@ def test_v1_fixture_loads_as_shared(tmp_path):
     assert read_checkpoint_variant(FIXTURE) is AttentionPoolVariant.shared
     model = build("shared", seed=5)
     load_model(FIXTURE, model)
-    assert_same_state(model, v1_model())
+    stored = load_file(str(FIXTURE))
+    assert stored.keys() == model.state_dict().keys()
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, stored[name]), name
+    assert model.dt_scale.item() == V1_DT_SCALE
     write_v1(tmp_path / "again.safetensors")  # the writer still produces what the fixture holds
     assert read_checkpoint_variant(tmp_path / "again.safetensors") is AttentionPoolVariant.shared
 
@@ -126,16 +130,16 @@ def test_missing_file_is_an_error(tmp_path):
 @pytest.mark.parametrize("target", ["shared", "per_horizon"])
 def test_warm_start_copies_only_the_trunk(tmp_path, source, target):
     if source == "v1":
-        path, donor = FIXTURE, v1_model()
+        path = FIXTURE
     else:
-        donor = build(source[3:], seed=21)
         path = tmp_path / "donor.safetensors"
-        save_model(path, donor)
+        save_model(path, build(source[3:], seed=21))
+    donor_state = load_file(str(path))
     model, untouched = build(target, seed=3), build(target, seed=3)
     loaded = load_trunk(path, model)
     assert loaded and all(n.startswith(model.trunk_prefixes) for n in loaded)
     assert {n.split(".")[0] for n in loaded} == {"vsn", "mamba", "ln_b", "cfc"}
-    state, donor_state, fresh = model.state_dict(), donor.state_dict(), untouched.state_dict()
+    state, fresh = model.state_dict(), untouched.state_dict()
     for name in state:
         expected = donor_state[name] if name in loaded else fresh[name]
         assert torch.equal(state[name], expected), name
