@@ -223,22 +223,33 @@ __global__ void __launch_bounds__(kThreads) attention_pool_bwd(
   const float4* qs4 = reinterpret_cast<const float4*>(qs);
   const float4* gs4 = reinterpret_cast<const float4*>(gs);
   if (warp == 0) {
-    // c[q] = sum_d g * ctx (= sum_k a * d_a), summed exactly as a row's g.x below: 4 lanes per query
-    // (kMaxQ * 4 = 32), float4 groups part + 4i through dot4, then the same two shuffles.
+    // c[q] = sum_d g * ctx (= sum_k a * d_a), 4 lanes per query (kMaxQ * 4 = 32). K = 1 (a = 1, ctx = x):
+    // summed exactly as a row's g.x below (float4 groups part + 4i through dot4, the same two shuffles), so
+    // d_s is exactly 0. K > 1: in fp64, since an error in c shifts every row's d_s alike and does not
+    // average out over K in d_Qw.
     const int j = lane >> 2, p = lane & 3;
     float t = 0.f;
+    double t64 = 0.0;
     if (j < nq) {
       const float* c_row = ctx + (static_cast<size_t>(b) * Q + q0 + j) * D;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int f = 4 * (p + 4 * i);
         const float4 cv = make_float4(c_row[f], c_row[f + 1], c_row[f + 2], c_row[f + 3]);
-        t += dot4(cv, gs4[j * (D / 4) + p + 4 * i]);
+        const float4 gv = gs4[j * (D / 4) + p + 4 * i];
+        t += dot4(cv, gv);
+        t64 += static_cast<double>(cv.x) * gv.x + static_cast<double>(cv.y) * gv.y +
+               static_cast<double>(cv.z) * gv.z + static_cast<double>(cv.w) * gv.w;
       }
     }
     t += __shfl_xor_sync(0xffffffffu, t, 1);
     t += __shfl_xor_sync(0xffffffffu, t, 2);
-    if (j < nq && p == 0) c_s[j] = t, lse_s[j] = lse[static_cast<size_t>(b) * Q + q0 + j];
+    t64 += __shfl_xor_sync(0xffffffffu, t64, 1);
+    t64 += __shfl_xor_sync(0xffffffffu, t64, 2);
+    if (j < nq && p == 0) {
+      c_s[j] = K == 1 ? t : static_cast<float>(t64);
+      lse_s[j] = lse[static_cast<size_t>(b) * Q + q0 + j];
+    }
   }
   float dq[MQ];
 #pragma unroll
