@@ -251,9 +251,11 @@ __global__ void __launch_bounds__(kThreads) attention_pool_bwd(
       lse_s[j] = lse[static_cast<size_t>(b) * Q + q0 + j];
     }
   }
-  float dq[MQ];
+  // d_Qw partial sums are compensated (Kahan): d_Qw = sum_k d_s * x cancels heavily (sum_k d_s = 0), so
+  // plain fp32 accumulation loses more than eager's error; fp64 would be slow on sm_89.
+  float dq[MQ], dq_c[MQ];
 #pragma unroll
-  for (int j = 0; j < MQ; ++j) dq[j] = 0.f;
+  for (int j = 0; j < MQ; ++j) dq[j] = dq_c[j] = 0.f;
   __syncthreads();
 
   for (int k0 = k_begin; k0 < k_end; k0 += kTileRows) {
@@ -307,7 +309,12 @@ __global__ void __launch_bounds__(kThreads) attention_pool_bwd(
     for (int rr = phase; rr < kTileRows; rr += H) {
       const float x = xs[rr * LD + col];
 #pragma unroll
-      for (int j = 0; j < MQ; ++j) if (j < nq) dq[j] = fmaf(dss[j][rr], x, dq[j]);
+      for (int j = 0; j < MQ; ++j) if (j < nq) {
+        const float y = fmaf(dss[j][rr], x, -dq_c[j]);
+        const float t = dq[j] + y;
+        dq_c[j] = (t - dq[j]) - y;
+        dq[j] = t;
+      }
     }
     __syncthreads();
   }
@@ -319,9 +326,9 @@ __global__ void __launch_bounds__(kThreads) attention_pool_bwd(
     const size_t base = (static_cast<size_t>(b) * S + split) * nq;
 #pragma unroll
     for (int j = 0; j < MQ; ++j) if (j < nq) {
-      float t = 0.f;
+      double t = 0.0;
       for (int h = 0; h < H; ++h) t += xs[(h * nq + j) * D + col];
-      part_dq[(base + j) * D + col] = t;
+      part_dq[(base + j) * D + col] = static_cast<float>(t);
     }
   }
 }
@@ -330,17 +337,18 @@ __global__ void __launch_bounds__(kThreads) attention_pool_bwd(
 // w, w+8, ... in order, then warp 0 adds the 8 warp sums in order. Deterministic, no atomics.
 __global__ void attention_pool_reduce_dq(const float* __restrict__ part_dq, float* __restrict__ dq, int n_parts,
                                          int nq, int D, int q0) {
-  __shared__ float red[8][32];
+  // fp64 sums: n_parts * D terms per query, negligible work even at sm_89's fp64 rate.
+  __shared__ double red[8][32];
   const int j = blockIdx.x, d = blockIdx.y * 32 + (threadIdx.x & 31), w = threadIdx.x >> 5;
-  float t = 0.f;
+  double t = 0.0;
   if (d < D)
     for (int p = w; p < n_parts; p += 8) t += part_dq[(static_cast<size_t>(p) * nq + j) * D + d];
   red[w][threadIdx.x & 31] = t;
   __syncthreads();
   if (w == 0 && d < D) {
-    float s = 0.f;
+    double s = 0.0;
     for (int i = 0; i < 8; ++i) s += red[i][threadIdx.x];
-    dq[static_cast<size_t>(q0 + j) * D + d] = s;
+    dq[static_cast<size_t>(q0 + j) * D + d] = static_cast<float>(s);
   }
 }
 
