@@ -14,15 +14,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def workflow_file() -> Path:
-    """workflows/ab_sweep.py of this checkout (an editable install), else of the current directory."""
+    """PERCEPTION_WORKFLOW_FILE, else the installed copy (perception.workflows), else the checkout's."""
     candidates = [Path(p) for p in [os.environ.get("PERCEPTION_WORKFLOW_FILE")] if p]
-    candidates += [REPO / "workflows" / "ab_sweep.py", Path.cwd() / "workflows" / "ab_sweep.py"]
+    candidates += [_installed_copy(), REPO / "workflows" / "ab_sweep.py", Path.cwd() / "workflows" / "ab_sweep.py"]
     for path in candidates:
         if path.is_file():
             return path
     raise ConfigError("workflows/ab_sweep.py not found (looked at "
                       + ", ".join(str(c) for c in candidates)
                       + "); run from a clone of the repository or set PERCEPTION_WORKFLOW_FILE")
+
+
+def _installed_copy() -> Path:
+    spec = importlib.util.find_spec("perception.workflows")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) / "ab_sweep.py" if locations else REPO / "workflows" / "ab_sweep.py"
 
 
 def load_definition(path: Optional[Path] = None) -> ModuleType:

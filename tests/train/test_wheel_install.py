@@ -45,3 +45,9 @@ def test_wheel_in_fresh_venv_runs_ci(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     assert list((empty / "home" / "runs").glob("*/shared-f0/done.json"))
     assert sorted(p.name for p in empty.iterdir()) == ["home"]  # nothing written outside PERCEPTION_HOME
+
+    # the workflow definition ships in the wheel too: rendering needs no checkout
+    rendered = subprocess.run([str(venv / "bin" / "perception-sweep"), "render", "--out", str(tmp_path / "wf.yaml")],
+                              cwd=empty, env=env, capture_output=True, text=True, timeout=300)
+    assert rendered.returncode == 0, rendered.stderr[-3000:]
+    assert "nvidia.com/gpu" in (tmp_path / "wf.yaml").read_text()
