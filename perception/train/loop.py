@@ -27,7 +27,7 @@ from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
-from perception.train.validate import check_before_work, resolve_device
+from perception.train.validate import check_before_work, enum_value, resolve_device
 
 DONE_FILE = "done.json"
 
@@ -44,7 +44,7 @@ class RunPlace:
 def place_of(cfg: Config) -> RunPlace:
     home = perception_home()
     sweep_id = cfg.sweep_id or new_sweep_id()
-    variant = _value(cfg.model.attention_pool)
+    variant = enum_value(cfg.model.attention_pool)
     fold = int(cfg.data.fold)
     return RunPlace(sweep_id, variant, fold, home, derive_run_dir(sweep_id, variant, fold, home))
 
@@ -238,10 +238,6 @@ def _set_determinism(cfg: Config, device: torch.device) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-
-
-def _value(x: Any) -> str:
-    return str(getattr(x, "value", x))
 
 
 def finished(run_dir: Path) -> bool:

@@ -34,7 +34,7 @@ def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
     if t.horizon_weights is not None and len(t.horizon_weights) != n_h:
         raise ConfigError(f"trainer.horizon_weights has {len(t.horizon_weights)} values: expected one per "
                           f"horizon of data.horizons={list(cfg.data.horizons)}")
-    variant = getattr(cfg.model.attention_pool, "value", cfg.model.attention_pool)
+    variant = enum_value(cfg.model.attention_pool)
     if t.init_from is not None:
         path = Path(t.init_from).expanduser()
         if not path.is_file():
@@ -46,10 +46,10 @@ def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
     except CheckpointError as exc:
         raise ConfigError(f"cannot resume {run_dir}: {exc}") from exc
     if resume_dir is not None:
-        if _value(t.resume) == ResumeMode.never.value:
+        if enum_value(t.resume) == ResumeMode.never.value:
             raise ConfigError(f"trainer.resume=never but {run_dir} already holds a checkpoint ({resume_dir.name}); "
                               "use trainer.resume=auto to continue it, or another sweep_id")
-        found = _value(read_checkpoint_variant(resume_dir / "model.safetensors"))
+        found = enum_value(read_checkpoint_variant(resume_dir / "model.safetensors"))
         if found != variant:
             raise ConfigError(f"cannot resume model.attention_pool={variant} from {resume_dir / 'model.safetensors'}: "
                               f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
@@ -59,7 +59,7 @@ def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
 
 
 def resolve_device(device) -> torch.device:
-    name = _value(device)
+    name = enum_value(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -72,5 +72,6 @@ def _positive(key: str, value) -> None:
         raise ConfigError(f"{key}={value}: expected a positive integer")
 
 
-def _value(x) -> str:
+def enum_value(x) -> str:
+    """An enum member's value or a plain string, as configs may hold either."""
     return str(getattr(x, "value", x))
