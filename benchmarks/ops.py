@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.cuda_timing import cuda_median_ms  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.ops import (  # noqa: E402
     attention_pool,
@@ -40,18 +40,9 @@ MERGE_TARGET_MS = 0.010
 
 
 def time_ms(fn, reps: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return cuda_median_ms(fn, reps, warmup)
+
+
 
 
 def graph_ms(step, reps: int, inner: int = 20) -> float:

@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,24 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cuda_timing import cuda_median_ms as time_ms  # noqa: E402
 from perception.ops.reference import cfc_scan_ref  # noqa: E402
 
 TARGET_MS = 30.0  # issue target for forward + backward at B=64, K=6000, D=128 on an H100/H200
 
 
-def time_ms(fn, reps: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def make_inputs(b: int, k: int, d: int) -> list[torch.Tensor]:

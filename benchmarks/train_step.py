@@ -15,7 +15,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cuda_timing import cuda_median_ms as median_ms  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
@@ -31,18 +31,6 @@ L40S = dict(copy_gbps=864.0, fp32_tflops=91.6)  # datasheet
 TARGET_SPEEDUP, MEMORY_LIMIT_GIB = 20.0, 44.0
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up: allocator, cuBLAS handles, lazy module state
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def measure_ceilings() -> dict:
