@@ -70,7 +70,7 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
     found = c.search_runs(
         [exp_id],
         filter_string=f"tags.sweep_id = '{sweep_id}' and tags.role = 'sweep'",
-        order_by=["attributes.start_time ASC"],
+        order_by=["attributes.start_time DESC"],  # the latest, as the gate reads it
         max_results=1,
     )
     if found:
@@ -89,11 +89,13 @@ class RunLedger:
     _next_attempt: float = 0.0
     _backoff: float = 1.0
     _failures: list[str] = field(default_factory=list)
+    _pending: bool = True  # the files may hold unsent entries; False once a flush sent them all
 
     # ---- recording -------------------------------------------------------------------------
     def record(self, op: str, **payload: Any) -> None:
         entry = {"id": self._next_id(), "op": op, "time_ms": int(time.time() * 1000), **payload}
         _append_line(self.run_dir / LEDGER, entry)
+        self._pending = True
 
     def has_metrics_for(self, step: int) -> bool:
         return any(e["op"] == "metrics" and e["step"] == step for e in self.entries())
@@ -116,6 +118,8 @@ class RunLedger:
     def flush(self, force: bool = False) -> bool:
         """Sends unsent operations in order. On failure keeps them, backs off (1 s doubling to
         60 s) and returns False; training goes on meanwhile."""
+        if not self._pending:  # nothing recorded since everything was sent: no file reads per batch
+            return True
         if not force and time.monotonic() < self._next_attempt:
             return False
         for entry in self.unsent():
@@ -128,6 +132,7 @@ class RunLedger:
                 return False
             _append_line(self.run_dir / SENT, {"id": entry["id"]})
         self._backoff = 1.0
+        self._pending = False
         return True
 
     def failures(self) -> list[str]:

@@ -15,20 +15,15 @@ from perception.errors import ConfigError, DataError
 
 
 def compose_data_config(overrides: Sequence[str]):
-    from hydra import compose, initialize_config_module
-    from hydra.errors import HydraException
+    """The `data` part of the config `perception-train` would run with these overrides."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
-    from perception.train.config import register_configs
+    from perception.train.cli import compose_config, config_error_message
 
-    register_configs()
     try:
-        with initialize_config_module(config_module="perception.conf", version_base=None):
-            cfg = compose(config_name="config", overrides=list(overrides))
-        return OmegaConf.to_object(cfg.data)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(str(e).strip()) from None
+        return OmegaConf.to_object(compose_config(list(overrides)).data)
+    except Exception as e:  # composition or validation: the message names the key and allowed values
+        raise ConfigError(config_error_message(e)) from None
 
 
 def build(overrides: Sequence[str], progress: bool = True) -> dict:

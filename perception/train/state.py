@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from perception.atomic import atomic_path, atomic_write_text
 from perception.errors import CheckpointError
@@ -65,11 +66,9 @@ def save_checkpoint(run_dir: Path, name: str, save_model_fn, state: dict[str, An
 def load_state(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / STATE_FILE
     try:
-        tensors = load_file(str(path))
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as f:
             meta = json.loads(f.metadata()["state"])
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     except Exception as exc:
         raise CheckpointError(f"{path}: unreadable training state ({type(exc).__name__}: {exc})") from exc
     return _unflatten(meta, tensors)
