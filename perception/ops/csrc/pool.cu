@@ -1,11 +1,12 @@
 // Attention pool: ctx[b,q,:] = softmax_k(Qw[q] . LNb[b,k,:]) @ LNb[b] and its one-pass backward
 // (DESIGN §3, §5). fp32; D in {16, 32, 64, 128}; up to 8 queries per launch (more are split on the host).
 //
-// Both kernels stream LNb once in tiles of 64 rows: 4 threads per row compute the row's dot products
-// from registers (2 shuffles), the tile goes to shared memory, and a column pass (one thread per d)
-// accumulates sum_k w[q,k] * LNb[k,d]. K is split across blocks by shape alone (never by the GPU), and
-// every cross-block sum is written as per-block partials then combined in a fixed order: no atomics, so
-// results are bitwise identical run to run.
+// Both kernels stream LNb once with no barrier in the main loop. A row is owned by D/8 threads (8 columns
+// each, two float4); a row's dot products are summed across those threads with xor shuffles. In the
+// forward every row group keeps its own online-softmax state (running max m, sum l, acc[8] per query), so
+// nothing waits on the rest of the block until the end. K is split across blocks by shape alone (never by
+// the GPU), and every cross-group and cross-block sum is combined in a fixed order from per-block
+// partials: no atomics, so results are bitwise identical run to run.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -20,21 +21,27 @@
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTileRows = 64;  // 4 threads per row
+constexpr int kWarps = kThreads / 32;
 constexpr int kMaxQ = 8;
-constexpr int kPad = 16;  // row stride = 16 mod 32 banks: the 4-thread float4 row stores do not conflict
+constexpr int kSplitRows = 64;  // K splits are whole multiples of this
+constexpr int kFwdUnroll = 4;   // rows in flight per row group
+// The backward holds 2 * unroll * MQ dot products at once: fewer rows in flight where queries are many,
+// so two blocks fit per SM without spilling.
+template <int MQ>
+constexpr int bwd_unroll() { return MQ >= 4 ? 2 : 4; }
 
 struct KSplit {
   int splits;
-  int rows;  // rows per split, a multiple of kTileRows; no split is empty
+  int rows;  // rows per split, a multiple of kSplitRows; no split is empty
 };
 
-// About 1536 blocks in all (B = 64: 24 splits), from the shapes only, so every GPU sums in the same order.
+// About 512 blocks in all (B = 64: 8 splits of 750 rows, two resident blocks per SM), from the shapes only,
+// so every GPU sums in the same order. Fewer, longer blocks amortise each block's final combine.
 KSplit split_k(int64_t B, int64_t K) {
-  const int64_t tiles = (K + kTileRows - 1) / kTileRows;
-  const int64_t want = std::max<int64_t>(1, (1536 + B - 1) / B);
-  const int64_t per = (tiles + std::min(tiles, want) - 1) / std::min(tiles, want);
-  return {static_cast<int>((tiles + per - 1) / per), static_cast<int>(per * kTileRows)};
+  const int64_t tiles = (K + kSplitRows - 1) / kSplitRows;
+  const int64_t want = std::min(tiles, std::max<int64_t>(1, (512 + B - 1) / B));
+  const int64_t per = (tiles + want - 1) / want;
+  return {static_cast<int>((tiles + per - 1) / per), static_cast<int>(per * kSplitRows)};
 }
 
 void poison_if_asked(at::Tensor& t) {
@@ -42,130 +49,177 @@ void poison_if_asked(at::Tensor& t) {
   if (std::getenv("PERCEPTION_OPS_POISON") != nullptr) t.fill_(std::numeric_limits<float>::quiet_NaN());
 }
 
-// Rounding pinned with explicit intrinsics (no compiler contraction choices): the backward's
-// c = sum_d g*ctx and every row's g.x use this same chain, so at K = 1 (ctx = x) they agree bit for bit
-// and d_s is exactly 0.
-__device__ __forceinline__ float dot4(float4 a, float4 b) {
-  return __fmaf_rn(a.w, b.w, __fmaf_rn(a.z, b.z, __fmaf_rn(a.y, b.y, __fmul_rn(a.x, b.x))));
+// Row layout: D / 8 threads per row; thread t holds float4 groups t and t + TPR of the row.
+template <int NV>
+struct Rows {
+  static constexpr int D = 16 * NV;
+  static constexpr int TPR = D / 8;            // threads per row
+  static constexpr int G = kThreads / TPR;     // row groups per block
+};
+
+// One thread's share of a row dot product, rounding pinned with explicit intrinsics (no contraction
+// choices): the backward's c = sum_d g*ctx at K = 1 runs this same chain on ctx (= x), so it equals the
+// row's g.x bit for bit and d_s is exactly 0.
+__device__ __forceinline__ float dot8(float4 a0, float4 a1, float4 b0, float4 b1) {
+  float t = __fmul_rn(a0.x, b0.x);
+  t = __fmaf_rn(a0.y, b0.y, t);
+  t = __fmaf_rn(a0.z, b0.z, t);
+  t = __fmaf_rn(a0.w, b0.w, t);
+  t = __fmaf_rn(a1.x, b1.x, t);
+  t = __fmaf_rn(a1.y, b1.y, t);
+  t = __fmaf_rn(a1.z, b1.z, t);
+  return __fmaf_rn(a1.w, b1.w, t);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+// Sum over the TPR threads of a row (xor butterfly: every thread ends with the same bits, since a + b == b + a).
+template <int TPR>
+__device__ __forceinline__ float row_sum(float v) {
+#pragma unroll
+  for (int o = 1; o < TPR; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-// Forward, one block per (K split, b). Grid (S, B), 256 threads.
+template <int TPR>
+__device__ __forceinline__ double row_sum(double v) {
+#pragma unroll
+  for (int o = 1; o < TPR; o <<= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float4 load_stream(const float4* p) { return __ldcs(p); }
+
+// exp(m_from - m_to), 0 for an empty state (m_from = -inf); m_to >= m_from.
+__device__ __forceinline__ float rescale(float m_from, float m_to) {
+  return m_from == -INFINITY ? 0.f : expf(m_from - m_to);
+}
+
+// Forward, one block per (K split, b). Grid (S, B), 256 threads, no barrier in the row loop.
 // Bytes: reads its LNb rows once (B*K*D*4 in all); writes (B, S, nq, D+2) partials.
-// Deterministic: fixed per-thread row order, fixed-order combine of row phases.
+// Deterministic: fixed rows per thread, fixed-order merges (xor butterfly with the lower lane's state
+// first, then warps 0..7 in order).
 template <int MQ, int NV>
-__global__ void __launch_bounds__(kThreads) attention_pool_fwd(
+__global__ void __launch_bounds__(kThreads, (MQ > 5 ? 1 : 2)) attention_pool_fwd(
     const float* __restrict__ lnb,  // (B, K, D)
     const float* __restrict__ q,    // (nq, D), this launch's queries
     float* __restrict__ part_acc,   // (B, S, nq, D): sum_k exp(s - m) * LNb[k, d]
-    float* __restrict__ part_ml,    // (B, S, nq, 2): running max m, sum_k exp(s - m)
+    float* __restrict__ part_ml,    // (B, S, nq, 2): max m, sum_k exp(s - m)
     int K, int rows_per_split, int nq) {
-  constexpr int D = 16 * NV;
-  constexpr int LD = D + kPad;
-  constexpr int H = kThreads / D;  // row phases of the column pass
-  __shared__ __align__(16) float xs[kTileRows * LD];
-  __shared__ __align__(16) float qs[MQ * D];
-  __shared__ float ps[MQ][kTileRows];
-  __shared__ float tmax[MQ];
-  __shared__ float lred[H * MQ];
+  using L = Rows<NV>;
+  constexpr int D = L::D, TPR = L::TPR, G = L::G, U = kFwdUnroll;
+  __shared__ __align__(16) float4 qs[MQ][D / 4];
+  __shared__ __align__(16) float red_acc[kWarps][MQ][D];
+  __shared__ float red_ml[kWarps][MQ][2];
 
   const int b = blockIdx.y, split = blockIdx.x, S = gridDim.x, tid = threadIdx.x;
-  const int r = tid >> 2, part = tid & 3;       // row pass
-  const int col = tid % D, phase = tid / D;      // column pass
-  const int warp = tid >> 5, lane = tid & 31;
+  const int t = tid % TPR, grp = tid / TPR, lane = tid & 31, warp = tid >> 5;
   const int k_begin = split * rows_per_split;
   const int k_end = min(K, k_begin + rows_per_split);
-  const float* x_b = lnb + static_cast<size_t>(b) * K * D;
+  const float4* x_b = reinterpret_cast<const float4*>(lnb + static_cast<size_t>(b) * K * D);
 
-  for (int i = tid; i < nq * D; i += kThreads) qs[i] = q[i];
-  float m_run[MQ], acc[MQ], l[MQ];
-#pragma unroll
-  for (int j = 0; j < MQ; ++j) m_run[j] = -INFINITY, acc[j] = 0.f, l[j] = 0.f;
+  // Queries past nq are zero: they run (s = 0) but are never written.
+  for (int i = tid; i < MQ * D / 4; i += kThreads)
+    qs[i / (D / 4)][i % (D / 4)] = i / (D / 4) < nq ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
   __syncthreads();
-  const float4* qs4 = reinterpret_cast<const float4*>(qs);
 
-  for (int k0 = k_begin; k0 < k_end; k0 += kTileRows) {
-    const int k = k0 + r;
-    const bool valid = k < k_end;
-    float4 xv[NV];
-    const float4* row = reinterpret_cast<const float4*>(x_b + static_cast<size_t>(valid ? k : k_begin) * D);
+  float m[MQ], l[MQ], acc[MQ][8];
 #pragma unroll
-    for (int i = 0; i < NV; ++i) xv[i] = valid ? __ldg(row + part + 4 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float s[MQ];
+  for (int j = 0; j < MQ; ++j) {
+    m[j] = -INFINITY, l[j] = 0.f;
 #pragma unroll
-    for (int j = 0; j < MQ; ++j) if (j < nq) {
-      float t = 0.f;
+    for (int c = 0; c < 8; ++c) acc[j][c] = 0.f;
+  }
+
+  for (int base = k_begin; base < k_end; base += G * U) {  // uniform trip count: shuffles stay converged
+    float4 xv[U][2];
+    bool valid[U];
 #pragma unroll
-      for (int i = 0; i < NV; ++i) t += dot4(xv[i], qs4[j * (D / 4) + part + 4 * i]);
-      t += __shfl_xor_sync(0xffffffffu, t, 1);
-      s[j] = t + __shfl_xor_sync(0xffffffffu, t, 2);
+    for (int u = 0; u < U; ++u) {
+      const int k = base + u * G + grp;
+      valid[u] = k < k_end;
+      const float4* row = x_b + static_cast<size_t>(valid[u] ? k : k_begin) * (D / 4);
+      xv[u][0] = load_stream(row + t);
+      xv[u][1] = load_stream(row + t + TPR);
     }
+    float s[U][MQ];  // all reductions first: U * MQ independent shuffle chains
 #pragma unroll
-    for (int i = 0; i < NV; ++i) *reinterpret_cast<float4*>(&xs[r * LD + (part + 4 * i) * 4]) = xv[i];
-    if (part == 0) {
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-      for (int j = 0; j < MQ; ++j) if (j < nq) ps[j][r] = valid ? s[j] : -INFINITY;
-    }
-    __syncthreads();
-    if (warp < nq) {
-      const float v = warp_max(fmaxf(ps[warp][lane], ps[warp][lane + 32]));
-      if (lane == 0) tmax[warp] = v;
-    }
-    __syncthreads();
-    float scale[MQ];
+      for (int j = 0; j < MQ; ++j) s[u][j] = row_sum<TPR>(dot8(xv[u][0], xv[u][1], qs[j][t], qs[j][t + TPR]));
 #pragma unroll
-    for (int j = 0; j < MQ; ++j) if (j < nq) {
-      const float m_new = fmaxf(m_run[j], tmax[j]);
-      scale[j] = expf(m_run[j] - m_new);  // 0 on the first tile (m_run = -inf)
-      m_run[j] = m_new;
-      acc[j] *= scale[j];
-      l[j] *= scale[j];
-    }
-    if (part == 0) {
+    for (int u = 0; u < U; ++u) {
+      if (!valid[u]) continue;
 #pragma unroll
-      for (int j = 0; j < MQ; ++j) if (j < nq) ps[j][r] = valid ? expf(s[j] - m_run[j]) : 0.f;
-    }
-    __syncthreads();
-    for (int rr = phase; rr < kTileRows; rr += H) {
-      const float x = xs[rr * LD + col];
+      for (int j = 0; j < MQ; ++j) {
+        if (s[u][j] > m[j]) {  // a new running max is rare after the first rows (about ln n times)
+          const float sc = rescale(m[j], s[u][j]);
+          m[j] = s[u][j];
+          l[j] *= sc;
 #pragma unroll
-      for (int j = 0; j < MQ; ++j) if (j < nq) {
-        const float p = ps[j][rr];
-        acc[j] = fmaf(p, x, acc[j]);
+          for (int c = 0; c < 8; ++c) acc[j][c] *= sc;
+        }
+        const float p = expf(s[u][j] - m[j]);
         l[j] += p;
+        const float* x0 = reinterpret_cast<const float*>(&xv[u][0]);
+        const float* x1 = reinterpret_cast<const float*>(&xv[u][1]);
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[j][c] = fmaf(p, x0[c], acc[j][c]), acc[j][4 + c] = fmaf(p, x1[c], acc[j][4 + c]);
       }
     }
-    __syncthreads();
   }
 
-  // Combine the H row phases in a fixed order (xs is free now).
+  // Merge the row groups of a warp: xor butterfly over the group bits, lower lane's state first.
 #pragma unroll
-  for (int j = 0; j < MQ; ++j) if (j < nq) xs[(phase * nq + j) * D + col] = acc[j];
-  if (col == 0) {
+  for (int o = TPR; o < 32; o <<= 1) {
+    const bool upper = (lane & o) != 0;
 #pragma unroll
-    for (int j = 0; j < MQ; ++j) if (j < nq) lred[phase * nq + j] = l[j];
+    for (int j = 0; j < MQ; ++j) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, m[j], o), l_o = __shfl_xor_sync(0xffffffffu, l[j], o);
+      const float m_new = fmaxf(m[j], m_o);
+      const float sc_me = rescale(m[j], m_new), sc_o = rescale(m_o, m_new);
+      const float sc_lo = upper ? sc_o : sc_me, sc_hi = upper ? sc_me : sc_o;
+      const float l_lo = upper ? l_o : l[j], l_hi = upper ? l[j] : l_o;
+      l[j] = fmaf(l_hi, sc_hi, l_lo * sc_lo);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float a_o = __shfl_xor_sync(0xffffffffu, acc[j][c], o);
+        const float a_lo = upper ? a_o : acc[j][c], a_hi = upper ? acc[j][c] : a_o;
+        acc[j][c] = fmaf(a_hi, sc_hi, a_lo * sc_lo);
+      }
+      m[j] = m_new;
+    }
+  }
+  if (lane < TPR) {
+#pragma unroll
+    for (int j = 0; j < MQ; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) red_acc[warp][j][4 * t + c] = acc[j][c], red_acc[warp][j][4 * (t + TPR) + c] = acc[j][4 + c];
+      if (t == 0) red_ml[warp][j][0] = m[j], red_ml[warp][j][1] = l[j];
+    }
   }
   __syncthreads();
-  if (phase == 0) {
-    const size_t base = (static_cast<size_t>(b) * S + split) * nq;
+  // Merge the warps in order 0..7; one thread per (query, column).
+  const size_t base_out = (static_cast<size_t>(b) * S + split) * nq;
+  for (int i = tid; i < nq * D; i += kThreads) {
+    const int j = i / D, col = i % D;
+    float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < MQ; ++j) if (j < nq) {
-      float a = 0.f, lt = 0.f;
-      for (int h = 0; h < H; ++h) a += xs[(h * nq + j) * D + col], lt += lred[h * nq + j];
-      part_acc[(base + j) * D + col] = a;
-      if (col == 0) part_ml[(base + j) * 2] = m_run[j], part_ml[(base + j) * 2 + 1] = lt;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red_ml[w][j][0]);
+    float a = 0.f, lt = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float sc = rescale(red_ml[w][j][0], mx);
+      a = fmaf(red_acc[w][j][col], sc, a);
+      lt = fmaf(red_ml[w][j][1], sc, lt);
     }
+    part_acc[(base_out + j) * D + col] = a;
+    if (col == 0) part_ml[(base_out + j) * 2] = mx, part_ml[(base_out + j) * 2 + 1] = lt;
   }
 }
 
 // Combine the K splits: one block per (b, q), D threads. Fixed split order.
-// Bytes: reads (S, D+2) partials per (b, q); writes ctx (D) and lse.
+// Bytes: reads (S, D+2) partials per (b, q); writes ctx (D) and the softmax statistics (max, sum).
 __global__ void attention_pool_combine(const float* __restrict__ part_acc, const float* __restrict__ part_ml,
-                                       float* __restrict__ ctx, float* __restrict__ lse, int S, int nq, int D,
+                                       float* __restrict__ ctx, float* __restrict__ stats, int S, int nq, int D,
                                        int Q, int q0) {
   const int b = blockIdx.x / nq, j = blockIdx.x % nq, d = threadIdx.x;
   float m = -INFINITY;
@@ -173,163 +227,166 @@ __global__ void attention_pool_combine(const float* __restrict__ part_acc, const
   float l = 0.f, a = 0.f;
   for (int s = 0; s < S; ++s) {
     const size_t base = (static_cast<size_t>(b) * S + s) * nq + j;
-    const float w = expf(part_ml[base * 2] - m);
+    const float w = rescale(part_ml[base * 2], m);
     l = fmaf(part_ml[base * 2 + 1], w, l);
     a = fmaf(part_acc[base * D + d], w, a);
   }
-  ctx[(static_cast<size_t>(b) * Q + q0 + j) * D + d] = a / l;
-  if (d == 0) lse[static_cast<size_t>(b) * Q + q0 + j] = m + logf(l);
+  const size_t out = static_cast<size_t>(b) * Q + q0 + j;
+  ctx[out * D + d] = a / l;
+  // The max and the sum, not log-sum-exp: an fp32 lse near 10 carries an absolute error of ~5e-7, which
+  // would scale every attention weight of the row alike and bias d_Qw by as much.
+  if (d == 0) stats[out * 2] = m, stats[out * 2 + 1] = l;
 }
 
-// Backward, one block per (K split, b). Grid (S, B), 256 threads.
-//   a = exp(Qw.x - lse), d_s = a * (g.x - sum_d g*ctx),
-//   d_lnb[k] = sum_q a*g[q] + d_s*Qw[q]  (each row written by its own 4 threads, one pass),
+// Backward, one block per (K split, b). Grid (S, B), 256 threads, no barrier in the row loop.
+//   a = exp(Qw.x - m) / l, d_s = a * (g.x - sum_d g*ctx),
+//   d_lnb[k] = sum_q a*g[q] + d_s*Qw[q]  (each row written once by its own threads),
 //   d_Qw partials[b, split] = sum_k d_s * x.
 // Bytes: reads LNb once, writes d_LNb once (2*B*K*D*4), plus (B, S, nq, D) partials.
 // Deterministic: one writer per d_LNb element (accumulate adds the previous query group's value in a
-// fixed launch order), fixed-order partial sums.
+// fixed launch order); d_Qw partials summed over row groups in a fixed order.
 template <int MQ, int NV>
-__global__ void __launch_bounds__(kThreads) attention_pool_bwd(
+__global__ void __launch_bounds__(kThreads, (MQ > 5 ? 1 : 2)) attention_pool_bwd(
     const float* __restrict__ lnb,    // (B, K, D)
     const float* __restrict__ q,      // (nq, D)
     const float* __restrict__ g,      // (B, Q, D) grad of ctx
     const float* __restrict__ ctx,    // (B, Q, D)
-    const float* __restrict__ lse,    // (B, Q)
+    const float* __restrict__ stats,  // (B, Q, 2): softmax max and sum
     float* __restrict__ d_lnb,        // (B, K, D)
     float* __restrict__ part_dq,      // (B, S, nq, D)
     int K, int rows_per_split, int nq, int Q, int q0, bool accumulate) {
-  constexpr int D = 16 * NV;
-  constexpr int LD = D + kPad;
-  constexpr int H = kThreads / D;
-  __shared__ __align__(16) float xs[kTileRows * LD];
-  __shared__ __align__(16) float qs[MQ * D];
-  __shared__ __align__(16) float gs[MQ * D];
-  __shared__ float dss[MQ][kTileRows];
-  __shared__ float lse_s[MQ], c_s[MQ];
+  using L = Rows<NV>;
+  constexpr int D = L::D, TPR = L::TPR, G = L::G, U = bwd_unroll<MQ>();
+  __shared__ __align__(16) float4 qs[MQ][D / 4];
+  __shared__ __align__(16) float4 gs[MQ][D / 4];
+  __shared__ __align__(16) float red[kWarps][MQ][D];
 
   const int b = blockIdx.y, split = blockIdx.x, S = gridDim.x, tid = threadIdx.x;
-  const int r = tid >> 2, part = tid & 3;
-  const int col = tid % D, phase = tid / D;
-  const int warp = tid >> 5, lane = tid & 31;
+  const int t = tid % TPR, grp = tid / TPR, lane = tid & 31, warp = tid >> 5;
   const int k_begin = split * rows_per_split;
   const int k_end = min(K, k_begin + rows_per_split);
   const size_t x_off = static_cast<size_t>(b) * K * D;
+  const float4* x_b = reinterpret_cast<const float4*>(lnb + x_off);
+  float4* o_b = reinterpret_cast<float4*>(d_lnb + x_off);
+  const size_t qrow = static_cast<size_t>(b) * Q + q0;  // this launch's first (b, q) row of g, ctx, stats
 
-  for (int i = tid; i < nq * D; i += kThreads) {
-    qs[i] = q[i];
-    gs[i] = g[(static_cast<size_t>(b) * Q + q0) * D + i];
+  // Queries past nq get Qw = g = 0: their a*g and d_s*Qw add exact zeros.
+  for (int i = tid; i < MQ * D / 4; i += kThreads) {
+    const int j = i / (D / 4), f = i % (D / 4);
+    const bool live = j < nq;
+    qs[j][f] = live ? reinterpret_cast<const float4*>(q)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    gs[j][f] = live ? reinterpret_cast<const float4*>(g + (qrow + j) * D)[f] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   __syncthreads();
-  const float4* qs4 = reinterpret_cast<const float4*>(qs);
-  const float4* gs4 = reinterpret_cast<const float4*>(gs);
-  if (warp == 0) {
-    // c[q] = sum_d g * ctx (= sum_k a * d_a), 4 lanes per query (kMaxQ * 4 = 32). K = 1 (a = 1, ctx = x):
-    // summed exactly as a row's g.x below (float4 groups part + 4i through dot4, the same two shuffles), so
-    // d_s is exactly 0. K > 1: in fp64, since an error in c shifts every row's d_s alike and does not
-    // average out over K in d_Qw.
-    const int j = lane >> 2, p = lane & 3;
-    float t = 0.f;
-    double t64 = 0.0;
-    if (j < nq) {
-      const float* c_row = ctx + (static_cast<size_t>(b) * Q + q0 + j) * D;
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int f = 4 * (p + 4 * i);
-        const float4 cv = make_float4(c_row[f], c_row[f + 1], c_row[f + 2], c_row[f + 3]);
-        const float4 gv = gs4[j * (D / 4) + p + 4 * i];
-        t += dot4(cv, gv);
-        t64 += static_cast<double>(cv.x) * gv.x + static_cast<double>(cv.y) * gv.y +
-               static_cast<double>(cv.z) * gv.z + static_cast<double>(cv.w) * gv.w;
-      }
-    }
-    t += __shfl_xor_sync(0xffffffffu, t, 1);
-    t += __shfl_xor_sync(0xffffffffu, t, 2);
-    t64 += __shfl_xor_sync(0xffffffffu, t64, 1);
-    t64 += __shfl_xor_sync(0xffffffffu, t64, 2);
-    if (j < nq && p == 0) {
-      c_s[j] = K == 1 ? t : static_cast<float>(t64);
-      lse_s[j] = lse[static_cast<size_t>(b) * Q + q0 + j];
-    }
-  }
-  // d_Qw partial sums are compensated (Kahan): d_Qw = sum_k d_s * x cancels heavily (sum_k d_s = 0), so
-  // plain fp32 accumulation loses more than eager's error; fp64 would be slow on sm_89.
-  float dq[MQ], dq_c[MQ];
-#pragma unroll
-  for (int j = 0; j < MQ; ++j) dq[j] = dq_c[j] = 0.f;
-  __syncthreads();
 
-  for (int k0 = k_begin; k0 < k_end; k0 += kTileRows) {
-    const int k = k0 + r;
-    const bool valid = k < k_end;
-    const size_t row_off = x_off + static_cast<size_t>(valid ? k : k_begin) * D;
-    const float4* row = reinterpret_cast<const float4*>(lnb + row_off);
-    float4 xv[NV];
+  // Per query: c = sum_d g*ctx (= sum_k a*d_a), softmax max and sum. K = 1 (a = 1, ctx = x): c runs the
+  // rows' own g.x chain, so d_s is exactly 0. K > 1: in fp64, since an error in c shifts every row's d_s
+  // alike and does not average out over K in d_Qw.
+  float c[MQ], m[MQ], l[MQ];
 #pragma unroll
-    for (int i = 0; i < NV; ++i) xv[i] = valid ? __ldg(row + part + 4 * i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float a[MQ], ds[MQ];
+  for (int j = 0; j < MQ; ++j) {
+    const bool live = j < nq;
+    const float4* crow = reinterpret_cast<const float4*>(ctx + (qrow + (live ? j : 0)) * D);
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 c0 = live ? crow[t] : zero, c1 = live ? crow[t + TPR] : zero;
+    const float4 g0 = gs[j][t], g1 = gs[j][t + TPR];
+    const float c32 = row_sum<TPR>(dot8(c0, c1, g0, g1));
+    double c64 = static_cast<double>(c0.x) * g0.x + static_cast<double>(c0.y) * g0.y +
+                 static_cast<double>(c0.z) * g0.z + static_cast<double>(c0.w) * g0.w +
+                 static_cast<double>(c1.x) * g1.x + static_cast<double>(c1.y) * g1.y +
+                 static_cast<double>(c1.z) * g1.z + static_cast<double>(c1.w) * g1.w;
+    c64 = row_sum<TPR>(c64);
+    c[j] = K == 1 ? c32 : static_cast<float>(c64);
+    m[j] = live ? stats[(qrow + j) * 2] : 0.f;
+    l[j] = live ? stats[(qrow + j) * 2 + 1] : 1.f;
+  }
+
+  float dq[MQ][8];
 #pragma unroll
-    for (int j = 0; j < MQ; ++j) if (j < nq) {
-      float sx = 0.f, gx = 0.f;
+  for (int j = 0; j < MQ; ++j)
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        sx += dot4(xv[i], qs4[j * (D / 4) + part + 4 * i]);
-        gx += dot4(xv[i], gs4[j * (D / 4) + part + 4 * i]);
-      }
-      sx += __shfl_xor_sync(0xffffffffu, sx, 1);
-      gx += __shfl_xor_sync(0xffffffffu, gx, 1);
-      sx += __shfl_xor_sync(0xffffffffu, sx, 2);
-      gx += __shfl_xor_sync(0xffffffffu, gx, 2);
-      a[j] = valid ? expf(sx - lse_s[j]) : 0.f;
-      ds[j] = a[j] * (gx - c_s[j]);
+    for (int e = 0; e < 8; ++e) dq[j][e] = 0.f;
+
+  for (int base = k_begin; base < k_end; base += G * U) {  // uniform trip count: shuffles stay converged
+    float4 xv[U][2];
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = base + u * G + grp;
+      valid[u] = k < k_end;
+      const float4* row = x_b + static_cast<size_t>(valid[u] ? k : k_begin) * (D / 4);
+      xv[u][0] = load_stream(row + t);
+      xv[u][1] = load_stream(row + t + TPR);
     }
-    if (valid) {
-      float4* out = reinterpret_cast<float4*>(d_lnb + row_off);
-#pragma unroll 1
-      for (int i = 0; i < NV; ++i) {
-        const int f = part + 4 * i;
-        float4 o = accumulate ? out[f] : make_float4(0.f, 0.f, 0.f, 0.f);
+    float sx[U][MQ], gx[U][MQ];  // 2 * U * MQ independent shuffle chains
 #pragma unroll
-        for (int j = 0; j < MQ; ++j) if (j < nq) {
-          const float4 gq = gs4[j * (D / 4) + f], qq = qs4[j * (D / 4) + f];
-          o.x += a[j] * gq.x + ds[j] * qq.x;
-          o.y += a[j] * gq.y + ds[j] * qq.y;
-          o.z += a[j] * gq.z + ds[j] * qq.z;
-          o.w += a[j] * gq.w + ds[j] * qq.w;
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < MQ; ++j) {
+        sx[u][j] = row_sum<TPR>(dot8(xv[u][0], xv[u][1], qs[j][t], qs[j][t + TPR]));
+        gx[u][j] = row_sum<TPR>(dot8(xv[u][0], xv[u][1], gs[j][t], gs[j][t + TPR]));
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = base + u * G + grp;
+      float4 o0 = make_float4(0.f, 0.f, 0.f, 0.f), o1 = o0;
+      if (accumulate && valid[u]) {
+        o0 = o_b[static_cast<size_t>(k) * (D / 4) + t];
+        o1 = o_b[static_cast<size_t>(k) * (D / 4) + t + TPR];
+      }
+      float* op0 = reinterpret_cast<float*>(&o0);
+      float* op1 = reinterpret_cast<float*>(&o1);
+      const float* x0 = reinterpret_cast<const float*>(&xv[u][0]);
+      const float* x1 = reinterpret_cast<const float*>(&xv[u][1]);
+#pragma unroll
+      for (int j = 0; j < MQ; ++j) {
+        const float a = valid[u] ? expf(sx[u][j] - m[j]) / l[j] : 0.f;
+        const float ds = a * (gx[u][j] - c[j]);
+        const float* g0 = reinterpret_cast<const float*>(&gs[j][t]);
+        const float* g1 = reinterpret_cast<const float*>(&gs[j][t + TPR]);
+        const float* q0p = reinterpret_cast<const float*>(&qs[j][t]);
+        const float* q1p = reinterpret_cast<const float*>(&qs[j][t + TPR]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          op0[e] = fmaf(ds, q0p[e], fmaf(a, g0[e], op0[e]));
+          op1[e] = fmaf(ds, q1p[e], fmaf(a, g1[e], op1[e]));
+          dq[j][e] = fmaf(ds, x0[e], dq[j][e]);
+          dq[j][4 + e] = fmaf(ds, x1[e], dq[j][4 + e]);
         }
-        out[f] = o;
+      }
+      if (valid[u]) {
+        __stcs(o_b + static_cast<size_t>(k) * (D / 4) + t, o0);
+        __stcs(o_b + static_cast<size_t>(k) * (D / 4) + t + TPR, o1);
       }
     }
-#pragma unroll
-    for (int i = 0; i < NV; ++i) *reinterpret_cast<float4*>(&xs[r * LD + (part + 4 * i) * 4]) = xv[i];
-    if (part == 0) {
-#pragma unroll
-      for (int j = 0; j < MQ; ++j) if (j < nq) dss[j][r] = ds[j];  // 0 on rows past the end (a = 0)
-    }
-    __syncthreads();
-    for (int rr = phase; rr < kTileRows; rr += H) {
-      const float x = xs[rr * LD + col];
-#pragma unroll
-      for (int j = 0; j < MQ; ++j) if (j < nq) {
-        const float y = fmaf(dss[j][rr], x, -dq_c[j]);
-        const float t = dq[j] + y;
-        dq_c[j] = (t - dq[j]) - y;
-        dq[j] = t;
-      }
-    }
-    __syncthreads();
   }
 
+  // d_Qw: the row groups of a warp (xor butterfly, lower lane first), then warps 0..7 in order.
 #pragma unroll
-  for (int j = 0; j < MQ; ++j) if (j < nq) xs[(phase * nq + j) * D + col] = dq[j];
+  for (int o = TPR; o < 32; o <<= 1) {
+    const bool upper = (lane & o) != 0;
+#pragma unroll
+    for (int j = 0; j < MQ; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float v_o = __shfl_xor_sync(0xffffffffu, dq[j][e], o);
+        dq[j][e] = upper ? v_o + dq[j][e] : dq[j][e] + v_o;
+      }
+  }
+  if (lane < TPR) {
+#pragma unroll
+    for (int j = 0; j < MQ; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp][j][4 * t + e] = dq[j][e], red[warp][j][4 * (t + TPR) + e] = dq[j][4 + e];
+  }
   __syncthreads();
-  if (phase == 0) {
-    const size_t base = (static_cast<size_t>(b) * S + split) * nq;
+  const size_t base_out = (static_cast<size_t>(b) * S + split) * nq;
+  for (int i = tid; i < nq * D; i += kThreads) {
+    const int j = i / D, col = i % D;
+    float v = 0.f;
 #pragma unroll
-    for (int j = 0; j < MQ; ++j) if (j < nq) {
-      double t = 0.0;
-      for (int h = 0; h < H; ++h) t += xs[(h * nq + j) * D + col];
-      part_dq[(base + j) * D + col] = static_cast<float>(t);
-    }
+    for (int w = 0; w < kWarps; ++w) v += red[w][j][col];
+    part_dq[(base_out + j) * D + col] = v;
   }
 }
 
@@ -361,15 +418,16 @@ __global__ void attention_pool_reduce_dq(const float* __restrict__ part_dq, floa
     default: TORCH_CHECK(false, "unreachable D"); \
   }
 
-// Q = 1 (SharedQuery) gets its own kernel; any other group of up to 8 queries runs the 8-slot kernel
-// with uniform branches on the live count.
-#define PERCEPTION_DISPATCH_MQ(nq, ...)                                \
-  if ((nq) == 1) {                                                     \
-    constexpr int MQ = 1;                                              \
-    __VA_ARGS__;                                                       \
-  } else {                                                             \
-    constexpr int MQ = kMaxQ;                                          \
-    __VA_ARGS__;                                                       \
+// Query groups run a kernel with exactly their count where it is 1, 2, 4, 5 or 8 (SharedQuery is 1,
+// PerHorizon 5); 3, 6 and 7 take the next size up with zero queries in the spare slots.
+#define PERCEPTION_DISPATCH_MQ(nq, ...)                      \
+  switch (nq) {                                              \
+    case 1: { constexpr int MQ = 1; __VA_ARGS__; } break;    \
+    case 2: { constexpr int MQ = 2; __VA_ARGS__; } break;    \
+    case 3:                                                  \
+    case 4: { constexpr int MQ = 4; __VA_ARGS__; } break;    \
+    case 5: { constexpr int MQ = 5; __VA_ARGS__; } break;    \
+    default: { constexpr int MQ = kMaxQ; __VA_ARGS__; } break; \
   }
 
 // Messages are single strings (messages.h says why); each names the argument and what was expected.
@@ -396,10 +454,10 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_cuda(const at::Tensor& lnb_in,
   const at::Tensor lnb = lnb_in.contiguous(), q = q_in.contiguous();
   const int64_t B = lnb.size(0), K = lnb.size(1), D = lnb.size(2), Q = q.size(0);
   at::Tensor ctx = at::empty({B, Q, D}, lnb.options());
-  at::Tensor lse = at::empty({B, Q}, lnb.options());
+  at::Tensor stats = at::empty({B, Q, 2}, lnb.options());  // softmax max, sum
   poison_if_asked(ctx);
-  poison_if_asked(lse);
-  if (B == 0) return {ctx, lse};
+  poison_if_asked(stats);
+  if (B == 0) return {ctx, stats};
   const KSplit sp = split_k(B, K);
   auto stream = c10::cuda::getCurrentCUDAStream();
   for (int64_t q0 = 0; q0 < Q; q0 += kMaxQ) {  // independent softmaxes: query groups never interact
@@ -413,16 +471,16 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_cuda(const at::Tensor& lnb_in,
                                                               static_cast<int>(K), sp.rows, nq)));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     attention_pool_combine<<<B * nq, D, 0, stream>>>(part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
-                                                    ctx.data_ptr<float>(), lse.data_ptr<float>(), sp.splits, nq,
+                                                    ctx.data_ptr<float>(), stats.data_ptr<float>(), sp.splits, nq,
                                                     static_cast<int>(D), static_cast<int>(Q), static_cast<int>(q0));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  return {ctx, lse};
+  return {ctx, stats};
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_pool_bwd_cuda(const at::Tensor& grad_in, const at::Tensor& lnb_in,
                                                           const at::Tensor& q_in, const at::Tensor& ctx_in,
-                                                          const at::Tensor& lse_in) {
+                                                          const at::Tensor& stats_in) {
   check_pool_inputs(lnb_in, q_in);
   const int64_t B = lnb_in.size(0), K = lnb_in.size(1), D = lnb_in.size(2), Q = q_in.size(0);
   {
@@ -431,19 +489,20 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_bwd_cuda(const at::Tensor& gra
                     ctx_in.size(1) == Q && ctx_in.size(2) == D,
                 "attention_pool_bwd: grad_ctx and ctx must be (B, Q, D) = " + shape({B, Q, D}) + ", got " +
                     shape(grad_in.sizes()) + " and " + shape(ctx_in.sizes()));
-    TORCH_CHECK(lse_in.dim() == 2 && lse_in.size(0) == B && lse_in.size(1) == Q,
-                "attention_pool_bwd: lse must be (B, Q) = " + shape({B, Q}) + ", got " + shape(lse_in.sizes()));
+    TORCH_CHECK(stats_in.dim() == 3 && stats_in.size(0) == B && stats_in.size(1) == Q && stats_in.size(2) == 2,
+                "attention_pool_bwd: stats must be (B, Q, 2) = " + shape({B, Q, 2}) + ", got " +
+                    shape(stats_in.sizes()));
     TORCH_CHECK(grad_in.scalar_type() == at::kFloat && ctx_in.scalar_type() == at::kFloat &&
-                    lse_in.scalar_type() == at::kFloat,
-                "attention_pool_bwd: grad_ctx, ctx and lse must be float32, got " + dtype(grad_in) + ", " +
-                    dtype(ctx_in) + " and " + dtype(lse_in));
-    TORCH_CHECK(grad_in.is_cuda() && ctx_in.is_cuda() && lse_in.is_cuda() && grad_in.device() == lnb_in.device() &&
-                    ctx_in.device() == lnb_in.device() && lse_in.device() == lnb_in.device(),
-                "attention_pool_bwd: grad_ctx, ctx and lse must be CUDA tensors on lnb's device");
+                    stats_in.scalar_type() == at::kFloat,
+                "attention_pool_bwd: grad_ctx, ctx and stats must be float32, got " + dtype(grad_in) + ", " +
+                    dtype(ctx_in) + " and " + dtype(stats_in));
+    TORCH_CHECK(grad_in.is_cuda() && ctx_in.is_cuda() && stats_in.is_cuda() && grad_in.device() == lnb_in.device() &&
+                    ctx_in.device() == lnb_in.device() && stats_in.device() == lnb_in.device(),
+                "attention_pool_bwd: grad_ctx, ctx and stats must be CUDA tensors on lnb's device");
   }
   const c10::cuda::CUDAGuard guard(lnb_in.device());
   const at::Tensor lnb = lnb_in.contiguous(), q = q_in.contiguous(), g = grad_in.contiguous();
-  const at::Tensor ctx = ctx_in.contiguous(), lse = lse_in.contiguous();
+  const at::Tensor ctx = ctx_in.contiguous(), stats = stats_in.contiguous();
   at::Tensor d_lnb = at::empty_like(lnb);
   at::Tensor d_q = at::empty_like(q);
   poison_if_asked(d_lnb);
@@ -458,7 +517,7 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_bwd_cuda(const at::Tensor& gra
     PERCEPTION_DISPATCH_MQ(
         nq, PERCEPTION_DISPATCH_NV(D, attention_pool_bwd<MQ, NV><<<grid, kThreads, 0, stream>>>(
                                           lnb.data_ptr<float>(), q.data_ptr<float>() + q0 * D, g.data_ptr<float>(),
-                                          ctx.data_ptr<float>(), lse.data_ptr<float>(), d_lnb.data_ptr<float>(),
+                                          ctx.data_ptr<float>(), stats.data_ptr<float>(), d_lnb.data_ptr<float>(),
                                           part_dq.data_ptr<float>(), static_cast<int>(K), sp.rows, nq,
                                           static_cast<int>(Q), static_cast<int>(q0), q0 > 0)));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
