@@ -22,7 +22,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cuda_timing import cuda_median_ms  # noqa: E402
+from benchmarks.cuda_timing import cuda_median_ms, graph_ms  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.ops import (  # noqa: E402
     attention_pool,
@@ -41,23 +41,6 @@ MERGE_TARGET_MS = 0.010
 
 def time_ms(fn, reps: int, warmup: int = 3) -> float:
     return cuda_median_ms(fn, reps, warmup)
-
-
-
-
-def graph_ms(step, reps: int, inner: int = 20) -> float:
-    """GPU time of one `step`: `inner` steps captured in one CUDA graph, replayed, divided by `inner`."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            step()
-    return time_ms(graph.replay, reps) / inner
 
 
 def copy_bandwidth(nbytes: int = 2 << 30) -> float:
