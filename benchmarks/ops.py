@@ -105,8 +105,8 @@ def pool_graph_row(lnb, q, cot, reps: int, shape: str, floor_f: float, floor_fb:
     ops = torch.ops.perception
 
     def both():
-        c, st = ops.attention_pool(lnb, q)
-        ops.attention_pool_bwd(cot, lnb, q, c, st)
+        c, st, sc = ops.attention_pool(lnb, q)
+        ops.attention_pool_bwd(cot, lnb, q, c, st, sc)
 
     f, fb = graph_ms(lambda: ops.attention_pool(lnb, q), reps, inner=10), graph_ms(both, reps, inner=10)
     return dict(op="attention_pool", impl="cuda kernels, CUDA graph", shape=shape, fwd_ms=f, fwdbwd_ms=fb,

@@ -1,7 +1,7 @@
 """Autograd and fake (meta) registrations of the pool ops whose schemas live in csrc/ops.cpp.
 
 Imported by `perception.ops.extension` once the library is loaded. Each forward op also returns what its
-one-pass backward needs (softmax max and sum, attention, means); those extra outputs are not differentiable."""
+one-pass backward needs (softmax max, sum and scores, attention, means); those extra outputs are not differentiable."""
 
 from __future__ import annotations
 
@@ -15,30 +15,30 @@ def kernel_supports(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 for t in tensors) and tensors[0].shape[-1] in SUPPORTED_D
 
 
-# --- attention_pool(lnb (B,K,D), q (Q,D)) -> ctx (B,Q,D), stats (B,Q,2) = softmax max, sum ----------
+# --- attention_pool(lnb (B,K,D), q (Q,D)) -> ctx (B,Q,D), stats (B,Q,2) = max, sum; scores (B,K,Q) ---
 
 
 @torch.library.register_fake("perception::attention_pool")
 def _attention_pool_fake(lnb, q):
     b, q_n = lnb.shape[0], q.shape[0]
-    return lnb.new_empty((b, q_n, lnb.shape[2])), lnb.new_empty((b, q_n, 2))
+    return lnb.new_empty((b, q_n, lnb.shape[2])), lnb.new_empty((b, q_n, 2)), lnb.new_empty((b, lnb.shape[1], q_n))
 
 
 @torch.library.register_fake("perception::attention_pool_bwd")
-def _attention_pool_bwd_fake(grad_ctx, lnb, q, ctx, stats):
+def _attention_pool_bwd_fake(grad_ctx, lnb, q, ctx, stats, scores):
     return torch.empty_like(lnb), torch.empty_like(q)
 
 
 def _attention_pool_setup(ctx, inputs, output):
     lnb, q = inputs
-    out, stats = output
-    ctx.save_for_backward(lnb, q, out, stats)
-    ctx.mark_non_differentiable(stats)
+    out, stats, scores = output
+    ctx.save_for_backward(lnb, q, out, stats, scores)
+    ctx.mark_non_differentiable(stats, scores)
 
 
-def _attention_pool_backward(ctx, grad_ctx, _grad_stats):
-    lnb, q, out, stats = ctx.saved_tensors
-    d_lnb, d_q = torch.ops.perception.attention_pool_bwd(grad_ctx.contiguous(), lnb, q, out, stats)
+def _attention_pool_backward(ctx, grad_ctx, _grad_stats, _grad_scores):
+    lnb, q, out, stats, scores = ctx.saved_tensors
+    d_lnb, d_q = torch.ops.perception.attention_pool_bwd(grad_ctx.contiguous(), lnb, q, out, stats, scores)
     return d_lnb, d_q
 
 

@@ -4,11 +4,12 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(perception, m) {
-  // lnb (B,K,D), q (Q,D) -> ctx (B,Q,D), stats (B,Q,2): softmax_k(q . lnb) @ lnb and the softmax's
-  // max and sum, which the one-pass backward needs.
-  m.def("attention_pool(Tensor lnb, Tensor q) -> (Tensor, Tensor)");
-  // grad_ctx (B,Q,D), lnb, q, ctx, stats -> d_lnb (B,K,D), d_q (Q,D)
-  m.def("attention_pool_bwd(Tensor grad_ctx, Tensor lnb, Tensor q, Tensor ctx, Tensor stats) -> (Tensor, Tensor)");
+  // lnb (B,K,D), q (Q,D) -> ctx (B,Q,D), stats (B,Q,2), scores (B,K,Q): softmax_k(q . lnb) @ lnb, the
+  // softmax's max and sum, and its scores q . lnb, which the one-pass backward needs.
+  m.def("attention_pool(Tensor lnb, Tensor q) -> (Tensor, Tensor, Tensor)");
+  // grad_ctx (B,Q,D), lnb, q, ctx, stats, scores -> d_lnb (B,K,D), d_q (Q,D)
+  m.def("attention_pool_bwd(Tensor grad_ctx, Tensor lnb, Tensor q, Tensor ctx, Tensor stats, Tensor scores) "
+        "-> (Tensor, Tensor)");
   // lnb (B,K,D) -> inv (B,D), attn (B,D,D) softmax over channels, mean (B,D) over K
   m.def("inverted_pool(Tensor lnb) -> (Tensor, Tensor, Tensor)");
   // grad_inv (B,D), lnb, attn, mean, inv -> d_lnb (B,K,D)
