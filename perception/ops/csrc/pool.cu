@@ -25,10 +25,15 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxQ = 8;
 constexpr int kSplitRows = 64;  // K splits are whole multiples of this
 constexpr int kFwdUnroll = 4;   // rows in flight per row group
-// The backward holds 8 * MQ d_Qw sums besides its rows: one row per step where queries are many, so two
-// blocks fit per SM without spilling them.
+// The backward's rows reach registers through a ring in shared memory, filled with cp.async: each thread
+// copies and later reads only its own slots, so the ring needs no barrier, and most of its kRingRows rows
+// per row group stay in flight while one step is computed (the backward's registers go to its 8 * MQ d_Qw
+// sums, not to rows in flight). One row per step where queries are many, so two blocks fit per SM without
+// spilling. The order in which a row group visits its rows depends on neither constant: no result bit does.
+constexpr int kRingRows = 8;
+constexpr int kRingBytes = kRingRows * 2 * kThreads * 16;  // 64 KiB per block
 template <int MQ>
-__host__ __device__ constexpr int bwd_unroll() { return MQ >= 4 ? 1 : 4; }
+__host__ __device__ constexpr int bwd_unroll() { return MQ >= 4 ? 1 : 2; }
 
 struct KSplit {
   int splits;
@@ -87,6 +92,70 @@ __device__ __forceinline__ double row_sum(double v) {
 }
 
 __device__ __forceinline__ float4 load_stream(const float4* p) { return __ldcs(p); }
+
+__device__ __forceinline__ void cp_async16(float4* smem, const float4* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// One thread's private ring: stage s, row u, half h lives at ring[((s * U + u) * 2 + h) * kThreads + tid]
+// (consecutive threads, consecutive 16-byte slots: conflict-free). Step i covers the split's rows
+// base + u * G + grp with base = k_begin + i * G * U.
+template <int G, int TPR, int D, int U>
+struct RowRing {
+  static constexpr int kStages = kRingRows / U;
+  float4* ring;
+  const float4* x_b;  // (K, D / 4) of this batch row
+  int tid, grp, t, k_end;
+
+  __device__ __forceinline__ float4* slot(int stage, int u, int h) const {
+    return ring + ((stage * U + u) * 2 + h) * kThreads + tid;
+  }
+  // Starts the copies of one step (none past the end); always commits a group, so counts stay aligned.
+  __device__ __forceinline__ void issue(int stage, int base) const {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int k = base + u * G + grp;
+      if (k < k_end) {
+        const float4* row = x_b + static_cast<size_t>(k) * (D / 4);
+        cp_async16(slot(stage, u, 0), row + t);
+        cp_async16(slot(stage, u, 1), row + t + TPR);
+      }
+    }
+    cp_async_commit();
+  }
+  // Waits for the oldest step in flight and reads it; rows past the end read as zeros.
+  __device__ __forceinline__ void read(int stage, int base, float4 (&xv)[U][2]) const {
+    cp_async_wait<kStages - 1>();  // groups of steps > this one may still be in flight
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool valid = base + u * G + grp < k_end;
+      xv[u][0] = valid ? *slot(stage, u, 0) : zero;
+      xv[u][1] = valid ? *slot(stage, u, 1) : zero;
+    }
+  }
+  // Runs step(base, xv) over every step of [k_begin, k_end), kStages - 1 steps ahead of the copies.
+  template <class Step>
+  __device__ __forceinline__ void for_each_step(int k_begin, Step&& step) const {
+    constexpr int STEP = G * U;
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s, k_begin + s * STEP);
+    int stage = 0;
+    for (int base = k_begin; base < k_end; base += STEP) {  // uniform trip count: shuffles stay converged
+      // The slot refilled here was read (into registers, and used) in the previous step.
+      issue((stage + kStages - 1) % kStages, base + (kStages - 1) * STEP);
+      float4 xv[U][2];
+      read(stage, base, xv);
+      step(base, xv);
+      stage = (stage + 1) % kStages;
+    }
+    cp_async_wait<0>();
+  }
+};
 
 // exp(m_from - m_to), 0 for an empty state (m_from = -inf); m_to >= m_from.
 __device__ __forceinline__ float rescale(float m_from, float m_to) {
@@ -271,9 +340,10 @@ __global__ void __launch_bounds__(kThreads, (MQ > 5 ? 1 : 2)) attention_pool_bwd
     int K, int rows_per_split, int nq, int Q, int q0, bool accumulate) {
   using L = Rows<NV>;
   constexpr int D = L::D, TPR = L::TPR, G = L::G, U = bwd_unroll<MQ>();
+  extern __shared__ float4 ring[];  // kRingBytes; after the row loop, the warps' d_Qw partial sums
   __shared__ __align__(16) float4 qs[MQ][D / 4];
   __shared__ __align__(16) float4 gs[MQ][D / 4];
-  __shared__ __align__(16) float red[kWarps][MQ][D];
+  auto red = reinterpret_cast<float (*)[MQ][D]>(ring);  // (kWarps, MQ, D)
 
   const int b = blockIdx.y, split = blockIdx.x, S = gridDim.x, tid = threadIdx.x;
   const int t = tid % TPR, grp = tid / TPR, lane = tid & 31, warp = tid >> 5;
@@ -321,27 +391,32 @@ __global__ void __launch_bounds__(kThreads, (MQ > 5 ? 1 : 2)) attention_pool_bwd
 #pragma unroll
     for (int e = 0; e < 8; ++e) dq[j][e] = 0.f;
 
-  for (int base = k_begin; base < k_end; base += G * U) {  // uniform trip count: shuffles stay converged
-    float4 xv[U][2];
-    bool valid[U];
+  // A step's saved scores are loaded one step ahead, so their latency hides behind a step's work.
+  float s_next[U][MQ];
+  auto load_scores = [&](int base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = base + u * G + grp;
-      valid[u] = k < k_end;
-      const float4* row = x_b + static_cast<size_t>(valid[u] ? k : k_begin) * (D / 4);
-      xv[u][0] = load_stream(row + t);
-      xv[u][1] = load_stream(row + t + TPR);
+      const float* s_row = scores + (static_cast<size_t>(b) * K + (k < k_end ? k : k_begin)) * Q + q0;
+#pragma unroll
+      for (int j = 0; j < MQ; ++j) s_next[u][j] = j < nq && k < k_end ? __ldg(s_row + j) : 0.f;
     }
-    float sx[U][MQ], gx[U][MQ];  // saved scores; U * MQ independent shuffle chains for g . x
+  };
+  load_scores(k_begin);
+  auto step = [&](int base, const float4 (&xv)[U][2]) {
+    bool valid[U];
+    float sx[U][MQ], gx[U][MQ];  // U * MQ independent shuffle chains for g . x
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const float* s_row = scores + (static_cast<size_t>(b) * K + (valid[u] ? base + u * G + grp : k_begin)) * Q + q0;
+      valid[u] = base + u * G + grp < k_end;
 #pragma unroll
-      for (int j = 0; j < MQ; ++j) {
-        sx[u][j] = j < nq ? __ldg(s_row + j) : 0.f;
-        gx[u][j] = row_sum<TPR>(dot8(xv[u][0], xv[u][1], gs[j][t], gs[j][t + TPR]));
-      }
+      for (int j = 0; j < MQ; ++j) sx[u][j] = s_next[u][j];
     }
+    load_scores(base + G * U);
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int j = 0; j < MQ; ++j) gx[u][j] = row_sum<TPR>(dot8(xv[u][0], xv[u][1], gs[j][t], gs[j][t + TPR]));
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int k = base + u * G + grp;
@@ -375,7 +450,9 @@ __global__ void __launch_bounds__(kThreads, (MQ > 5 ? 1 : 2)) attention_pool_bwd
         __stcs(o_b + static_cast<size_t>(k) * (D / 4) + t + TPR, o1);
       }
     }
-  }
+  };
+  const RowRing<G, TPR, D, U> rows{ring, x_b, tid, grp, t, k_end};
+  rows.for_each_step(k_begin, step);
 
   // d_Qw: the row groups of a warp (xor butterfly, lower lane first), then warps 0..7 in order.
 #pragma unroll
@@ -389,6 +466,7 @@ __global__ void __launch_bounds__(kThreads, (MQ > 5 ? 1 : 2)) attention_pool_bwd
         dq[j][e] = upper ? v_o + dq[j][e] : dq[j][e] + v_o;
       }
   }
+  __syncthreads();  // every thread is done with its ring slots
   if (lane < TPR) {
 #pragma unroll
     for (int j = 0; j < MQ; ++j)
@@ -445,6 +523,12 @@ __global__ void attention_pool_reduce_dq(const float* __restrict__ part_dq, floa
     case 5: { constexpr int MQ = 5; __VA_ARGS__; } break;    \
     default: { constexpr int MQ = kMaxQ; __VA_ARGS__; } break; \
   }
+
+// The backward's 64 KiB ring of dynamic shared memory is above the default 48 KiB a launch may ask for.
+template <class Kernel>
+void allow_ring(Kernel kernel) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes));
+}
 
 // Messages are single strings (messages.h says why); each names the argument and what was expected.
 void check_pool_inputs(const at::Tensor& lnb, const at::Tensor& q) {
@@ -537,13 +621,14 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_bwd_cuda(const at::Tensor& gra
     const int nq = static_cast<int>(std::min<int64_t>(kMaxQ, Q - q0));
     at::Tensor part_dq = at::empty({B, sp.splits, nq, D}, lnb.options());
     const dim3 grid(sp.splits, B);
-    PERCEPTION_DISPATCH_MQ(
-        nq, PERCEPTION_DISPATCH_NV(D, attention_pool_bwd<MQ, NV><<<grid, kThreads, 0, stream>>>(
-                                          lnb.data_ptr<float>(), q.data_ptr<float>() + q0 * D, g.data_ptr<float>(),
-                                          ctx.data_ptr<float>(), stats.data_ptr<float>(), scores.data_ptr<float>(),
-                                          d_lnb.data_ptr<float>(),
-                                          part_dq.data_ptr<float>(), static_cast<int>(K), sp.rows, nq,
-                                          static_cast<int>(Q), static_cast<int>(q0), q0 > 0)));
+    PERCEPTION_DISPATCH_MQ(nq, PERCEPTION_DISPATCH_NV(D, {
+      const auto kernel = attention_pool_bwd<MQ, NV>;
+      allow_ring(kernel);
+      kernel<<<grid, kThreads, kRingBytes, stream>>>(
+          lnb.data_ptr<float>(), q.data_ptr<float>() + q0 * D, g.data_ptr<float>(), ctx.data_ptr<float>(),
+          stats.data_ptr<float>(), scores.data_ptr<float>(), d_lnb.data_ptr<float>(), part_dq.data_ptr<float>(),
+          static_cast<int>(K), sp.rows, nq, static_cast<int>(Q), static_cast<int>(q0), q0 > 0);
+    }));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     const dim3 rgrid(nq, (D + 31) / 32);
     attention_pool_reduce_dq<<<rgrid, 256, 0, stream>>>(part_dq.data_ptr<float>(), d_q.data_ptr<float>(),
