@@ -251,6 +251,7 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_bwd_gemm(const float* 
 // The tensor core truncates as it accumulates, so each chain is kept short (3-6 mma) and then added into
 // fp32 running sums with round-to-nearest; the small*big terms go first so the big*big sum rounds last.
 
+constexpr int kTcStageRows = 64;  // LNb rows per Gram pipeline stage (8 k-steps)
 constexpr int kTcGemmRows = 128;  // LNb rows per backward block
 
 // These instructions need sm_80; a build that also targets older GPUs compiles them as traps there, and
@@ -316,38 +317,16 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const uint32_t (&a_big
 // Gram warp layout: WK groups of warps split each stage's k-steps, each group tiles the (D, D) output
 // WM x WN, a warp MT 16-row x NT 8-column mma tiles. Small D has too few tiles for 8 warps, so it splits k.
 template <int D> struct GramTc;
-// ROWS: LNb rows per pipeline stage, so that two raw and two split stages fit 99 KB (sm_89's limit).
-template <> struct GramTc<128> { static constexpr int WK = 1, WM = 2, WN = 4, MT = 4, NT = 4, ROWS = 32; };
-template <> struct GramTc<64> { static constexpr int WK = 2, WM = 2, WN = 2, MT = 2, NT = 4, ROWS = 32; };
-template <> struct GramTc<32> { static constexpr int WK = 8, WM = 1, WN = 1, MT = 2, NT = 4, ROWS = 64; };
-template <> struct GramTc<16> { static constexpr int WK = 8, WM = 1, WN = 1, MT = 1, NT = 2, ROWS = 64; };
-constexpr int kTcStageRows = 64;  // K-split granule of the Gram: a multiple of every ROWS
+template <> struct GramTc<128> { static constexpr int WK = 1, WM = 2, WN = 4, MT = 4, NT = 4; };
+template <> struct GramTc<64> { static constexpr int WK = 2, WM = 2, WN = 2, MT = 2, NT = 4; };
+template <> struct GramTc<32> { static constexpr int WK = 8, WM = 1, WN = 1, MT = 2, NT = 4; };
+template <> struct GramTc<16> { static constexpr int WK = 8, WM = 1, WN = 1, MT = 1, NT = 2; };
 
-// Split words: one float4 {big, small of row t, big, small of row t + 4} per (8-row k-step, t, column), so
-// each element is split once per stage and one 16-byte load feeds both k halves of an mma fragment.
-// Word rows (k-step, t) are P4 = width + 2 words apart: the 8 lanes of each 16-byte phase of a fragment
-// load (g = 0..1, t = 0..3) hit distinct banks.
-__device__ __forceinline__ float4 split_pair(float lo, float hi) {
-  uint32_t b0, s0, b1, s1;
-  split_tf32(lo, b0, s0);
-  split_tf32(hi, b1, s1);
-  return make_float4(__uint_as_float(b0), __uint_as_float(s0), __uint_as_float(b1), __uint_as_float(s1));
-}
-
-// Floats: 2 raw stages, 2 split stages; after the loop, the k-group partials and then the channel sums.
-template <int D>
-constexpr size_t gram_tc_stage_floats() {
-  return 2 * GramTc<D>::ROWS * D + 2 * (GramTc<D>::ROWS / 2) * (D + 2) * 4;
-}
-template <int D>
-constexpr size_t gram_tc_cs_offset() {
-  constexpr size_t reduce = (GramTc<D>::WK - 1) * D * D;
-  return reduce > 2 * GramTc<D>::ROWS * D ? reduce : 2 * GramTc<D>::ROWS * D;
-}
 template <int D>
 constexpr size_t gram_tc_smem_bytes() {
-  constexpr size_t stages = gram_tc_stage_floats<D>(), after = gram_tc_cs_offset<D>() + kThreads;
-  return 4 * (stages > after ? stages : after);
+  using C = GramTc<D>;
+  constexpr size_t stages = 2 * kTcStageRows * (D + 8), reduce = (C::WK - 1) * D * D;  // floats
+  return 4 * (stages > reduce ? stages : reduce);
 }
 
 // K splits of the tensor-core Gram from the shapes only: about 256 blocks of one per SM, 64-row stages.
@@ -358,12 +337,10 @@ int gram_tc_rows_per_split(int64_t B, int64_t K) {
 }
 
 // Gram partials on tensor cores: grid (S, B), 256 threads, dynamic smem gram_tc_smem_bytes<D>().
-// Block (s, b) sums X X^T and the channel sums over its K range, in ROWS-row stages loaded by cp.async
-// (double-buffered, rows past the range zero-filled) and split into big/small words once per stage, the
-// next stage's split interleaved with this stage's mma. Bytes: reads LNb once (B*K*D*4); writes
-// (B, S, D, D+1) partials. Deterministic: every output has one owner thread and a fixed order (16-row mma
-// chunks, then the running sum; k-groups and thread groups combined in index order; splits in order by
-// inverted_pool_softmax).
+// Block (s, b) sums X X^T and the channel sums over its K range, in 64-row stages loaded by cp.async
+// (double-buffered, rows past the range zero-filled). Bytes: reads LNb once (B*K*D*4); writes (B, S, D, D+1)
+// partials. Deterministic: every output has one owner thread and a fixed order (16-row mma chunks, then the
+// running sum; k-groups and thread groups combined in index order; splits in order by inverted_pool_softmax).
 template <int D>
 __global__ void __launch_bounds__(kThreads, 1) inverted_pool_gram_tc(const float* __restrict__ lnb,  // (B, K, D)
                                                                     float* __restrict__ part_g,  // (B, S, D, D)
@@ -372,95 +349,72 @@ __global__ void __launch_bounds__(kThreads, 1) inverted_pool_gram_tc(const float
   using C = GramTc<D>;
   constexpr int WK = C::WK, WM = C::WM, WN = C::WN, MT = C::MT, NT = C::NT;
   static_assert(WK * WM * WN * 32 == kThreads && WM * MT * 16 == D && WN * NT * 8 == D, "Gram warp tiling");
-  constexpr int ROWS = C::ROWS, P4 = D + 2;         // stage rows; split word pitch (float4)
-  constexpr int kRaw = ROWS * D;                    // floats per raw stage
-  constexpr int kSplit = ROWS / 2 * P4;             // words per split stage: (k-step, t) rows
-  constexpr int kSteps = ROWS / 8 / WK;             // this warp's k-steps per stage
-  constexpr int CK = kSteps < 2 ? kSteps : 2;       // k-steps per mma chain (16 rows)
-  constexpr int kChunks = kSteps / CK;
-  constexpr int G = kThreads / D;                   // thread groups of the channel sums
-  constexpr int kWords = ROWS / 2 * D / kThreads, kChunkWords = kWords / kChunks;  // per thread
-  static_assert(kSteps >= 1 && kSteps % CK == 0 && kWords % kChunks == 0 && kTcStageRows % ROWS == 0,
-                "Gram split schedule");
-  extern __shared__ __align__(16) float smem[];  // gram_tc_stage_floats; after the loop, gram_tc_cs_offset
-  float* raw = smem;
-  float4* words = reinterpret_cast<float4*>(smem + 2 * kRaw);
-  float* cs_red = smem + gram_tc_cs_offset<D>();
+  constexpr int P = D + 8;                      // row pitch: fragment reads hit 32 distinct banks
+  constexpr int kStage = kTcStageRows * P;      // floats per stage
+  constexpr int kSteps = kTcStageRows / 8 / WK; // this warp's k-steps per stage
+  constexpr int CK = kSteps < 2 ? kSteps : 2;   // k-steps per mma chain (16 rows)
+  constexpr int G = kThreads / D;               // thread groups of the channel sums
+  extern __shared__ __align__(16) float smem[];  // 2 x (64, P) stages; after the loop, the k-group partials
+  __shared__ float cs_red[kThreads];
   const int b = blockIdx.y, split = blockIdx.x, S = gridDim.x, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int kg = warp / (WM * WN), wt = warp % (WM * WN);
   const int h0 = (wt / WN) * MT * 16, j0 = (wt % WN) * NT * 8;
   const int k_begin = split * rows_per_split, k_end = min(K, k_begin + rows_per_split);
-  const int n_stages = (k_end - k_begin + ROWS - 1) / ROWS;
+  const int n_stages = (k_end - k_begin + kTcStageRows - 1) / kTcStageRows;
   const float* x_b = lnb + static_cast<size_t>(b) * K * D;
 
   auto load_stage = [&](int st) {
-    float* dst = raw + (st & 1) * kRaw;
-    const int r0 = k_begin + st * ROWS;
-    for (int f = tid; f < ROWS * D / 4; f += kThreads) {
+    float* dst = smem + (st & 1) * kStage;
+    const int r0 = k_begin + st * kTcStageRows;
+    for (int f = tid; f < kTcStageRows * D / 4; f += kThreads) {
       const int row = f / (D / 4), c4 = f % (D / 4), k = r0 + row;
       const bool in = k < k_end;
-      cp_async16(dst + row * D + c4 * 4, x_b + static_cast<size_t>(in ? k : k_begin) * D + c4 * 4, in ? 16 : 0);
+      cp_async16(dst + row * P + c4 * 4, x_b + static_cast<size_t>(in ? k : k_begin) * D + c4 * 4, in ? 16 : 0);
     }
     cp_async_commit();
   };
-  // This thread's split words i0 .. i0 + kChunkWords - 1 of stage st: column cs_col, (k-step, t) row
-  // q = cs_grp + i * G; both rows also go into the stage's channel sum.
-  const int cs_col = tid % D, cs_grp = tid / D;
-  float cs_run = 0.f, cs_step = 0.f;  // channel sums: per stage, then the running total (as the Gram)
-  auto split_words = [&](int st, int i0) {
-    const float* src = raw + (st & 1) * kRaw + cs_col;
-    float4* dst = words + (st & 1) * kSplit + cs_col;
-#pragma unroll
-    for (int i = 0; i < kChunkWords; ++i) {
-      const int q = cs_grp + (i0 + i) * G, row = (q >> 2) * 8 + (q & 3);
-      const float lo = src[row * D], hi = src[(row + 4) * D];
-      cs_step += lo;
-      cs_step += hi;
-      dst[q * P4] = split_pair(lo, hi);
-    }
-  };
 
   float run[MT][NT][4] = {};
+  float cs_run = 0.f;
+  const int cs_col = tid % D, cs_grp = tid / D;
   load_stage(0);
-  if (n_stages > 1) {
-    load_stage(1);
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  __syncthreads();
-#pragma unroll
-  for (int c = 0; c < kChunks; ++c) split_words(0, c * kChunkWords);
   for (int st = 0; st < n_stages; ++st) {
+    if (st + 1 < n_stages) {
+      load_stage(st + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float* xs = smem + (st & 1) * kStage;
+    float cs_step = 0.f;  // channel sums: per stage, then the running total (as the Gram)
+#pragma unroll
+    for (int r = cs_grp; r < kTcStageRows; r += G) cs_step += xs[r * P + cs_col];
     cs_run += cs_step;
-    cs_step = 0.f;
-    cp_async_wait<0>();
-    __syncthreads();  // stage st split; raw stage st + 1 landed; stage st - 1 read by everyone
-    if (st + 2 < n_stages) load_stage(st + 2);
-    const bool next = st + 1 < n_stages;
-    const float4* ws = words + (st & 1) * kSplit + t * P4;
 #pragma unroll 1
-    for (int c = 0; c < kChunks; ++c) {
-      if (next) split_words(st + 1, c * kChunkWords);
+    for (int c = 0; c < kSteps; c += CK) {
       float acc[MT][NT][4] = {};
 #pragma unroll
       for (int q = 0; q < CK; ++q) {
-        const float4* w = ws + (kg + (c * CK + q) * WK) * 4 * P4;  // (k-step, t) word row
+        const int kk = (kg + (c + q) * WK) * 8;
+        const float* r_lo = xs + (kk + t) * P;  // X rows kk + t and kk + t + 4 of the stage
+        const float* r_hi = r_lo + 4 * P;
         uint32_t bb[NT][2], bs[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const float4 v = w[j0 + n * 8 + g];
-          bb[n][0] = __float_as_uint(v.x), bs[n][0] = __float_as_uint(v.y);
-          bb[n][1] = __float_as_uint(v.z), bs[n][1] = __float_as_uint(v.w);
+          const int j = j0 + n * 8 + g;
+          split_tf32(r_lo[j], bb[n][0], bs[n][0]);
+          split_tf32(r_hi[j], bb[n][1], bs[n][1]);
         }
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-          const float4 lo = w[h0 + m * 16 + g], hi = w[h0 + m * 16 + g + 8];
-          const uint32_t ab[4] = {__float_as_uint(lo.x), __float_as_uint(hi.x), __float_as_uint(lo.z),
-                                  __float_as_uint(hi.z)};
-          const uint32_t as[4] = {__float_as_uint(lo.y), __float_as_uint(hi.y), __float_as_uint(lo.w),
-                                  __float_as_uint(hi.w)};
+          const int h = h0 + m * 16 + g;
+          uint32_t ab[4], as[4];
+          split_tf32(r_lo[h], ab[0], as[0]);
+          split_tf32(r_lo[h + 8], ab[1], as[1]);
+          split_tf32(r_hi[h], ab[2], as[2]);
+          split_tf32(r_hi[h + 8], ab[3], as[3]);
 #pragma unroll
           for (int n = 0; n < NT; ++n) mma_3xtf32(acc[m][n], ab, as, bb[n], bs[n]);
         }
@@ -472,11 +426,11 @@ __global__ void __launch_bounds__(kThreads, 1) inverted_pool_gram_tc(const float
 #pragma unroll
           for (int i = 0; i < 4; ++i) run[m][n][i] += acc[m][n][i];
     }
+    __syncthreads();  // the buffer is refilled by the next iteration's load
   }
 
   if constexpr (WK > 1) {  // k-groups 1.. park their sums in fragment order; group 0 adds them in order
     constexpr int kFrag = MT * NT * 4 * 32;
-    __syncthreads();  // the last stage's words are read by everyone before smem is reused
     if (kg > 0) {
       float* red = smem + ((kg - 1) * WM * WN + wt) * kFrag + lane;
 #pragma unroll
@@ -510,7 +464,6 @@ __global__ void __launch_bounds__(kThreads, 1) inverted_pool_gram_tc(const float
         *reinterpret_cast<float2*>(g_out + (h + 8) * D + j) = make_float2(run[m][n][2], run[m][n][3]);
       }
   }
-  __syncthreads();  // the last stage's words and the k-group partials are read by everyone
   cs_red[tid] = cs_run;
   __syncthreads();
   if (tid < D) {
@@ -522,27 +475,24 @@ __global__ void __launch_bounds__(kThreads, 1) inverted_pool_gram_tc(const float
 }
 
 // Backward warp layout: 128 rows x D columns per block, WM x WN warps of MT x NT mma tiles; the inner
-// (channel) dimension streams through shared memory kTcGemmChannels channels at a time.
+// (channel) dimension streams through shared memory JC channels at a time.
 template <int D> struct GemmTc;
-template <> struct GemmTc<128> { static constexpr int WM = 2, WN = 4, MT = 4, NT = 4; };
-template <> struct GemmTc<64> { static constexpr int WM = 4, WN = 2, MT = 2, NT = 4; };
-template <> struct GemmTc<32> { static constexpr int WM = 8, WN = 1, MT = 1, NT = 4; };
-template <> struct GemmTc<16> { static constexpr int WM = 8, WN = 1, MT = 1, NT = 2; };
-constexpr int kTcGemmChannels = 16;  // channels per backward pipeline step (2 k-steps)
+template <> struct GemmTc<128> { static constexpr int WM = 2, WN = 4, MT = 4, NT = 4, JC = 32; };
+template <> struct GemmTc<64> { static constexpr int WM = 4, WN = 2, MT = 2, NT = 4, JC = 32; };
+template <> struct GemmTc<32> { static constexpr int WM = 8, WN = 1, MT = 1, NT = 4, JC = 32; };
+template <> struct GemmTc<16> { static constexpr int WM = 8, WN = 1, MT = 1, NT = 2, JC = 16; };
 
 template <int D>
 constexpr size_t gemm_tc_smem_bytes() {
-  constexpr int JC = kTcGemmChannels;
-  return 4 * 2 * (kTcGemmRows * JC + JC * D) + 16 * 2 * (JC / 2) * ((kTcGemmRows + 2) + (D + 2));
+  constexpr int JC = GemmTc<D>::JC;
+  return 4 * 2 * (kTcGemmRows * (JC + 4) + JC * (D + 8));
 }
 
 // Backward GEMM on tensor cores: d_LNb[b, k, :] = LNb[b, k, :] @ sym[b] + dm[b]. Grid (ceil(K/128), B),
-// 256 threads, dynamic smem gemm_tc_smem_bytes<D>() (two blocks per SM): per 16-channel step an LNb
-// (128, 16) tile and a sym (16, D) tile, cp.async double-buffered (rows past K zero-filled), split into
-// big/small words (as the Gram's) once per step, the next step's split ahead of this step's mma. Bytes:
-// reads LNb once and writes d_LNb once (2*B*K*D*4), plus sym (D*D*4, from L2) per block. One writer per
-// output element; each 8-channel k-step is a fresh 3-mma chain added into the fp32 sum in channel order:
-// deterministic.
+// 256 threads, dynamic smem gemm_tc_smem_bytes<D>(): per JC-channel step an LNb (128, JC) tile and a sym
+// (JC, D) tile, cp.async double-buffered, rows past K zero-filled. Bytes: reads LNb once and writes d_LNb
+// once (2*B*K*D*4), plus sym (D*D*4, from L2) per block. One writer per output element; each 8-channel
+// k-step is a fresh 3-mma chain added into the fp32 sum in channel order: deterministic.
 template <int D>
 __global__ void __launch_bounds__(kThreads, 2) inverted_pool_bwd_gemm_tc(const float* __restrict__ lnb,  // (B, K, D)
                                                                         const float* __restrict__ sym,  // (B, D, D)
@@ -550,100 +500,70 @@ __global__ void __launch_bounds__(kThreads, 2) inverted_pool_bwd_gemm_tc(const f
                                                                         float* __restrict__ d_lnb,      // (B, K, D)
                                                                         int K) {
   using C = GemmTc<D>;
-  constexpr int WM = C::WM, WN = C::WN, MT = C::MT, NT = C::NT, JC = kTcGemmChannels;
+  constexpr int WM = C::WM, WN = C::WN, MT = C::MT, NT = C::NT, JC = C::JC;
   static_assert(WM * WN * 32 == kThreads && WM * MT * 16 == kTcGemmRows && WN * NT * 8 == D, "GEMM warp tiling");
-  constexpr int PA = JC;                   // raw LNb pitch (unpadded: the smem of two blocks per SM, 99 KB on sm_89)
-  constexpr int PR = kTcGemmRows + 2;      // LNb word pitch (float4), as the Gram's P4
-  constexpr int PN = D + 2;                // sym word pitch (float4)
-  constexpr int kRaw = kTcGemmRows * PA + JC * D;  // floats per raw step: LNb (128, PA), sym (JC, D)
-  constexpr int kSplit = JC / 2 * (PR + PN);       // words per split step: LNb (k-step, t) rows, then sym's
-  extern __shared__ __align__(16) float smem[];     // 2 raw steps, 2 split steps
-  float* raw = smem;
-  float4* words = reinterpret_cast<float4*>(smem + 2 * kRaw);
+  constexpr int PA = JC + 4;  // LNb tile pitch: A-fragment reads hit 32 distinct banks
+  constexpr int PB = D + 8;   // sym tile pitch: B-fragment reads hit 32 distinct banks
+  constexpr int kStage = kTcGemmRows * PA + JC * PB;
+  extern __shared__ __align__(16) float smem[];  // 2 x [(128, PA) LNb, (JC, PB) sym]
   const int b = blockIdx.y, k0 = blockIdx.x * kTcGemmRows, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int r0 = (warp / WN) * MT * 16, n0 = (warp % WN) * NT * 8;
   const float* x_b = lnb + static_cast<size_t>(b) * K * D;
   const float* s_b = sym + static_cast<size_t>(b) * D * D;
 
-  // Each thread copies fixed 16-byte pieces (LNb rows a_row + i * kARows, sym rows b_row + i * kBRows) and
-  // splits fixed words: LNb words with t = tid % 4 fastest, then 8 rows, then the k-step, then the row block
-  // (word stores conflict-free, raw reads 2-way); sym words (k-step, t) row b_q + i * kBQ, column tid % D.
-  constexpr int kARows = kThreads / (JC / 4), kBRows = kThreads / (D / 4), kBQ = kThreads / D;
-  constexpr int kSymWords = JC / 2 * D;
-  static_assert(kTcGemmRows % kARows == 0 && (kThreads / 32) % (JC / 8) == 0 && (kBQ % 4 == 0 || 4 % kBQ == 0),
-                "GEMM tile copy and split");
+  // Each thread copies fixed 16-byte pieces: LNb rows a_row + i * kARows, sym rows b_row + i * kBRows.
+  constexpr int kARows = kThreads / (JC / 4), kBRows = kThreads / (D / 4);
+  static_assert(kTcGemmRows % kARows == 0 && (JC % kBRows == 0 || kBRows > JC), "GEMM tile copy");
   const int a_row = tid / (JC / 4), b_row = tid / (D / 4);
   const float* a_src = x_b + static_cast<size_t>(k0 + a_row) * D + (tid % (JC / 4)) * 4;
   const float* b_src = s_b + static_cast<size_t>(b_row) * D + (tid % (D / 4)) * 4;
-  const int a_dst = a_row * PA + (tid % (JC / 4)) * 4, b_dst = kTcGemmRows * PA + b_row * D + (tid % (D / 4)) * 4;
-  const int w_t = tid & 3, w_ks = (tid >> 5) % (JC / 8), w_row = (tid >> 5) / (JC / 8) * 8 + ((tid >> 2) & 7);
-  const int wa_src = w_row * PA + w_ks * 8 + w_t, wa_dst = (w_ks * 4 + w_t) * PR + w_row;
-  constexpr int kWRows = kThreads / 32 / (JC / 8) * 8;  // LNb rows between a thread's words
-  const int b_q = tid / D, wb_src = kTcGemmRows * PA + ((b_q >> 2) * 8 + (b_q & 3)) * D + tid % D;
-  const int wb_dst = JC / 2 * PR + b_q * PN + tid % D;
-  auto load_step = [&](int step) {
-    float* st = raw + (step & 1) * kRaw;
+  const int a_dst = a_row * PA + (tid % (JC / 4)) * 4, b_dst = kTcGemmRows * PA + b_row * PB + (tid % (D / 4)) * 4;
+  auto load_stage = [&](int step) {
+    float* st = smem + (step & 1) * kStage;
     const int jc0 = step * JC;
 #pragma unroll
     for (int i = 0; i < kTcGemmRows / kARows; ++i) {
       const bool in = k0 + a_row + i * kARows < K;  // rows past K: zero-fill from a valid address (sym)
-      cp_async16(st + a_dst + i * kARows * PA, in ? a_src + i * kARows * D + jc0 : s_b, in ? 16 : 0);
+      cp_async16(st + a_dst + i * kARows * PA, in ? a_src + i * kARows * D + jc0 : b_src, in ? 16 : 0);
     }
 #pragma unroll
     for (int i = 0; i < (JC + kBRows - 1) / kBRows; ++i)
-      if (kBRows <= JC || b_row < JC) cp_async16(st + b_dst + i * kBRows * D, b_src + (jc0 + i * kBRows) * D, 16);
+      if (kBRows <= JC || b_row < JC) cp_async16(st + b_dst + i * kBRows * PB, b_src + (jc0 + i * kBRows) * D, 16);
     cp_async_commit();
-  };
-  auto split_step = [&](int step) {
-    const float* x = raw + (step & 1) * kRaw;
-    float4* w = words + (step & 1) * kSplit;
-#pragma unroll
-    for (int i = 0; i < kTcGemmRows * JC / 2 / kThreads; ++i)
-      w[wa_dst + i * kWRows] = split_pair(x[wa_src + i * kWRows * PA], x[wa_src + i * kWRows * PA + 4]);
-#pragma unroll
-    for (int i = 0; i < (kSymWords + kThreads - 1) / kThreads; ++i)
-      if (kSymWords % kThreads == 0 || tid < kSymWords) {
-        // word row q = b_q + i * kBQ (b_q < kBQ, and kBQ divides 4 or 4 divides it): sym row (q / 4) * 8 + q % 4
-        const int dq = i * kBQ, src = wb_src + ((dq >> 2) * 8 + (dq & 3)) * D;
-        w[wb_dst + dq * PN] = split_pair(x[src], x[src + 4 * D]);
-      }
   };
 
   constexpr int n_steps = D / JC;
   float run[MT][NT][4] = {};
-  load_step(0);
-  if (n_steps > 1) {
-    load_step(1);
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-  __syncthreads();
-  split_step(0);
+  load_stage(0);
 #pragma unroll 1
   for (int step = 0; step < n_steps; ++step) {
-    cp_async_wait<0>();
-    __syncthreads();  // step split; raw step + 1 landed; step - 1 read by everyone
-    if (step + 2 < n_steps) load_step(step + 2);
-    const float4* wa = words + (step & 1) * kSplit + t * PR + r0 + g;           // LNb (k-step 0, t, row g)
-    const float4* wb = words + (step & 1) * kSplit + JC / 2 * PR + t * PN + n0 + g;  // sym (k-step 0, t, col g)
+    if (step + 1 < n_steps) {
+      load_stage(step + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const float* xa = smem + (step & 1) * kStage + (r0 + g) * PA + t;                     // LNb (row g, ch t)
+    const float* xb = smem + (step & 1) * kStage + kTcGemmRows * PA + t * PB + n0 + g;  // sym (ch t, col g)
 #pragma unroll 1
-    for (int ks = 0; ks < JC / 8; ++ks) {
+    for (int kk = 0; kk < JC; kk += 8) {
       uint32_t bb[NT][2], bs[NT][2];
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const float4 v = wb[ks * 4 * PN + n * 8];
-        bb[n][0] = __float_as_uint(v.x), bs[n][0] = __float_as_uint(v.y);
-        bb[n][1] = __float_as_uint(v.z), bs[n][1] = __float_as_uint(v.w);
+        split_tf32(xb[kk * PB + n * 8], bb[n][0], bs[n][0]);
+        split_tf32(xb[(kk + 4) * PB + n * 8], bb[n][1], bs[n][1]);
       }
 #pragma unroll
       for (int m = 0; m < MT; ++m) {
-        const float4 lo = wa[ks * 4 * PR + m * 16], hi = wa[ks * 4 * PR + m * 16 + 8];  // rows g, g + 8
-        const uint32_t ab[4] = {__float_as_uint(lo.x), __float_as_uint(hi.x), __float_as_uint(lo.z),
-                                __float_as_uint(hi.z)};
-        const uint32_t as[4] = {__float_as_uint(lo.y), __float_as_uint(hi.y), __float_as_uint(lo.w),
-                                __float_as_uint(hi.w)};
+        const float* a_lo = xa + m * 16 * PA + kk;  // rows g and g + 8, channels t and t + 4
+        const float* a_hi = a_lo + 8 * PA;
+        uint32_t ab[4], as[4];
+        split_tf32(a_lo[0], ab[0], as[0]);
+        split_tf32(a_hi[0], ab[1], as[1]);
+        split_tf32(a_lo[4], ab[2], as[2]);
+        split_tf32(a_hi[4], ab[3], as[3]);
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
           float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -653,7 +573,7 @@ __global__ void __launch_bounds__(kThreads, 2) inverted_pool_bwd_gemm_tc(const f
         }
       }
     }
-    if (step + 1 < n_steps) split_step(step + 1);
+    __syncthreads();  // the buffer is refilled by the next iteration's load
   }
 
 #pragma unroll
