@@ -105,7 +105,7 @@ def run_pool(args, bw: float) -> list[dict]:
 
 def verdict(value: float, target: float, higher_is_better: bool = False) -> str:
     met = value >= target if higher_is_better else value <= target
-    return "meets" if met else f"misses by {abs(value / target - 1) * 100:.0f}%"
+    return "meets" if met else f"misses by {abs(value / target - 1) * 100:.1f}%"
 
 
 def autograd_graph_ms(fn, inputs, cot, reps: int) -> float:

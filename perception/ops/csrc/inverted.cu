@@ -160,27 +160,42 @@ __global__ void inverted_pool_softmax(const float* __restrict__ part_g, const fl
   if (lane == 0) inv[static_cast<size_t>(b) * D + h] = t;
 }
 
-// Backward prep: grid (B), 256 threads. sym[b] = (d_s + d_s^T) / sqrt(K) (D, D), dm[b] = d_m / K (D).
-// Bytes: reads attn twice (B*D*D*4*2); writes B*D*(D+1)*4. One writer per element.
-__global__ void inverted_pool_bwd_prep(const float* __restrict__ g, const float* __restrict__ attn,
-                                       const float* __restrict__ mean, const float* __restrict__ inv,
-                                       float* __restrict__ sym, float* __restrict__ dm, int D, int K) {
-  const int b = blockIdx.x;
+// Backward prep: grid ((D/16)^2, B), 256 threads, one element per thread. Block (tile, b) writes the
+// 16 x 16 tile (j0.., d0..) of sym[b] = (d_s + d_s^T) / sqrt(K), reading attn's tile and its transpose
+// tile (the latter through shared memory, so both reads are coalesced); blocks of the first tile row also
+// write dm[b] = d_m / K for their 16 columns. Bytes: reads attn twice (B*D*D*4*2); writes B*D*(D+1)*4.
+// One writer per element; dm's sums run in a fixed order (16 strided partials, then in index order).
+__global__ void __launch_bounds__(256) inverted_pool_bwd_prep(const float* __restrict__ g,
+                                                              const float* __restrict__ attn,
+                                                              const float* __restrict__ mean,
+                                                              const float* __restrict__ inv, float* __restrict__ sym,
+                                                              float* __restrict__ dm, int D, int K) {
+  __shared__ float at[16][17];  // at[c][r] = attn[b, d0 + c, j0 + r]
+  __shared__ float part[16][17];
+  const int b = blockIdx.y, tiles = D / 16, j0 = (blockIdx.x / tiles) * 16, d0 = (blockIdx.x % tiles) * 16;
+  const int r = threadIdx.x / 16, c = threadIdx.x % 16;
   const float* a = attn + static_cast<size_t>(b) * D * D;
   const float* gb = g + static_cast<size_t>(b) * D;
   const float* mb = mean + static_cast<size_t>(b) * D;
   const float* ib = inv + static_cast<size_t>(b) * D;
   const float inv_sqrt_k = 1.f / sqrtf(static_cast<float>(K)), inv_k = 1.f / static_cast<float>(K);
-  for (int e = threadIdx.x; e < D * D; e += blockDim.x) {
-    const int j = e / D, d = e % D;
-    const float ds_jd = gb[j] * a[j * D + d] * (mb[d] - ib[j]);
-    const float ds_dj = gb[d] * a[d * D + j] * (mb[j] - ib[d]);
-    sym[static_cast<size_t>(b) * D * D + e] = (ds_jd + ds_dj) * inv_sqrt_k;
-  }
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+  at[r][c] = a[(d0 + r) * D + j0 + c];
+  __syncthreads();
+  const int j = j0 + r, d = d0 + c;
+  const float ds_jd = gb[j] * a[j * D + d] * (mb[d] - ib[j]);
+  const float ds_dj = gb[d] * at[c][r] * (mb[j] - ib[d]);
+  sym[static_cast<size_t>(b) * D * D + j * D + d] = (ds_jd + ds_dj) * inv_sqrt_k;
+  if (j0 == 0) {  // dm[d] = sum_h a[h, d] g[h]: thread (r, c) sums h = r, r + 16, ...
     float t = 0.f;
-    for (int h = 0; h < D; ++h) t = fmaf(a[h * D + d], gb[h], t);
-    dm[static_cast<size_t>(b) * D + d] = t * inv_k;
+    for (int h = r; h < D; h += 16) t = fmaf(a[h * D + d], gb[h], t);
+    part[r][c] = t;
+    __syncthreads();
+    if (r == 0) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) s += part[i][c];
+      dm[static_cast<size_t>(b) * D + d] = s * inv_k;
+    }
   }
 }
 
@@ -702,9 +717,11 @@ at::Tensor inverted_pool_bwd_cuda(const at::Tensor& grad_in, const at::Tensor& l
   at::Tensor sym = at::empty({B, D, D}, lnb.options());
   at::Tensor dm = at::empty({B, D}, lnb.options());
   auto stream = c10::cuda::getCurrentCUDAStream();
-  inverted_pool_bwd_prep<<<B, 256, 0, stream>>>(g.data_ptr<float>(), attn.data_ptr<float>(), mean.data_ptr<float>(),
-                                                inv.data_ptr<float>(), sym.data_ptr<float>(), dm.data_ptr<float>(),
-                                                static_cast<int>(D), static_cast<int>(K));
+  const dim3 pgrid(static_cast<unsigned>((D / 16) * (D / 16)), static_cast<unsigned>(B));
+  inverted_pool_bwd_prep<<<pgrid, 256, 0, stream>>>(g.data_ptr<float>(), attn.data_ptr<float>(),
+                                                    mean.data_ptr<float>(), inv.data_ptr<float>(),
+                                                    sym.data_ptr<float>(), dm.data_ptr<float>(),
+                                                    static_cast<int>(D), static_cast<int>(K));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (use_simt()) {
     const dim3 grid((K + kGemmRows - 1) / kGemmRows, B);
