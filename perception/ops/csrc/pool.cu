@@ -4,7 +4,8 @@
 // Both kernels stream LNb once with no barrier in the main loop. A row is owned by D/8 threads (8 columns
 // each, two float4); a row's dot products are summed across those threads with xor shuffles. In the
 // forward every row group keeps its own online-softmax state (running max m, sum l, acc[8] per query), so
-// nothing waits on the rest of the block until the end. K is split across blocks by shape alone (never by
+// nothing waits on the rest of the block until the end; it saves the scores, so the backward computes only
+// g . x per row. K is split across blocks by shape alone (never by
 // the GPU), and every cross-group and cross-block sum is combined in a fixed order from per-block
 // partials: no atomics, so results are bitwise identical run to run.
 #include <ATen/ATen.h>
