@@ -5,9 +5,9 @@
 // each, two float4); a row's dot products are summed across those threads with xor shuffles. In the
 // forward every row group keeps its own online-softmax state (running max m, sum l, acc[8] per query), so
 // nothing waits on the rest of the block until the end; it saves the scores, so the backward computes only
-// g . x per row. K is split across blocks by shape alone (never by
-// the GPU), and every cross-group and cross-block sum is combined in a fixed order from per-block
-// partials: no atomics, so results are bitwise identical run to run.
+// g . x per row. K is split across blocks by shape alone (never by the GPU), and every cross-group and
+// cross-block sum is combined in a fixed order from per-block partials: no atomics, so results are bitwise
+// identical run to run.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
