@@ -42,31 +42,26 @@ def save_model(path: str | os.PathLike, model, metadata: Optional[Mapping[str, s
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, str], AttentionPoolVariant]:
     """All tensors (on the CPU), the metadata and the variant of a V1 or V2 checkpoint."""
-    path = Path(path)
+    return _open(Path(path), with_tensors=True)
+
+
+def read_checkpoint_variant(path: str | os.PathLike) -> AttentionPoolVariant:
+    """The variant a checkpoint holds, from its header alone; V1 (no format_version) reads as shared."""
+    return _open(Path(path), with_tensors=False)[2]
+
+
+def _open(path: Path, with_tensors: bool) -> tuple[dict[str, torch.Tensor], dict[str, str], AttentionPoolVariant]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path}: no such file")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             meta = dict(f.metadata() or {})
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
+            tensors = {name: f.get_tensor(name) for name in f.keys()} if with_tensors else {}
     except (SafetensorError, OSError, RuntimeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {path}: not a readable safetensors file ({exc}){_truncation(path)}"
         ) from None
     return tensors, meta, _variant(path, meta)
-
-
-def read_checkpoint_variant(path: str | os.PathLike) -> AttentionPoolVariant:
-    """The variant a checkpoint holds; V1 (no format_version) reads as shared."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path}: no such file")
-    try:
-        with safe_open(str(path), framework="pt", device="cpu") as f:
-            meta = dict(f.metadata() or {})
-    except (SafetensorError, OSError) as exc:
-        raise CheckpointError(f"checkpoint {path}: not a readable safetensors file ({exc}){_truncation(path)}") from None
-    return _variant(path, meta)
 
 
 def load_model(path: str | os.PathLike, model) -> dict[str, str]:
