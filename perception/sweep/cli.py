@@ -3,11 +3,16 @@
     perception-sweep local [--sweep-id ID] [overrides…]     six trainings here, then the gate
     perception-sweep prepare --sweep-id ID [overrides…]     feature cache + parent run (workflow step)
     perception-sweep render [--smoke] [--out wf.yaml]       the Argo Workflow as YAML
-    perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…]   (token: ARGO_TOKEN)
+    perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…] [--wait]   (token: ARGO_TOKEN)
+    perception-sweep status NAME --host URL --namespace NS  the workflow, each step, the decision
+    perception-sweep logs NAME [--task T] [-f] --host URL --namespace NS
+    perception-sweep stop NAME --host URL --namespace NS    Argo's stop: exit handlers still run
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
 
 Exit codes: 0 success, 1 failed work (a training failed, the gate refused, the server said no),
-2 usage or config error.
+2 usage or config error. `submit --wait` and `status` answer with the gate's decision instead:
+0 a decision, 3 refused, 1 the workflow ended without a decision, 124 `--wait` timed out
+(`status` of a workflow still running: 0).
 """
 
 from __future__ import annotations
@@ -63,11 +68,89 @@ def _render(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from perception.sweep.submit import submit
 
+    if args.poll_interval <= 0 or (args.timeout is not None and args.timeout <= 0):
+        raise ConfigError(f"--poll-interval {args.poll_interval:g} / --timeout {args.timeout}: expected seconds > 0")
     done = submit(args.host, args.namespace, smoke=args.smoke, params=_params(args.param),
                   verify_ssl=not args.insecure)
-    print(f"submitted {done.name} to namespace {done.namespace}")
-    print(done.link)
+    print(f"submitted {done.name} to namespace {done.namespace}", flush=True)
+    print(done.link, flush=True)
+    if not args.wait:
+        return 0
+    return _wait(_server(args), done.name, args.poll_interval, args.timeout)
+
+
+def _wait(server, name: str, poll_interval: float, timeout: Optional[float]) -> int:
+    from perception.sweep import follow
+
+    try:
+        waited = follow.wait(lambda: server.get(name), poll_interval, timeout, lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        print(f"{PROG}: stopped following; {name} keeps running: perception-sweep status {name} "
+              f"--host {server.host} --namespace {server.namespace}", file=sys.stderr)
+        return 130
+    if waited.last is None:
+        print(f"{PROG}: the Argo server never answered about {name} within {timeout:g} s", file=sys.stderr)
+        return follow.EXIT_TIMED_OUT
+    s = waited.last
+    code = follow.outcome(s)
+    if waited.timed_out:
+        print(f"timed out after {timeout:g} s; {name} is {s.phase}: "
+              f"perception-sweep status {name} --host {server.host} --namespace {server.namespace}")
+        code = follow.EXIT_TIMED_OUT
+    else:
+        print(f"decision: {s.decision or 'none'}" + ("" if s.decision else f" ({name} {s.phase}"
+                                                      + (f": {s.message})" if s.message else ")")))
+    for line in follow.summary_lines(s, server.link(name)):
+        print(line)
+    return code
+
+
+def _status(args: argparse.Namespace) -> int:
+    from perception.sweep import follow
+
+    server = _server(args)
+    s = follow.snapshot(_get(server, args.name))
+    for line in follow.status_lines(s) + follow.summary_lines(s, server.link(args.name)):
+        print(line)
+    code = follow.outcome(s)
+    return follow.EXIT_DECIDED if code is None else code  # still running: 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from perception.sweep.logs import print_logs
+
+    server = _server(args)
+    _get(server, args.name)  # a wrong name is a usage error, before any stream
+    print_logs(server, args.name, args.task, args.follow, lambda line: print(line, flush=True))
     return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    server = _server(args)
+    _get(server, args.name)
+    server.stop(args.name, args.message)
+    print(f"stopping {args.name}: running steps end, exit handlers still run; "
+          f"follow with: perception-sweep status {args.name} --host {server.host} --namespace {server.namespace}")
+    return 0
+
+
+def _get(server, name: str):
+    """The workflow; a name the server does not know is a usage error (exit 2)."""
+    from perception.sweep.argo_api import ArgoError
+
+    try:
+        return server.get(name)
+    except ArgoError as exc:
+        if exc.status == 404:
+            raise ConfigError(f"NAME {name!r}: no such workflow in namespace {server.namespace!r} at "
+                              f"{server.host} (names as `submit` printed them, e.g. ab-sweep-x7k2p)") from exc
+        raise
+
+
+def _server(args: argparse.Namespace):
+    from perception.sweep.argo_api import ArgoServer
+
+    return ArgoServer(args.host, args.namespace, verify_ssl=not args.insecure)
 
 
 def _sync(args: argparse.Namespace) -> int:
@@ -119,16 +202,43 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--out", type=Path, help="write here instead of stdout")
             s.set_defaults(run=_render)
         else:
-            s.add_argument("--host", required=True, help="Argo server URL, e.g. https://argo.example.com")
-            s.add_argument("--namespace", default="perception")
-            s.add_argument("--insecure", action="store_true", help="skip TLS verification")
+            _server_options(s)
+            s.add_argument("--wait", action="store_true",
+                           help="follow the workflow to its end; exit with the gate's decision (see Exit codes)")
+            s.add_argument("--poll-interval", type=float, default=30.0, metavar="S",
+                           help="seconds between polls with --wait (default 30)")
+            s.add_argument("--timeout", type=float, metavar="S", help="give up waiting after S seconds (exit 124)")
             s.set_defaults(run=_submit)
+
+    s = sub.add_parser("status", help="a submitted sweep: phase, progress, each step, the decision")
+    s.add_argument("name", help="the workflow's name, as submit printed it")
+    _server_options(s)
+    s.set_defaults(run=_status)
+
+    s = sub.add_parser("logs", help="the pods' logs of a submitted sweep")
+    s.add_argument("name", help="the workflow's name")
+    s.add_argument("--task", help="one step: a training (shared-f0), prepare, gate; or a template (train)")
+    s.add_argument("-f", "--follow", action="store_true", help="keep streaming while the pods run")
+    _server_options(s)
+    s.set_defaults(run=_logs)
+
+    s = sub.add_parser("stop", help="stop a submitted sweep (Argo's stop: exit handlers still run)")
+    s.add_argument("name", help="the workflow's name")
+    s.add_argument("--message", default="", help="recorded as the reason in the workflow's status")
+    _server_options(s)
+    s.set_defaults(run=_stop)
 
     s = sub.add_parser("sync", help="re-send tracking data runs could not send")
     s.add_argument("--sweep-id", required=True)
     s.add_argument("--tracking-uri")
     s.set_defaults(run=_sync)
     return p
+
+
+def _server_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--host", required=True, help="Argo server URL, e.g. https://argo.example.com")
+    s.add_argument("--namespace", default="perception")
+    s.add_argument("--insecure", action="store_true", help="skip TLS verification")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -1,0 +1,152 @@
+"""The Argo server, as the sweep commands use it: hera's WorkflowsService for workflows (get, list,
+stop, create) and plain requests for the pods' logs, whose newline-delimited JSON stream hera 7.1's
+`workflow_logs` cannot parse.
+
+Every call has a timeout (hera's own session has none, and a wait of three days must not hang on one
+dead connection). Errors become ArgoError, which says whether a retry can help."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Optional
+from urllib.parse import urlparse
+
+import requests
+
+from perception.errors import ConfigError, PerceptionError
+
+TOKEN_ENV = "ARGO_TOKEN"
+REQUEST_TIMEOUT_S = 30.0  # connect and read, per call; a followed log stream reads without a limit
+
+
+def argo_host(host: str) -> str:
+    """An http(s) URL with a trailing slash: hera joins API paths onto it, and a host with a path
+    prefix (https://example.com/argo/) loses that prefix without the slash."""
+    parsed = urlparse(host)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"--host {host!r}: expected the Argo server's URL, e.g. https://argo.example.com")
+    return host if host.endswith("/") else host + "/"
+
+
+def token_from_env(env: Mapping[str, str] = os.environ) -> str:
+    """The bearer token, from ARGO_TOKEN only: an argument would land in shell history and `ps`."""
+    token = env.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise ConfigError(f"{TOKEN_ENV} is not set: export the Argo server's bearer token "
+                          f"(e.g. ARGO_TOKEN=\"$(argo auth token)\")")
+    return token
+
+
+class ArgoError(PerceptionError):
+    """A failed call. `transient`: a later call may succeed (connection, 5xx); `status`: HTTP status."""
+
+    def __init__(self, message: str, status: Optional[int] = None, transient: bool = False):
+        super().__init__(message)
+        self.status, self.transient = status, transient
+
+
+@dataclass(frozen=True)
+class LogLine:
+    pod: str
+    content: str
+
+
+class _TimeoutSession(requests.Session):
+    def request(self, method, url, **kwargs):  # noqa: D102 (requests' signature)
+        kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
+        return super().request(method, url, **kwargs)
+
+
+class ArgoServer:
+    """One Argo server and namespace; the token comes from ARGO_TOKEN unless given."""
+
+    def __init__(self, host: str, namespace: str, token: Optional[str] = None, verify_ssl: bool = True):
+        from hera.workflows import WorkflowsService
+
+        self.host, self.namespace = argo_host(host), namespace
+        self.service = WorkflowsService(host=self.host, token=token or token_from_env(), namespace=namespace,
+                                        verify_ssl=verify_ssl, session=_TimeoutSession())
+
+    def link(self, name: str) -> str:
+        """The workflow's page in the Argo UI."""
+        return f"{self.host}workflows/{self.namespace}/{name}"
+
+    def create(self, workflow) -> str:
+        """Posts a built hera Workflow; returns the name the server gave it."""
+        from hera.workflows.models import WorkflowCreateRequest
+
+        created = self._call("submitting", lambda: self.service.create_workflow(
+            WorkflowCreateRequest(workflow=workflow), namespace=self.namespace), "")
+        return created.metadata.name
+
+    def get(self, name: str):
+        """The workflow (hera model: .metadata, .spec, .status.nodes…)."""
+        return self._call("reading", lambda: self.service.get_workflow(name, namespace=self.namespace), name)
+
+    def list(self, label_selector: Optional[str] = None) -> list:
+        found = self._call("listing", lambda: self.service.list_workflows(
+            namespace=self.namespace, label_selector=label_selector), "")
+        return list(found.items or [])
+
+    def stop(self, name: str, message: str = "") -> None:
+        """Argo's stop: running pods end, exit handlers still run (unlike terminate)."""
+        from hera.workflows.models import WorkflowStopRequest
+
+        req = WorkflowStopRequest(name=name, namespace=self.namespace, message=message or None)
+        self._call("stopping", lambda: self.service.stop_workflow(name, req, namespace=self.namespace), name)
+
+    def logs(self, name: str, pod: Optional[str] = None, follow: bool = False) -> Iterator[LogLine]:
+        """The main containers' log lines of a workflow (one pod's with `pod`), as the server streams
+        them: one JSON object per line, {"result": {"content": "...", "podName": "..."}}."""
+        params = {"logOptions.container": "main"}
+        if pod:
+            params["podName"] = pod
+        if follow:
+            params["logOptions.follow"] = "true"
+        url = f"{self.host}api/v1/workflows/{self.namespace}/{name}/log"
+        what = f"reading the logs of {name}" + (f" (pod {pod})" if pod else "")
+        try:
+            resp = self.service.session.get(url, params=params, headers={"Authorization": self.service.token},
+                                            verify=self.service.verify_ssl, stream=True,
+                                            timeout=(REQUEST_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S))
+        except requests.RequestException as exc:
+            raise ArgoError(f"{what} at {url} failed: {type(exc).__name__}: {exc}", transient=True) from exc
+        with resp:
+            if not resp.ok:
+                raise _http_error(what, url, resp.status_code, resp.text)
+            for raw in resp.iter_lines(decode_unicode=True):
+                if raw:
+                    yield _log_line(raw, url)
+
+    def _call(self, what: str, fn, name: str):
+        from hera.exceptions import HeraException
+
+        where = f"{self.host}api/v1/workflows/{self.namespace}" + (f"/{name}" if name else "")
+        try:
+            return fn()
+        except HeraException as exc:
+            status = getattr(exc, "status_code", None)
+            raise _http_error(f"{what} {name or 'workflows'}", where, status, str(exc)) from exc
+        except requests.RequestException as exc:
+            raise ArgoError(f"{what} {name or 'workflows'} at {where} failed: {type(exc).__name__}: {exc}",
+                            transient=True) from exc
+
+
+def _http_error(what: str, where: str, status: Optional[int], text: str) -> ArgoError:
+    hint = {401: " (is ARGO_TOKEN current? `argo auth token`)", 403: " (the token's account lacks this right)",
+            404: " (check the name and --namespace)"}.get(status or 0, "")
+    transient = status is None or status >= 500 or status == 429
+    return ArgoError(f"{what} at {where} failed with HTTP {status}{hint}: {text.strip()[:300]}", status, transient)
+
+
+def _log_line(raw: str, url: str) -> LogLine:
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ArgoError(f"{url} answered a line that is not JSON: {raw[:200]!r}") from exc
+    if obj.get("error"):  # a stream ends with {"error": {...}} when the server gives up mid-way
+        raise ArgoError(f"{url} reported: {obj['error'].get('message', obj['error'])}", transient=True)
+    result = obj.get("result") or {}
+    return LogLine(result.get("podName", ""), result.get("content", ""))
