@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 DEFAULT_HOME = "perception-home"
+MLFLOW_EXPERIMENT = "perception-ab"  # every command's default MLflow experiment (tracking.experiment)
 
 
 def perception_home() -> Path:
@@ -21,9 +22,14 @@ def cache_dir(home: Optional[Path] = None) -> Path:
     return (home or perception_home()) / "cache"
 
 
-def run_dir(sweep_id: str, variant: str, fold: int, home: Optional[Path] = None) -> Path:
-    """Derived from (sweep_id, variant, fold), never timestamped: a retried pod finds its checkpoint."""
-    return (home or perception_home()) / "runs" / sweep_id / f"{variant}-f{fold}"
+def run_dir(sweep_id: str, arm: str, fold: int, home: Optional[Path] = None, replicate: int = 0) -> Path:
+    """Derived from (sweep_id, arm, fold, replicate), never timestamped: a retried pod finds its
+    checkpoint. Replicate 0 keeps the name runs had before replicates existed."""
+    return (home or perception_home()) / "runs" / sweep_id / run_name(arm, fold, replicate)
+
+
+def run_name(arm: str, fold: int, replicate: int = 0) -> str:
+    return f"{arm}-f{fold}" + (f"-r{replicate}" if replicate else "")
 
 
 def new_sweep_id() -> str:

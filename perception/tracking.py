@@ -1,7 +1,7 @@
 """MLflow plumbing shared by every command: experiments, the sweep's parent run, and a durable
 ledger so that a training run survives a tracking-server outage without losing anything.
 
-Every tracking operation of a run (start, metrics, artifacts, end) is first appended to
+Every tracking operation of a run (start, metrics, artifacts, status, end) is first appended to
 `tracking.jsonl` in the run directory, then sent; ids of sent operations go to `tracking_sent.jsonl`.
 Whatever could not be sent is replayed later, in order, by the resumed run or `perception-sweep sync`.
 """
@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from perception.paths import perception_home, tracking_uri as resolve_tracking_uri
+from perception.paths import MLFLOW_EXPERIMENT as DEFAULT_EXPERIMENT, perception_home, tracking_uri as resolve_tracking_uri
 
-DEFAULT_EXPERIMENT = "perception-ab"
 LEDGER = "tracking.jsonl"
 SENT = "tracking_sent.jsonl"
 RUN_ID_FILE = "mlflow_run.json"
@@ -74,6 +73,8 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
         max_results=1,
     )
     if found:
+        if found[0].info.status != "RUNNING":  # a sweep continued after its gate ended the parent
+            c.update_run(found[0].info.run_id, status="RUNNING")
         return found[0].info.run_id
     run = c.create_run(exp_id, tags={"sweep_id": sweep_id, "role": "sweep"}, run_name=sweep_id)
     return run.info.run_id
@@ -96,6 +97,10 @@ class RunLedger:
         entry = {"id": self._next_id(), "op": op, "time_ms": int(time.time() * 1000), **payload}
         _append_line(self.run_dir / LEDGER, entry)
         self._pending = True
+
+    def started(self) -> bool:
+        """A start was recorded: there is (or will be, once sent) an MLflow run to end."""
+        return any(e["op"] == "start" for e in self.entries())
 
     def has_metrics_for(self, step: int) -> bool:
         return any(e["op"] == "metrics" and e["step"] == step for e in self.entries())
@@ -170,8 +175,10 @@ class RunLedger:
             c.log_artifact(run_id, str(self.run_dir / entry["path"]), entry.get("artifact_path"))
         elif op == "tags":
             c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in entry["tags"].items()])
+        elif op == "status":  # a resumed run is alive again after an attempt that ended KILLED/FAILED
+            c.update_run(run_id, status=entry["status"])
         elif op == "end":
-            c.set_terminated(run_id, status=entry["status"])
+            c.set_terminated(run_id, status=entry["status"], end_time=entry["time_ms"])
         else:
             raise ValueError(f"unknown ledger operation {op!r} in {self.run_dir / LEDGER}")
 

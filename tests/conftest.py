@@ -1,4 +1,4 @@
-"""Session-wide test setup: the shared samples, an isolated PERCEPTION_HOME, hypothesis profile."""
+"""Session-wide test setup: the fixtures' folder, an isolated PERCEPTION_HOME, hypothesis profile."""
 
 from __future__ import annotations
 
@@ -12,27 +12,16 @@ from hypothesis import settings
 
 from tests.mlflow_server import mlflow_server as _start_mlflow_server
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # third-party samples, each with its PROVENANCE.md
 
 settings.register_profile("ci", derandomize=True, max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
-def shared_dir() -> Path:
-    """`../shared` beside the checkout; tests that need it skip cleanly in a user's clone."""
-    if not SHARED.is_dir():
-        pytest.skip("../shared is absent (only the development checkout has it)")
-    return SHARED
-
-
-@pytest.fixture(scope="session")
-def databento_dir(shared_dir: Path) -> Path:
-    d = shared_dir / "data" / "databento"
-    if not d.is_dir():
-        pytest.skip(f"{d} is absent")
-    return d
+def databento_dir() -> Path:
+    """Databento's own MBP-10 test files and their renderings (tests/fixtures/databento)."""
+    return FIXTURES / "databento"
 
 
 @pytest.fixture

@@ -33,6 +33,8 @@ from hera.workflows.models import (
     ValueFrom,
 )
 
+# A literal, so `hera generate yaml` runs this file without the package; a test checks it against
+# perception.arms.DEFAULT_ARMS.
 VARIANTS = ("shared", "per_horizon")
 FOLDS = (0, 1, 2)
 

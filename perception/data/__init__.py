@@ -1,6 +1,7 @@
 """Order-book data: MBP-10 reader, synthetic books, features, labels, purged folds, windows, cache.
 
-Importable without hydra (the GPU image has none); only `perception.data.cli` needs it.
+Importable without hydra (the GPU image has none); `perception-data` (perception/train/data_cli.py) composes
+the Hydra config around it.
 """
 
 from perception.data.checks import check_data_config

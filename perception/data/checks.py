@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from perception.data.config import DataConfig, DataSource
+from perception.enums import enum_value
 from perception.errors import ConfigError
 
 
@@ -28,7 +29,7 @@ def as_data_config(cfg: Any) -> DataConfig:
             raise ConfigError(f"data config: unknown key(s) {unknown}; allowed: {sorted(known)}")
         out = DataConfig(**cfg)
     try:
-        out.source = DataSource(getattr(out.source, "value", out.source))
+        out.source = DataSource(enum_value(out.source))
     except ValueError:
         raise ConfigError(
             f"data.source={out.source!r}: expected one of {[s.value for s in DataSource]}"

@@ -43,6 +43,9 @@ class ModelConfig:
     # ablation: SharedQuery whose one context also feeds Path A heads [H, 2D], separating "per-horizon
     # queries" from "context skip" (the shared context otherwise reaches the logits only through h_0)
     shared_context_to_heads: bool = False
+    # the A/A twin of an arm (perception/arms.py): another seed for the pool query and the heads only,
+    # the modules in which real arms differ; the trunk's init stays that of `seed`
+    twin: bool = False
     ops: OpsBackend = OpsBackend.auto
     # recompute VSN and Mamba2 activations in backward instead of keeping them: at K = 6000 they are
     # most of the activation memory (benchmarks/model_step.py); costs about one extra trunk forward

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from perception import ops
+from perception.enums import enum_value
 from perception.errors import ConfigError, DataError
 from perception.model.cfc import CfC
 from perception.model.config import AttentionPoolVariant, ModelConfig, OpsBackend
@@ -21,6 +22,7 @@ from perception.model.pools import AttentionPool, InvertedPool
 from perception.model.vsn import VSN
 
 TRUNK_PREFIXES = ("vsn.", "mamba.", "ln_b.", "cfc.")  # identical in both variants
+ARM_MODULES = ("pool", "head")  # where arms differ; an A/A twin reseeds only these
 
 
 class PerceptionModel(nn.Module):
@@ -52,8 +54,9 @@ class PerceptionModel(nn.Module):
         self.checkpointing = bool(getattr(cfg, "activation_checkpointing", False))
         self.register_buffer("dt_scale", torch.ones(()), persistent=True)  # median Δt of training data
 
+        twin = "/twin" if getattr(cfg, "twin", False) else ""
         for name, module in (("vsn", self.vsn), ("mamba", self.mamba), ("pool", self.pool), ("cfc", self.cfc), ("head", self.head)):
-            module.reset_parameters(module_generator(seed, name))
+            module.reset_parameters(module_generator(seed, name + (twin if name in ARM_MODULES else "")))
         self.ln_b.reset_parameters()  # ones / zeros: nothing to draw
 
     @property
@@ -94,7 +97,7 @@ class PerceptionModel(nn.Module):
 
 def _enum(kind, value, key: str):
     try:
-        return kind(getattr(value, "value", value))
+        return kind(enum_value(value))
     except ValueError:
         allowed = ", ".join(v.value for v in kind)
         raise ConfigError(f"{key}={value!r}: expected one of {allowed}") from None

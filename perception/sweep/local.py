@@ -18,27 +18,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from perception.arms import DEFAULT_ARMS
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.paths import new_sweep_id, perception_home, run_dir, tracking_uri
 from perception.sweep.devices import child_env, detect_gpus, plan_waves
 
-VARIANTS = ("shared", "per_horizon")
-DEFAULT_EXPERIMENT = "local"  # conf/config.yaml's default
+DEFAULT_SCALE = "local"  # conf/config.yaml's default `experiment`
 DONE_FILE = "done.json"
 # Set per run by the sweep itself; a user override would silently break the study's design.
-RESERVED_KEYS = ("sweep_id", "model.attention_pool", "data.fold", "tracking.parent_run_id")
+RESERVED_KEYS = ("sweep_id", "arm", "replicate", "model.attention_pool", "model.shared_context_to_heads",
+                 "model.twin", "data.fold", "tracking.parent_run_id")
 SWEEP_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    variant: str
+    arm: str
     fold: int
+    replicate: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.variant} fold {self.fold}"
+        return f"{self.arm} fold {self.fold}" + (f" replicate {self.replicate}" if self.replicate else "")
+
+    def directory(self, sweep_id: str, home: Path) -> Path:
+        return run_dir(sweep_id, self.arm, self.fold, home, self.replicate)
+
+    def overrides(self) -> list[str]:
+        return [f"arm={self.arm}", f"data.fold={self.fold}", f"replicate={self.replicate}"]
 
 
 @dataclass
@@ -87,33 +95,29 @@ def check_sweep_id(sweep_id: str) -> str:
 
 def compose(overrides: Sequence[str]):
     """The training config these overrides give, composed up front so a typo fails before any work."""
-    from omegaconf import OmegaConf
-
-    from perception.train.cli import compose_config, config_error_message
+    from perception.train.compose import composed
 
     try:
-        cfg = compose_config(list(overrides))
-        OmegaConf.to_object(cfg)
-    except Exception as exc:
-        raise ConfigError(f"overrides {list(overrides)}: {config_error_message(exc)}") from exc
-    return cfg
+        return composed(overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"overrides {list(overrides)}: {exc}") from None
 
 
 def experiment_of(overrides: Sequence[str]) -> str:
     chosen = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("experiment=")]
-    return chosen[-1] if chosen else DEFAULT_EXPERIMENT
+    return chosen[-1] if chosen else DEFAULT_SCALE
 
 
 def gate_config_for(experiment: str) -> str:
     """conf/gate/<experiment>.yaml when it exists (its horizons match the experiment's), else default."""
-    from importlib.resources import files
+    from perception.gate.config import config_exists
 
-    return experiment if files("perception.conf").joinpath("gate", f"{experiment}.yaml").is_file() else "default"
+    return experiment if config_exists(experiment) else "default"
 
 
-def study_runs(n_folds: int) -> list[RunSpec]:
-    """Fold-major, so with two GPUs both variants of a fold train side by side."""
-    return [RunSpec(v, f) for f in range(n_folds) for v in VARIANTS]
+def study_runs(n_folds: int, arms: Sequence[str] = DEFAULT_ARMS, replicates: int = 1) -> list[RunSpec]:
+    """Replicate- then fold-major, so with several GPUs the arms of a fold train side by side."""
+    return [RunSpec(a, f, r) for r in range(replicates) for f in range(n_folds) for a in arms]
 
 
 def command(name: str) -> list[str]:
@@ -159,7 +163,7 @@ def _train_one(spec: RunSpec, args: list[str], env: dict[str, str], log: Optiona
         with open(log, "ab") as f:
             rc = subprocess.run(args, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - t0
-    done = _read_done(run_dir(sweep_id, spec.variant, spec.fold, home))
+    done = _read_done(spec.directory(sweep_id, home))
     ok = rc == 0 and done is not None
     return RunOutcome(spec, "finished" if ok else "failed", seconds,
                       done.get("run_id") if done else None, rc, log)
@@ -206,7 +210,7 @@ def run_local_sweep(
 
     pending = []
     for spec in runs:
-        done = _read_done(run_dir(sweep_id, spec.variant, spec.fold, home))
+        done = _read_done(spec.directory(sweep_id, home))
         if done is not None:
             result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
             say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
@@ -219,16 +223,15 @@ def run_local_sweep(
     trainer = train_command or command("perception-train")
     for wave in plan_waves(pending, gpus):
         for spec, device in wave:
-            d = run_dir(sweep_id, spec.variant, spec.fold, home)
+            d = spec.directory(sweep_id, home)
             verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
             say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{len(runs)}] {spec.label}: {verb}"
                 + (f" on GPU {device} (log {d / 'train.log'})" if device is not None else ""))
 
         def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
             spec, device = item
-            args = [*trainer, *overrides, f"sweep_id={sweep_id}", f"model.attention_pool={spec.variant}",
-                    f"data.fold={spec.fold}", f"tracking.parent_run_id={parent}"]
-            log = run_dir(sweep_id, spec.variant, spec.fold, home) / "train.log" if device is not None else None
+            args = [*trainer, *overrides, f"sweep_id={sweep_id}", *spec.overrides(), f"tracking.parent_run_id={parent}"]
+            log = spec.directory(sweep_id, home) / "train.log" if device is not None else None
             return _train_one(spec, args, child_env(env, device), log, home, sweep_id)
 
         with ThreadPoolExecutor(max_workers=len(wave)) as pool:
@@ -241,7 +244,7 @@ def run_local_sweep(
                               f"{', '.join(o.spec.label for o in outcomes if o.returncode == 2)}")
 
     if gate is None:
-        from perception.sweep.gate import run_gate as gate
+        from perception.gate.run import run_gate as gate
     experiment = experiment_of(overrides)
     gate_config = gate_config_for(experiment)
     say(f"gate: sweep {sweep_id}, config {gate_config}")

@@ -9,30 +9,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.errors import ConfigError, PerceptionError
-from perception.train.config import register_configs
-
-register_configs()
+from perception.train.compose import CONFIG_NAME, composed
 
 PROG = "perception-train"
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """The same config `perception-train` would run with (used by other commands and tests)."""
-    from hydra import compose, initialize_config_module
-
-    with initialize_config_module(config_module="perception.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
-
-
-def config_error_message(exc: BaseException) -> str:
-    """Hydra wraps the useful part (the key and the allowed values) in the exception's cause."""
-    parts, seen = [], exc
-    while seen is not None:
-        text = str(seen).strip()
-        if text and text not in parts:
-            parts.append(text)
-        seen = seen.__cause__ or seen.__context__
-    return ": ".join(parts)
 
 
 def run_task(cfg: DictConfig) -> dict:
@@ -48,7 +27,7 @@ def run_task(cfg: DictConfig) -> dict:
         sys.exit(1)
 
 
-@hydra.main(version_base="1.3", config_path="pkg://perception.conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="pkg://perception.conf", config_name=CONFIG_NAME)
 def _hydra_main(cfg: DictConfig) -> None:
     run_task(cfg)
 
@@ -60,10 +39,9 @@ def _precheck(args: list[str]) -> None:
         return
     overrides = [a for a in args if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
     try:
-        cfg = compose_config(overrides)
-        OmegaConf.to_object(cfg)
-    except Exception as exc:  # composition or validation: the message names the key and allowed values
-        print(f"{PROG}: config error: {config_error_message(exc)}", file=sys.stderr)
+        composed(overrides)
+    except ConfigError as exc:  # composition or validation: the message names the key and allowed values
+        print(f"{PROG}: config error: {exc}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -9,7 +9,10 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 
 from perception.data.config import DataConfig
-from perception.model.config import ModelConfig
+from perception.arms import arm_of_model, get_arm
+from perception.enums import enum_value
+from perception.model.config import AttentionPoolVariant, ModelConfig
+from perception.paths import MLFLOW_EXPERIMENT
 
 
 class ResumeMode(str, Enum):
@@ -44,7 +47,7 @@ class TrainerConfig:
 @dataclass
 class TrackingConfig:
     uri: Optional[str] = None  # else MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME
-    experiment: str = "perception-ab"
+    experiment: str = MLFLOW_EXPERIMENT
     parent_run_id: Optional[str] = None
 
 
@@ -52,6 +55,12 @@ class TrackingConfig:
 class Config:
     seed: int = 0
     sweep_id: Optional[str] = None  # None: a fresh id
+    # a named model configuration of perception/arms.py (shared, per_horizon, shared_skip, <arm>_twin);
+    # it sets the model fields it names. None: the arm that model.* describes
+    arm: Optional[str] = None
+    # replicate r of a (arm, fold) trains with seed + r: every arm of a replicate shares the trunk's
+    # init and batch order, replicates differ in both (tag `replicate`, run directory `-r<r>`)
+    replicate: int = 0
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -65,3 +74,19 @@ def register_configs() -> None:
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
+
+
+def apply_arm(cfg: Config) -> str:
+    """Sets the model fields of `cfg.arm` when one is named; returns the run's arm name, which is its
+    MLflow `variant` tag and names its run directory (so arms never share one)."""
+    m = cfg.model
+    if cfg.arm is None:
+        name = arm_of_model(enum_value(m.attention_pool), m.shared_context_to_heads, m.twin)
+    else:
+        arm = get_arm(cfg.arm)
+        fields = arm.model_fields()
+        m.attention_pool = AttentionPoolVariant(fields["attention_pool"])
+        m.shared_context_to_heads, m.twin = bool(fields["shared_context_to_heads"]), bool(fields["twin"])
+        name = arm.name
+    cfg.arm = name
+    return name

@@ -40,8 +40,8 @@ class AttentionByLag:
         return (self.sums / max(self.count, 1)).numpy().astype(np.float32)  # (Q, n_buckets)
 
 
-def query_names(variant: str, horizons: list[int]) -> list[str]:
-    return ["shared"] if variant == "shared" else [f"h{h}" for h in horizons]
+def query_names(n_queries: int, horizons: list[int]) -> list[str]:
+    return ["shared"] if n_queries == 1 else [f"h{h}" for h in horizons]
 
 
 def save_attention_by_lag(out_dir: Path, acc: AttentionByLag, names: list[str], title: str) -> tuple[Path, Path]:

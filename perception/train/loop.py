@@ -19,15 +19,15 @@ from tqdm.auto import tqdm
 from perception.atomic import atomic_path, atomic_write_text
 from perception.errors import ConfigError
 from perception.gitinfo import git_sha
-from perception.paths import new_sweep_id, perception_home, run_dir as derive_run_dir, tracking_uri
+from perception.paths import new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
 from perception.tracking import RunLedger, ensure_parent_run
-from perception.train.config import Config
+from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import query_names, save_attention_by_lag
 from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
-from perception.train.validate import check_before_work, enum_value, resolve_device
+from perception.train.validate import check_before_work, resolve_device
 
 DONE_FILE = "done.json"
 
@@ -35,18 +35,27 @@ DONE_FILE = "done.json"
 @dataclass
 class RunPlace:
     sweep_id: str
-    variant: str
+    variant: str  # the arm's name (MLflow tag `variant`)
     fold: int
+    replicate: int
     home: Path
     dir: Path
 
+    @property
+    def name(self) -> str:
+        return run_name(self.variant, self.fold, self.replicate)
+
 
 def place_of(cfg: Config) -> RunPlace:
+    """The run's identity and directory; applies the arm's model fields and the replicate's seed."""
     home = perception_home()
     sweep_id = cfg.sweep_id or new_sweep_id()
-    variant = enum_value(cfg.model.attention_pool)
-    fold = int(cfg.data.fold)
-    return RunPlace(sweep_id, variant, fold, home, derive_run_dir(sweep_id, variant, fold, home))
+    variant = apply_arm(cfg)
+    fold, replicate = int(cfg.data.fold), int(cfg.replicate)
+    if replicate < 0:
+        raise ConfigError(f"replicate={replicate}: expected 0 or a positive replicate number")
+    cfg.seed = int(cfg.seed) + replicate
+    return RunPlace(sweep_id, variant, fold, replicate, home, derive_run_dir(sweep_id, variant, fold, home, replicate))
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -119,12 +128,13 @@ def train(cfg: Config) -> dict[str, Any]:
     ledger = RunLedger(place.dir, uri, cfg.tracking.experiment)
     if not ledger.entries():
         parent = cfg.tracking.parent_run_id or _parent_or_none(place.sweep_id, uri, cfg.tracking.experiment)
-        tags = {"sweep_id": place.sweep_id, "variant": place.variant, "fold": str(place.fold), "role": "train"}
+        tags = {"sweep_id": place.sweep_id, "variant": place.variant, "fold": str(place.fold),
+                "replicate": str(place.replicate), "role": "train"}
         if parent:
             tags["mlflow.parentRunId"] = parent
         params = flatten_config(cfg)
         params.update({"git_sha": git_sha(), "data_hash": ds.data_hash, "sweep_id": place.sweep_id})
-        ledger.record("start", tags=tags, params=params, run_name=f"{place.variant}-f{place.fold}",
+        ledger.record("start", tags=tags, params=params, run_name=place.name,
                       experiment=cfg.tracking.experiment)
     else:
         ledger.record("tags", tags={"resumed_at_epoch": str(position.epoch)})
@@ -136,7 +146,7 @@ def train(cfg: Config) -> dict[str, Any]:
     for epoch in range(position.epoch, int(cfg.trainer.epochs)):
         model.train()
         t0, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
-        bar = tqdm(total=steps_per_epoch, desc=f"{place.variant}-f{place.fold} epoch {epoch + 1}/{cfg.trainer.epochs}",
+        bar = tqdm(total=steps_per_epoch, desc=f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}",
                    unit="batch", disable=not cfg.trainer.progress, leave=False, dynamic_ncols=True)
         for i, batch in enumerate(train_loader.batches(epoch)):
             if i >= steps_per_epoch:
@@ -177,7 +187,7 @@ def train(cfg: Config) -> dict[str, Any]:
         save_checkpoint(place.dir, f"epoch-{epoch + 1:04d}",
                         lambda p: save_model(p, model, {"sweep_id": place.sweep_id, "epoch": str(epoch + 1)}), state)
         ledger.flush(force=True)
-        print(f"[perception] {place.variant}-f{place.fold} epoch {epoch + 1}/{cfg.trainer.epochs}: "
+        print(f"[perception] {place.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "
               + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
 
     # ---- final artifacts ---------------------------------------------------------------------
@@ -197,7 +207,7 @@ def train(cfg: Config) -> dict[str, Any]:
               f"are kept in {place.dir / 'tracking.jsonl'} and will be sent by "
               f"`perception-sweep sync --sweep-id {place.sweep_id}` or a resumed run. Last error: "
               f"{(ledger.failures() or ['none'])[-1]}", flush=True)
-    print(f"[perception] finished {place.variant}-f{place.fold} (sweep {place.sweep_id}, "
+    print(f"[perception] finished {place.name} (sweep {place.sweep_id}, "
           f"run {ledger.run_id()}): val_auc_mean={metrics.get('val_auc_mean', float('nan')):.4f}", flush=True)
     return metrics
 
@@ -209,9 +219,9 @@ def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> li
     with atomic_path(pred_dir / "val_final.npz") as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, probs=ev.probs, labels=ev.labels, mask=ev.mask, index=ev.index)
-    names = query_names(place.variant, horizons)
+    names = query_names(ev.attention.sums.shape[0], horizons)
     save_attention_by_lag(diag_dir, ev.attention, names,
-                          title=f"attention by lag: {place.variant}, fold {place.fold}")
+                          title=f"attention by lag: {place.name}")
     return [("predictions/val_final.npz", "predictions"),
             ("diagnostics/attention_by_lag.npz", "diagnostics"),
             ("diagnostics/attention_by_lag.png", "diagnostics")]

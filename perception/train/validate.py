@@ -7,6 +7,7 @@ from typing import Optional
 
 import torch
 
+from perception.enums import enum_value
 from perception.errors import CheckpointError, ConfigError
 from perception.train.config import Config, ResumeMode
 
@@ -70,8 +71,3 @@ def resolve_device(device) -> torch.device:
 def _positive(key: str, value) -> None:
     if not (isinstance(value, int) and value >= 1):
         raise ConfigError(f"{key}={value}: expected a positive integer")
-
-
-def enum_value(x) -> str:
-    """An enum member's value or a plain string, as configs may hold either."""
-    return str(getattr(x, "value", x))

@@ -24,7 +24,7 @@ def test_cpu_runs_one_at_a_time_in_study_order():
     runs = study_runs(3)
     waves = plan_waves(runs, [])
     assert waves == [[(r, None)] for r in runs]
-    assert [(r.variant, r.fold) for r in runs] == [
+    assert [(r.arm, r.fold) for r in runs] == [
         ("shared", 0), ("per_horizon", 0), ("shared", 1), ("per_horizon", 1), ("shared", 2), ("per_horizon", 2)]
 
 
@@ -32,7 +32,7 @@ def test_two_gpus_train_both_variants_of_a_fold_side_by_side():
     waves = plan_waves(study_runs(3), ["0", "1"])
     assert len(waves) == 3
     for fold, wave in enumerate(waves):
-        assert [(r.variant, r.fold, d) for r, d in wave] == [("shared", fold, "0"), ("per_horizon", fold, "1")]
+        assert [(r.arm, r.fold, d) for r, d in wave] == [("shared", fold, "0"), ("per_horizon", fold, "1")]
 
 
 def test_eight_gpus_run_the_whole_study_at_once():

@@ -20,7 +20,7 @@ FAKE_TRAIN = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
     kv = dict(a.split("=", 1) for a in sys.argv[1:])
-    name = f"{kv['model.attention_pool']}-f{kv['data.fold']}"
+    name = f"{kv['arm']}-f{kv['data.fold']}" + (f"-r{kv['replicate']}" if kv["replicate"] != "0" else "")
     d = Path(os.environ["PERCEPTION_HOME"]) / "runs" / kv["sweep_id"] / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "last.safetensors").write_text("partial")
@@ -127,11 +127,12 @@ def test_gpus_train_one_run_each_in_parallel_with_their_own_logs(fakes, monkeypa
         assert (a["gpu"], b["gpu"]) == ("3", "5")
         assert a["t0"] < b["t1"] and b["t0"] < a["t1"]  # overlapping: side by side
     for r in result.runs:
-        assert r.log is not None and r.log.parent.name == f"{r.spec.variant}-f{r.spec.fold}" and r.log.exists()
+        assert r.log is not None and r.log.parent.name == f"{r.spec.arm}-f{r.spec.fold}" and r.log.exists()
 
 
 def test_overrides_the_sweep_sets_itself_are_refused_before_any_work(fakes):
-    for bad in ("data.fold=1", "model.attention_pool=shared", "sweep_id=x", "tracking.parent_run_id=abc"):
+    for bad in ("data.fold=1", "model.attention_pool=shared", "arm=shared_skip", "replicate=1", "sweep_id=x",
+                "tracking.parent_run_id=abc"):
         with pytest.raises(ConfigError, match="set by the sweep"):
             fakes.sweep(bad)
     with pytest.raises(ConfigError, match="trainer.epochs"):

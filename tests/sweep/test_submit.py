@@ -20,7 +20,7 @@ TOKEN = "s3cr3t-token"
 class FakeArgo:
     """Answers POST /<prefix>api/v1/workflows/<namespace> like the Argo server does."""
 
-    def __init__(self, shared_dir: Path):
+    def __init__(self):
         self.requests: list[dict] = []
         fake = self
 
@@ -31,7 +31,7 @@ class FakeArgo:
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     return self._reply(401, {"code": 16, "message": "token not valid"})
                 wf = json.loads(body).get("workflow", {})
-                errors = schema_errors(shared_dir, wf)
+                errors = schema_errors(wf)
                 fake.requests[-1]["errors"] = errors
                 if errors:
                     return self._reply(400, {"code": 3, "message": f"invalid workflow: {errors[:3]}"})
@@ -56,8 +56,8 @@ class FakeArgo:
 
 
 @pytest.fixture
-def argo(shared_dir):
-    fake = FakeArgo(shared_dir)
+def argo():
+    fake = FakeArgo()
     fake.thread.start()
     try:
         yield fake

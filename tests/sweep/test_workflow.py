@@ -45,21 +45,21 @@ def args_of(task: dict) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
-def test_rendered_yaml_passes_the_strict_validator(smoke, shared_dir, tmp_path):
+def test_rendered_yaml_passes_the_strict_validator(smoke, tmp_path):
     out = tmp_path / "wf.yaml"
     cmd = ["perception-sweep", "render", "--out", str(out)] + (["--smoke"] if smoke else [])
     subprocess.run(cmd, check=True, timeout=120)
-    r = subprocess.run([sys.executable, str(shared_dir / "argo" / "validate_workflow.py"), str(out)],
+    r = subprocess.run([sys.executable, "-m", "tests.sweep.argo", str(out)], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Workflow OK" in r.stdout
 
 
-def test_the_validator_would_catch_a_misspelled_field(docs, shared_dir):
+def test_the_validator_would_catch_a_misspelled_field(docs):
     broken = copy.deepcopy(docs[False])
     templates(broken)["train"]["container"]["resource"] = {"limits": {"nvidia.com/gpu": "1"}}
-    assert schema_errors(shared_dir, docs[False]) == []
-    assert any("resource" in msg for _, msg in schema_errors(shared_dir, broken))
+    assert schema_errors(docs[False]) == []
+    assert any("resource" in msg for _, msg in schema_errors(broken))
 
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
@@ -72,8 +72,7 @@ def test_golden_yaml_matches_the_definition(smoke):
 
 
 def test_hera_generate_yaml_renders_the_study():
-    if shutil.which("hera") is None:
-        pytest.skip("hera's CLI is not installed (pip install 'hera[cli]')")
+    assert shutil.which("hera"), "hera's CLI is not installed: pip install -e '.[test]' brings hera[cli]"
     r = subprocess.run(["hera", "generate", "yaml", str(REPO / "workflows" / "ab_sweep.py")],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
@@ -179,3 +178,10 @@ def test_parameters_can_be_overridden_and_are_checked():
         render(params={"tga": "v1"})
     with pytest.raises(ConfigError, match="data='parquet'"):
         render(params={"data": "parquet"})
+
+
+def test_the_workflow_literal_arms_are_the_registry_defaults():
+    from perception.arms import DEFAULT_ARMS
+    from perception.sweep.render import load_definition
+
+    assert tuple(load_definition().VARIANTS) == DEFAULT_ARMS

@@ -8,7 +8,10 @@ import subprocess
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
+from perception.gate.config import GateConfig, available_configs, conf_path
+from perception.paths import MLFLOW_EXPERIMENT
 from tests.gate.sweep_store import SweepSpec, build_sweep
 
 BASE = [0.6] * 5
@@ -20,9 +23,15 @@ def gate_cli(*args: str, home: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["perception-gate", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
+def ensure_experiment(client: MlflowClient) -> None:
+    """The session's server may have it already; artifacts are proxied by the server."""
+    if client.get_experiment_by_name(MLFLOW_EXPERIMENT) is None:
+        client.create_experiment(MLFLOW_EXPERIMENT)
+
+
 def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_server, tmp_path, perception_home):
     client = MlflowClient(tracking_uri=mlflow_server)
-    client.create_experiment("perception-ab")  # artifacts proxied by the server
+    ensure_experiment(client)
     build_sweep(client, "cli-ship", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]))
     build_sweep(client, "cli-missing", SweepSpec(mu_a=BASE, mu_b=BASE, skip={("shared", 0)}))
 
@@ -55,3 +64,32 @@ def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_serve
     assert done.returncode == 2 and "horizon(s) [6000]" in done.stderr
     done = gate_cli(home=perception_home)
     assert done.returncode == 2 and "--sweep-id" in done.stderr
+
+
+def test_gate_values_are_overridden_on_the_command_line(mlflow_server, tmp_path, perception_home):
+    client = MlflowClient(tracking_uri=mlflow_server)
+    ensure_experiment(client)
+    build_sweep(client, "cli-override", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]))
+
+    # the lift lives at h40 only: weighting h20 instead leaves nothing to ship
+    done = gate_cli("--sweep-id", "cli-override", "--tracking-uri", mlflow_server, "--config", "ci",
+                    "--out", str(tmp_path / "r"), "gate.weights={20: 1.0}", "gate.alpha=0.01", home=perception_home)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["decision"] != "ship_per_horizon"
+    config = json.loads((tmp_path / "r" / "report.json").read_text())["config"]
+    assert config["weights"] == {"h20": 1.0} and config["alpha"] == 0.01 and config["shift_horizons"] == [2, 5]
+
+    done = gate_cli("--sweep-id", "cli-override", "--tracking-uri", mlflow_server, "--config", "ci",
+                    "gate.alpah=0.01", home=perception_home)
+    assert done.returncode == 2 and "alpah" in done.stderr
+    done = gate_cli("--sweep-id", "cli-override", "--tracking-uri", mlflow_server, "--config", "ci",
+                    "alpha=0.01", home=perception_home)
+    assert done.returncode == 2 and "expected gate.KEY=VALUE" in done.stderr
+
+
+def test_shipped_gate_configs_are_deltas_over_the_defaults():
+    defaults = vars(GateConfig())
+    for name in available_configs():
+        written = OmegaConf.to_container(OmegaConf.load(conf_path(name)))
+        for key, value in written.items():
+            assert value != defaults[key], f"conf/gate/{name}.yaml repeats the default {key}: {value}"

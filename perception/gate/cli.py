@@ -1,5 +1,5 @@
 """perception-gate --sweep-id ID [--tracking-uri URI] [--experiment NAME] [--config NAME]
-[--out DIR] [--decision-file PATH]
+[--out DIR] [--decision-file PATH] [gate.KEY=VALUE ...]
 
 Decides the A/B of one sweep (DESIGN §7). Prints the decision as one JSON line on stdout.
 Exit codes: 0 a decision was made (ship_per_horizon, keep_shared or inconclusive), 3 refused
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 from perception.errors import ConfigError
+from perception.paths import MLFLOW_EXPERIMENT
 
 EXIT_USAGE = 2
 
@@ -33,13 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep-id", required=True, help="the sweep's id (tag sweep_id of its runs)")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")
-    p.add_argument("--experiment", default="perception-ab", help="MLflow experiment (default: perception-ab)")
+    p.add_argument("--experiment", default=MLFLOW_EXPERIMENT, help=f"MLflow experiment (default: {MLFLOW_EXPERIMENT})")
     p.add_argument("--config", default="default",
                    help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
     p.add_argument("--out", type=Path, default=None, help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>)")
     p.add_argument("--decision-file", type=Path, default=None,
                    help="write the decision word here (ship_per_horizon | keep_shared | inconclusive | refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("overrides", nargs="*", metavar="gate.KEY=VALUE",
+                   help="override a value of the gate config, e.g. gate.alpha=0.01 'gate.weights={1000: 1.0}'")
     return p
 
 
@@ -47,12 +50,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from perception.sweep.gate import run_gate  # imported late so --help and usage errors are instant
+    from perception.gate.run import run_gate  # imported late so --help and usage errors are instant
 
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON line
             outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
-                               config_name=args.config, out_dir=args.out, decision_file=args.decision_file,
+                               config_name=args.config, config_overrides=args.overrides, out_dir=args.out,
+                               decision_file=args.decision_file,
                                progress=not args.no_progress)
     except ConfigError as e:
         print(f"perception-gate: error: {e}", file=sys.stderr)

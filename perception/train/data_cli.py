@@ -1,7 +1,7 @@
 """`perception-data build [overrides]`: fill the feature cache with the training config's data.
 
-Composes the same Hydra config as `perception-train` (so `experiment=ci data.n_snapshots=...`
-work) and prints the data_hash, cache path, T, F and the dropped records by reason.
+It lives beside `perception-train` because it composes the same Hydra config (so
+`experiment=ci data.n_snapshots=...` work) through `perception.train.compose`, and prints the data_hash, cache path, T, F and the dropped records by reason.
 Exit codes: 0 ok, 1 unusable data, 2 usage or config error.
 """
 
@@ -16,14 +16,9 @@ from perception.errors import ConfigError, DataError
 
 def compose_data_config(overrides: Sequence[str]):
     """The `data` part of the config `perception-train` would run with these overrides."""
-    from omegaconf import OmegaConf
+    from perception.train.compose import composed
 
-    from perception.train.cli import compose_config, config_error_message
-
-    try:
-        return OmegaConf.to_object(compose_config(list(overrides)).data)
-    except Exception as e:  # composition or validation: the message names the key and allowed values
-        raise ConfigError(config_error_message(e)) from None
+    return composed(overrides).data
 
 
 def build(overrides: Sequence[str], progress: bool = True) -> dict:

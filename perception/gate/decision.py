@@ -16,9 +16,9 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from perception.sweep import stats
-from perception.sweep.gate_config import GateConfig
-from perception.sweep.gate_inputs import VARIANTS, SweepInputs
+from perception.gate import stats
+from perception.gate.config import GateConfig
+from perception.gate.inputs import VARIANTS, SweepInputs
 
 SLOWDOWN_RISK = 0.20  # DESIGN §7: a > 20 % training slowdown of the per-horizon arm is a risk
 

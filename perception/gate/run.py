@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import requests
 from mlflow.entities import Metric
@@ -20,10 +20,10 @@ from mlflow.tracking import MlflowClient
 
 from perception import paths
 from perception.atomic import atomic_write_text
-from perception.sweep.gate_config import check_horizons, load_gate_config
-from perception.sweep.gate_decision import decide
-from perception.sweep.gate_inputs import GateRefusal, SweepInputs, check_sweep_id, find_parent_run, load_sweep
-from perception.sweep.gate_report import refusal_json, summary_json, write_report
+from perception.gate.config import check_horizons, load_gate_config
+from perception.gate.decision import decide
+from perception.gate.inputs import GateRefusal, SweepInputs, check_sweep_id, find_parent_run, load_sweep
+from perception.gate.report import refusal_json, summary_json, write_report
 
 EXIT_DECIDED, EXIT_REFUSED = 0, 3
 REFUSED = "refused"  # what the decision file says when there is no decision
@@ -49,14 +49,15 @@ class GateOutcome:
 def run_gate(
     sweep_id: str,
     tracking_uri: Optional[str] = None,
-    experiment: str = "perception-ab",
+    experiment: str = paths.MLFLOW_EXPERIMENT,
     config_name: str = "default",
+    config_overrides: Sequence[str] = (),
     out_dir: Optional[Path] = None,
     decision_file: Optional[Path] = None,
     progress: bool = True,
 ) -> GateOutcome:
     """Raises ConfigError on a usage error (bad config, a config horizon the runs lack, bad id)."""
-    cfg = load_gate_config(config_name)
+    cfg = load_gate_config(config_name, config_overrides)
     check_sweep_id(sweep_id)
     uri = paths.tracking_uri(tracking_uri)
     out_dir = Path(out_dir) if out_dir is not None else paths.perception_home() / "gate" / sweep_id

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, strategies as st
 from sklearn.metrics import roc_auc_score
 
-from perception.sweep import stats
+from perception.gate import stats
 
 
 def _psi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -126,3 +126,19 @@ def test_bootstrap_sees_dependence_that_an_iid_test_misses():
     assert stats.one_sided_p(iid.z) < 0.01
     assert stats.one_sided_p(boot.z) > 0.05
     assert boot.se > 3 * iid.se
+
+
+def test_training_and_gate_auc_agree_on_ties():
+    """Training logs val_auc_h{h} with scikit-learn; the gate ranks with midranks. Heavily tied
+    scores (probabilities rounded to a few levels) must give the same AUC in both."""
+    from perception.train.evaluate import per_horizon_auc
+
+    rng = np.random.default_rng(3)
+    labels = (rng.random((4000, 3)) < 0.4).astype(np.uint8)
+    probs = np.round(rng.random((4000, 3)) * 0.3 + 0.4 * labels, 1).astype(np.float32)  # ~8 levels
+    mask = rng.random((4000, 3)) < 0.9
+    logged = per_horizon_auc(probs, labels, mask, [10, 30, 100])
+    for j, h in enumerate([10, 30, 100]):
+        m = mask[:, j]
+        assert len(np.unique(probs[m, j])) < 10
+        assert logged[h] == pytest.approx(stats.auc(probs[m, j], labels[m, j]), abs=1e-12)

@@ -1,6 +1,7 @@
 """Gate configuration (`conf/gate/<name>.yaml`, DESIGN §7): deployment weights per horizon and the
-rule thresholds. Loaded through an OmegaConf structured config, so unknown keys and wrong types fail
-with the key's name; the checks that need the runs' horizons live in `check_horizons`."""
+rule thresholds. The files are deltas over `GateConfig`'s defaults; command-line overrides
+(`gate.alpha=0.01`) come last. Loaded through an OmegaConf structured config, so unknown keys and
+wrong types fail with the key's name; the checks that need the runs' horizons live in `check_horizons`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Sequence
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -15,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from perception.errors import ConfigError
 
 MIN_BOOTSTRAP = 2000  # DESIGN §7: at least 2,000 resamples
+OVERRIDE_PREFIX = "gate."
 
 
 @dataclass
@@ -35,31 +38,49 @@ def available_configs() -> list[str]:
 
 
 def config_exists(name: str) -> bool:
-    return (_conf_dir() / f"{name}.yaml").is_file()
+    return conf_path(name).is_file()
 
 
-def load_gate_config(name: str) -> GateConfig:
-    """`name` of a file in conf/gate/, or a path to a YAML file of the same keys."""
+def conf_path(name: str):
+    """The shipped conf/gate/<name>.yaml (it may not exist)."""
+    return _conf_dir() / f"{name}.yaml"
+
+
+def load_gate_config(name: str, overrides: Sequence[str] = ()) -> GateConfig:
+    """`name` of a file in conf/gate/, or a path to a YAML file of the same keys; then `overrides`
+    such as `gate.alpha=0.01` or `gate.weights={1000: 1.0}`."""
     path = Path(name)
     if not (name.endswith((".yaml", ".yml")) and path.is_file()):
-        path = Path(str(_conf_dir() / f"{name}.yaml"))
+        path = Path(str(conf_path(name)))
         if not path.is_file():
             raise ConfigError(
                 f"gate config {name!r} not found: expected one of {available_configs()} "
                 f"(conf/gate/<name>.yaml) or a path to a .yaml file"
             )
     try:
-        loaded = OmegaConf.load(path)
-        schema = OmegaConf.structured(GateConfig)
-        if "weights" in loaded:  # the file's weights replace the default ones, not add to them
-            schema.weights = {}
-        merged = OmegaConf.merge(schema, loaded)
+        layers = [OmegaConf.load(path), _dotlist(overrides)]
+        merged = OmegaConf.structured(GateConfig)
+        for layer in layers:
+            if "weights" in layer:  # given weights replace the ones before, not add to them
+                merged.weights = {}
+            merged = OmegaConf.merge(merged, layer)
         cfg: GateConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:
-        raise ConfigError(f"gate config {path}: {e}") from e
-    cfg.source = str(path)
+        raise ConfigError(f"gate config {path}" + (f" with {list(overrides)}" if overrides else "") + f": {e}") from e
+    cfg.source = str(path) + (" " + " ".join(overrides) if overrides else "")
     _check_values(cfg)
     return cfg
+
+
+def _dotlist(overrides: Sequence[str]):
+    """`gate.KEY=VALUE` items as one config layer; anything else is a usage error naming the item."""
+    items = []
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        if not sep or not key.startswith(OVERRIDE_PREFIX) or key == OVERRIDE_PREFIX:
+            raise ConfigError(f"gate override {item!r}: expected {OVERRIDE_PREFIX}KEY=VALUE, e.g. gate.alpha=0.01")
+        items.append(item[len(OVERRIDE_PREFIX):])
+    return OmegaConf.from_dotlist(items)
 
 
 def check_horizons(cfg: GateConfig, horizons: list[int]) -> None:

@@ -21,9 +21,10 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from perception.arms import DEFAULT_ARMS
 from perception.errors import ConfigError, PerceptionError
 
-VARIANTS = ("shared", "per_horizon")  # arm A, arm B
+VARIANTS = DEFAULT_ARMS  # arm A, arm B
 PREDICTIONS = "predictions/val_final.npz"
 ATTENTION = "diagnostics/attention_by_lag.npz"
 # Params every run must carry and all six must agree on (DESIGN §4 "Config keys").

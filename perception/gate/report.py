@@ -11,9 +11,9 @@ from typing import Any, Optional
 import numpy as np
 
 from perception.atomic import atomic_path, atomic_write_text
-from perception.sweep.gate_config import GateConfig
-from perception.sweep.gate_decision import GateResult
-from perception.sweep.gate_inputs import VARIANTS, SweepInputs
+from perception.gate.config import GateConfig
+from perception.gate.decision import GateResult
+from perception.gate.inputs import VARIANTS, SweepInputs
 
 LABEL = {"shared": "A shared", "per_horizon": "B per_horizon"}
 

@@ -1,0 +1,77 @@
+"""The study's arms (DESIGN §3 "Arms"): named model configurations, one registry for the trainer,
+the sweep, the gate and the workflow. The MLflow tag `variant` and the run directory carry the name.
+
+    shared       one shared query; the pooled context reaches the logits only through the CfC's h_0
+    per_horizon  one query per horizon; each head also reads its own query's context (Path A)
+    shared_skip  one shared query whose context also feeds Path-A heads: the fair control, which
+                 separates "a query per horizon" from "pooled context reaches the heads"
+    <arm>_twin   the A/A twin of an arm: the same configuration, trunk init and batch order, but
+                 another seed for the pool query and the heads (the modules in which real arms differ)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perception.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    attention_pool: str  # model.attention_pool: "shared" | "per_horizon"
+    context_to_heads: bool  # Path-A heads read the pooled context (model.shared_context_to_heads for shared)
+    twin: bool = False  # model.twin: the A/A twin's own seed for the pool query and heads
+
+    def model_fields(self) -> dict[str, object]:
+        """The model config fields this arm sets."""
+        return {"attention_pool": self.attention_pool,
+                "shared_context_to_heads": self.context_to_heads and self.attention_pool == "shared",
+                "twin": self.twin}
+
+
+BASE_ARMS = {a.name: a for a in (
+    Arm("shared", "shared", context_to_heads=False),
+    Arm("per_horizon", "per_horizon", context_to_heads=True),
+    Arm("shared_skip", "shared", context_to_heads=True),
+)}
+TWIN_SUFFIX = "_twin"
+DEFAULT_ARMS = ("shared", "per_horizon")  # the seed study's A/B: six trainings over three folds
+DEFAULT_CONTROL, DEFAULT_TREATMENT = DEFAULT_ARMS
+ATTRIBUTION_CONTROL = "shared_skip"  # with per_horizon as treatment: the lift beyond the context path
+
+
+def arm_names() -> list[str]:
+    return [*BASE_ARMS, *(name + TWIN_SUFFIX for name in BASE_ARMS)]
+
+
+def get_arm(name: str) -> Arm:
+    """The arm called `name`; a ConfigError listing every arm otherwise."""
+    base = name[: -len(TWIN_SUFFIX)] if name.endswith(TWIN_SUFFIX) else name
+    if base not in BASE_ARMS:
+        raise ConfigError(f"arm {name!r} is not an arm of the study: expected one of {arm_names()}")
+    arm = BASE_ARMS[base]
+    return Arm(name, arm.attention_pool, arm.context_to_heads, twin=name != base)
+
+
+def arm_of_model(attention_pool: str, shared_context_to_heads: bool = False, twin: bool = False) -> str:
+    """The arm a model configuration is (runs set up with `model.*` alone, or made before arms)."""
+    for arm in BASE_ARMS.values():
+        if arm.attention_pool == attention_pool and (
+                attention_pool != "shared" or arm.context_to_heads == bool(shared_context_to_heads)):
+            return arm.name + (TWIN_SUFFIX if twin else "")
+    raise ConfigError(f"model.attention_pool={attention_pool!r}: expected one of "
+                      f"{sorted({a.attention_pool for a in BASE_ARMS.values()})}")
+
+
+def parse_arms(text: str, where: str = "--arms") -> tuple[str, ...]:
+    """'a,b[,c]' -> checked arm names, at least two and none repeated."""
+    names = tuple(n.strip() for n in str(text).split(",") if n.strip())
+    for name in names:
+        try:
+            get_arm(name)
+        except ConfigError as exc:
+            raise ConfigError(f"{where} {text!r}: {exc}") from None
+    if len(names) < 2 or len(set(names)) != len(names):
+        raise ConfigError(f"{where} {text!r}: expected at least two different arms, e.g. shared,per_horizon")
+    return names

@@ -1,0 +1,59 @@
+"""The package's layers: data -> model (over ops) -> train -> sweep / gate, with nothing importing back
+up. Top-level modules (paths, tracking, arms, errors, ...) are shared ground every layer may use."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "perception"
+LAYERS = ("data", "ops", "model", "train", "gate", "sweep")
+# What each layer may import besides itself and the top-level modules.
+ALLOWED = {
+    "base": set(),
+    "data": set(),
+    "ops": set(),
+    "model": {"ops"},
+    "train": {"data", "ops", "model"},
+    "gate": set(),  # reads runs from MLflow only: no torch, no model
+    "sweep": {"data", "ops", "model", "train", "gate"},
+}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else "base"
+
+
+def imports(path: Path) -> set[str]:
+    """Every perception.* module a file imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("perception"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if node.module == "perception")
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("perception"))
+    return found
+
+
+def test_no_import_runs_back_up_the_layers():
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(("perception", *path.relative_to(PACKAGE).with_suffix("").parts))
+        mine = layer_of(module)
+        for target in imports(path):
+            theirs = layer_of(target)
+            if theirs not in (mine, "base") and theirs not in ALLOWED[mine]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} ({mine}) imports {target} ({theirs})")
+            if mine == "base" and theirs != "base":
+                wrong.append(f"{path.relative_to(PACKAGE.parent)} (top level) imports {target} ({theirs})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_the_check_sees_function_level_imports(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from perception.train.compose import composed\n")
+    assert "perception.train.compose" in imports(f)
+    assert layer_of("perception.train.compose") == "train" and layer_of("perception.paths") == "base"
+    assert layer_of("perception.data") == "data"
