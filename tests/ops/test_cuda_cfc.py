@@ -188,8 +188,10 @@ def test_finite_at_production_length_with_model_init(op, path):
         assert p.grad.abs().sum() > 0, name
 
 
-def test_outputs_fully_written(op, path):
-    """Poison the caching allocator's free blocks with NaN: every output element must be written."""
+def test_outputs_fully_written(op, path, monkeypatch):
+    """Outputs NaN-filled before every launch (PERCEPTION_OPS_POISON), and the caching allocator's free blocks
+    poisoned with NaN too: every output element must be written."""
+    monkeypatch.setenv("PERCEPTION_OPS_POISON", "1")
     inputs = make_inputs(3, 33, 128, seed=3)
     cot = torch.randn(3, 33, 128, device="cuda")
     clean_out, clean = run_op(op, inputs, cot)

@@ -18,6 +18,9 @@
 #include <cooperative_groups.h>
 #include <torch/library.h>
 
+#include "common.cuh"
+#include "messages.h"
+
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -25,6 +28,8 @@
 namespace cg = cooperative_groups;
 
 namespace {
+
+using namespace perception_common;
 
 // Both activations through expm1f, which stays accurate under --use_fast_math (tanhf/expf may not).
 __device__ __forceinline__ float tanh_acc(float x) {
@@ -342,8 +347,8 @@ CfcPath requested_path() {
 }
 
 void check_width(int64_t D) {
-  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128, "cfc_scan kernels support D = U in {16, 32, 64, 128}, got D = " +
-              std::to_string(D) + "; use model.ops=ref for other sizes");
+  TORCH_CHECK(kernel_width_ok(D), std::string("cfc_scan kernels support D = U in ") + kKernelWidths + ", got D = " +
+                                      std::to_string(D) + "; use model.ops=ref for other sizes");
 }
 
 bool use_cluster(const void* kernel, size_t smem_bytes, CfcPath path) {
@@ -415,12 +420,6 @@ void bwd_dispatch(const at::Tensor& grad_h, const at::Tensor& gates, const at::T
          d_pre.data_ptr<float>(), d_gates.data_ptr<float>(), d_h0.data_ptr<float>(), K);
 }
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 std::string device_str(const at::Tensor& t) {
   return t.is_cuda() ? "cuda:" + std::to_string(t.get_device()) : std::string(c10::DeviceTypeName(t.device().type(), true));
 }
@@ -430,22 +429,13 @@ void check(const at::Tensor& t, const char* name, std::vector<int64_t> shape, co
   const std::string where = device_str(like), got = device_str(t);
   TORCH_CHECK(t.is_cuda() && t.get_device() == like.get_device(), std::string("cfc_scan: ") + name + " must be on " + where + ", got " + got);
   TORCH_CHECK(t.scalar_type() == at::kFloat, std::string("cfc_scan: ") + name + " must be float32, got " + c10::toString(t.scalar_type()));
-  const std::string want = shape_str(shape), have = shape_str(t.sizes());
+  const std::string want = perception_msg::shape(shape), have = perception_msg::shape(t.sizes());
   TORCH_CHECK(want == have, std::string("cfc_scan: ") + name + " must have shape " + want + ", got " + have);
 }
 
-#define CFC_DISPATCH_D(D_VALUE, CALL)                                                                  \
-  switch (D_VALUE) {                                                                                   \
-    case 16: CALL(16); break;                                                                          \
-    case 32: CALL(32); break;                                                                          \
-    case 64: CALL(64); break;                                                                          \
-    case 128: CALL(128); break;                                                                        \
-    default: check_width(D_VALUE);                                                                     \
-  }
-
 at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const at::Tensor& h0,
                          const at::Tensor& w_rec, const at::Tensor& w_out, const at::Tensor& b_out) {
-  TORCH_CHECK(x_proj.dim() == 3, "cfc_scan: x_proj must be (B, K, U), got " + shape_str(x_proj.sizes()));
+  TORCH_CHECK(x_proj.dim() == 3, "cfc_scan: x_proj must be (B, K, U), got " + perception_msg::shape(x_proj.sizes()));
   const int64_t B = x_proj.size(0), K = x_proj.size(1), D = x_proj.size(2);
   check(x_proj, "x_proj", {B, K, D}, x_proj);
   check(ts, "ts", {B, K}, x_proj);
@@ -457,19 +447,18 @@ at::Tensor cfc_scan_cuda(const at::Tensor& x_proj, const at::Tensor& ts, const a
   const CfcPath path = requested_path();
   const c10::cuda::CUDAGuard guard(x_proj.device());
   auto h_seq = at::empty({B, K, D}, x_proj.options());
+  poison_if_asked(h_seq);
   if (B == 0 || K == 0) return h_seq;
   const auto x = x_proj.contiguous(), t = ts.contiguous(), h = h0.contiguous();
   const auto wr = w_rec.contiguous(), wo = w_out.contiguous(), bo = b_out.contiguous();
-#define CFC_FWD(DV) fwd_dispatch<DV>(x, t, h, wr, wo, bo, h_seq, path)
-  CFC_DISPATCH_D(D, CFC_FWD)
-#undef CFC_FWD
+  PERCEPTION_DISPATCH_WIDTH(D, fwd_dispatch<kD>(x, t, h, wr, wo, bo, h_seq, path));
   return h_seq;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tensor& grad_h, const at::Tensor& gates,
                                                                  const at::Tensor& z, const at::Tensor& ts,
                                                                  const at::Tensor& w_rec, const at::Tensor& w_out) {
-  TORCH_CHECK(grad_h.dim() == 3, "cfc_scan_bwd: grad_h must be (B, K, D), got " + shape_str(grad_h.sizes()));
+  TORCH_CHECK(grad_h.dim() == 3, "cfc_scan_bwd: grad_h must be (B, K, D), got " + perception_msg::shape(grad_h.sizes()));
   const int64_t B = grad_h.size(0), K = grad_h.size(1), D = grad_h.size(2);
   check(grad_h, "grad_h", {B, K, D}, grad_h);
   check(gates, "gates", {B, K, 4 * D}, grad_h);
@@ -482,13 +471,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tenso
   const c10::cuda::CUDAGuard guard(grad_h.device());
   auto d_pre = at::empty({B, K, D}, grad_h.options());
   auto d_gates = at::empty({B, K, 4 * D}, grad_h.options());
-  auto d_h0 = at::zeros({B, D}, grad_h.options());
-  if (B == 0 || K == 0) return {d_pre, d_gates, d_h0};
+  auto d_h0 = at::empty({B, D}, grad_h.options());
+  poison_if_asked(d_pre);
+  poison_if_asked(d_gates);
+  poison_if_asked(d_h0);
+  if (B == 0 || K == 0) return {d_pre, d_gates, d_h0.zero_()};  // K = 0: h0 reaches no output
   const auto gh = grad_h.contiguous(), gt = gates.contiguous(), zz = z.contiguous(), t = ts.contiguous();
   const auto wr = w_rec.contiguous(), wo = w_out.contiguous();
-#define CFC_BWD(DV) bwd_dispatch<DV>(gh, gt, zz, t, wr, wo, d_pre, d_gates, d_h0, path)
-  CFC_DISPATCH_D(D, CFC_BWD)
-#undef CFC_BWD
+  PERCEPTION_DISPATCH_WIDTH(D, bwd_dispatch<kD>(gh, gt, zz, t, wr, wo, d_pre, d_gates, d_h0, path));
   return {d_pre, d_gates, d_h0};
 }
 

@@ -14,12 +14,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "common.cuh"
 #include "messages.h"
 
-#include <cstdlib>
-#include <limits>
-
 namespace {
+
+using namespace perception_common;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -48,11 +48,6 @@ KSplit split_k(int64_t B, int64_t K) {
   const int64_t want = std::min(tiles, std::max<int64_t>(1, (512 + B - 1) / B));
   const int64_t per = (tiles + want - 1) / want;
   return {static_cast<int>((tiles + per - 1) / per), static_cast<int>(per * kSplitRows)};
-}
-
-void poison_if_asked(at::Tensor& t) {
-  // PERCEPTION_OPS_POISON=1 fills outputs with NaN before the launch, so tests see unwritten elements.
-  if (std::getenv("PERCEPTION_OPS_POISON") != nullptr) t.fill_(std::numeric_limits<float>::quiet_NaN());
 }
 
 // Row layout: D / 8 threads per row; thread t holds float4 groups t and t + TPR of the row.
@@ -93,14 +88,6 @@ __device__ __forceinline__ double row_sum(double v) {
 }
 
 __device__ __forceinline__ float4 load_stream(const float4* p) { return __ldcs(p); }
-
-__device__ __forceinline__ void cp_async16(float4* smem, const float4* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // One thread's private ring: stage s, row u, half h lives at ring[((s * U + u) * 2 + h) * kThreads + tid]
 // (consecutive threads, consecutive 16-byte slots: conflict-free). Step i covers the split's rows
@@ -504,15 +491,6 @@ __global__ void attention_pool_reduce_dq(const float* __restrict__ part_dq, floa
   }
 }
 
-#define PERCEPTION_DISPATCH_NV(D, ...)                      \
-  switch (D) {                                             \
-    case 16: { constexpr int NV = 1; __VA_ARGS__; } break; \
-    case 32: { constexpr int NV = 2; __VA_ARGS__; } break; \
-    case 64: { constexpr int NV = 4; __VA_ARGS__; } break; \
-    case 128: { constexpr int NV = 8; __VA_ARGS__; } break; \
-    default: TORCH_CHECK(false, "unreachable D"); \
-  }
-
 // Query groups run a kernel with exactly their count where it is 1, 2, 4, 5 or 8 (SharedQuery is 1,
 // PerHorizon 5); 3, 6 and 7 take the next size up with zero queries in the spare slots.
 #define PERCEPTION_DISPATCH_MQ(nq, ...)                      \
@@ -543,8 +521,8 @@ void check_pool_inputs(const at::Tensor& lnb, const at::Tensor& q) {
   TORCH_CHECK(q.dim() == 2 && q.size(1) == lnb.size(2),
               "attention_pool: q must be (Q, D) with D = " + num(lnb.size(2)) + ", got shape " + shape(q.sizes()));
   const int64_t D = lnb.size(2);
-  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
-              "attention_pool: kernels take D in {16, 32, 64, 128}, got D = " + num(D) + " (use model.ops=ref)");
+  TORCH_CHECK(kernel_width_ok(D), std::string("attention_pool: kernels take D in ") + kKernelWidths + ", got D = " +
+                                      num(D) + " (use model.ops=ref)");
   TORCH_CHECK(lnb.size(1) >= 1 && q.size(0) >= 1, "attention_pool: K and Q must be >= 1, got lnb " +
                                                       shape(lnb.sizes()) + " and q " + shape(q.sizes()));
 }
@@ -552,7 +530,7 @@ void check_pool_inputs(const at::Tensor& lnb, const at::Tensor& q) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_pool_cuda(const at::Tensor& lnb_in, const at::Tensor& q_in) {
   check_pool_inputs(lnb_in, q_in);
   const c10::cuda::CUDAGuard guard(lnb_in.device());
-  const at::Tensor lnb = lnb_in.contiguous(), q = q_in.contiguous();
+  const at::Tensor lnb = aligned_contiguous(lnb_in), q = aligned_contiguous(q_in);  // float4 loads
   const int64_t B = lnb.size(0), K = lnb.size(1), D = lnb.size(2), Q = q.size(0);
   at::Tensor ctx = at::empty({B, Q, D}, lnb.options());
   at::Tensor stats = at::empty({B, Q, 2}, lnb.options());  // softmax max, sum
@@ -568,11 +546,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_pool_cuda(const at::Ten
     at::Tensor part_acc = at::empty({B, sp.splits, nq, D}, lnb.options());
     at::Tensor part_ml = at::empty({B, sp.splits, nq, 2}, lnb.options());
     const dim3 grid(sp.splits, B);
-    PERCEPTION_DISPATCH_MQ(nq, PERCEPTION_DISPATCH_NV(D, attention_pool_fwd<MQ, NV><<<grid, kThreads, 0, stream>>>(
-                                                              lnb.data_ptr<float>(), q.data_ptr<float>() + q0 * D,
-                                                              part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
-                                                              scores.data_ptr<float>(), static_cast<int>(K), sp.rows,
-                                                              nq, static_cast<int>(Q), static_cast<int>(q0))));
+    PERCEPTION_DISPATCH_MQ(nq, PERCEPTION_DISPATCH_WIDTH(D, {
+      constexpr int NV = kD / 16;
+      attention_pool_fwd<MQ, NV><<<grid, kThreads, 0, stream>>>(
+          lnb.data_ptr<float>(), q.data_ptr<float>() + q0 * D, part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
+          scores.data_ptr<float>(), static_cast<int>(K), sp.rows, nq, static_cast<int>(Q), static_cast<int>(q0));
+    }));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     attention_pool_combine<<<B * nq, D, 0, stream>>>(part_acc.data_ptr<float>(), part_ml.data_ptr<float>(),
                                                     ctx.data_ptr<float>(), stats.data_ptr<float>(), sp.splits, nq,
@@ -609,8 +588,9 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_bwd_cuda(const at::Tensor& gra
                 "attention_pool_bwd: grad_ctx, ctx, stats and scores must be CUDA tensors on lnb's device");
   }
   const c10::cuda::CUDAGuard guard(lnb_in.device());
-  const at::Tensor lnb = lnb_in.contiguous(), q = q_in.contiguous(), g = grad_in.contiguous();
-  const at::Tensor ctx = ctx_in.contiguous(), stats = stats_in.contiguous(), scores = scores_in.contiguous();
+  // lnb, q, grad_ctx and ctx are read as float4, stats and scores as floats.
+  const at::Tensor lnb = aligned_contiguous(lnb_in), q = aligned_contiguous(q_in), g = aligned_contiguous(grad_in);
+  const at::Tensor ctx = aligned_contiguous(ctx_in), stats = stats_in.contiguous(), scores = scores_in.contiguous();
   at::Tensor d_lnb = at::empty_like(lnb);
   at::Tensor d_q = at::empty_like(q);
   poison_if_asked(d_lnb);
@@ -622,7 +602,8 @@ std::tuple<at::Tensor, at::Tensor> attention_pool_bwd_cuda(const at::Tensor& gra
     const int nq = static_cast<int>(std::min<int64_t>(kMaxQ, Q - q0));
     at::Tensor part_dq = at::empty({B, sp.splits, nq, D}, lnb.options());
     const dim3 grid(sp.splits, B);
-    PERCEPTION_DISPATCH_MQ(nq, PERCEPTION_DISPATCH_NV(D, {
+    PERCEPTION_DISPATCH_MQ(nq, PERCEPTION_DISPATCH_WIDTH(D, {
+      constexpr int NV = kD / 16;
       const auto kernel = attention_pool_bwd<MQ, NV>;
       allow_ring(kernel);
       kernel<<<grid, kThreads, kRingBytes, stream>>>(

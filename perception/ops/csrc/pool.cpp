@@ -1,6 +1,6 @@
-// Schemas of the pool ops (DESIGN §5). CUDA implementations live in pool.cu, inverted.cu, merge.cu;
-// autograd and fake registrations in perception/ops/pool_autograd.py. Other op families add theirs
-// with TORCH_LIBRARY_FRAGMENT(perception, m).
+// Schemas of the pool family (DESIGN §5). CUDA kernels in pool.cu (attention pool), pool_inverted.cu and
+// pool_merge.cu, on common.cuh; autograd and fake registrations in perception/ops/pool_autograd.py. This file
+// opens the `perception` namespace; other families (cfc.cpp) add theirs with TORCH_LIBRARY_FRAGMENT.
 #include <torch/library.h>
 
 TORCH_LIBRARY(perception, m) {

@@ -7,16 +7,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common.cuh"
 #include "messages.h"
-
-#include <cstdlib>
-#include <limits>
 
 namespace {
 
-void poison_if_asked(at::Tensor& t) {
-  if (std::getenv("PERCEPTION_OPS_POISON") != nullptr) t.fill_(std::numeric_limits<float>::quiet_NaN());
-}
+using namespace perception_common;
 
 // Grid-stride over B*Q*D; bytes: reads ctx + inv, writes out. One writer per element.
 __global__ void inv_pool_merge_fwd(const float* __restrict__ ctx, const float* __restrict__ inv,

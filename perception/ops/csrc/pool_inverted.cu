@@ -12,24 +12,22 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "common.cuh"
 #include "messages.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 namespace {
+
+using namespace perception_common;
 
 constexpr int kThreads = 256;  // 16 x 16 threads, each a TM x TM (D = 16 TM) micro-tile
 constexpr int kGramRows = 16;  // K rows per Gram step
 constexpr int kGemmRows = 128; // K rows per backward block (8 per thread)
 constexpr int kGemmInner = 16; // inner (channel) step of the backward GEMM
-
-void poison_if_asked(at::Tensor& t) {
-  if (std::getenv("PERCEPTION_OPS_POISON") != nullptr) t.fill_(std::numeric_limits<float>::quiet_NaN());
-}
 
 // Micro-tile element i of thread t: float4 groups 16 apart (bank-conflict-free reads) once TM >= 4.
 template <int TM>
@@ -269,34 +267,11 @@ __global__ void __launch_bounds__(kThreads) inverted_pool_bwd_gemm(const float* 
 constexpr int kTcStageRows = 64;  // LNb rows per Gram pipeline stage (8 k-steps)
 constexpr int kTcGemmRows = 128;  // LNb rows per backward block
 
-// These instructions need sm_80; a build that also targets older GPUs compiles them as traps there, and
-// the host never launches the tensor-core kernels on such a GPU (use_simt).
+// TF32 conversion and mma need sm_80 (as cp.async, common.cuh); a build that also targets older GPUs compiles
+// them as traps there, and the host never launches the tensor-core kernels on such a GPU (use_simt).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define PERCEPTION_INV_NO_TF32 1
 #endif
-
-__device__ __forceinline__ void cp_async16(float* smem_dst, const float* src, int src_bytes) {
-  // src_bytes = 0 zero-fills the 16 bytes (rows past K) without reading src.
-#ifdef PERCEPTION_INV_NO_TF32
-  __trap();
-#else
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(__cvta_generic_to_global(src)), "r"(src_bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#ifndef PERCEPTION_INV_NO_TF32
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#ifndef PERCEPTION_INV_NO_TF32
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 
 // x = big + small, both TF32 (x - big is exact in fp32); the pair carries 22 of fp32's 24 bits.
 __device__ __forceinline__ void split_tf32(float x, uint32_t& big, uint32_t& small) {
@@ -618,21 +593,6 @@ bool use_simt() {
   return major < 8;
 }
 
-// cp.async and the SIMT float4 loads need 16-byte aligned rows; a view at an odd offset is copied.
-at::Tensor aligned_contiguous(const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
-  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
-}
-
-#define PERCEPTION_INV_DISPATCH(D, ...)                      \
-  switch (D) {                                              \
-    case 16: { constexpr int NV = 1; __VA_ARGS__; } break;  \
-    case 32: { constexpr int NV = 2; __VA_ARGS__; } break;  \
-    case 64: { constexpr int NV = 4; __VA_ARGS__; } break;  \
-    case 128: { constexpr int NV = 8; __VA_ARGS__; } break; \
-    default: TORCH_CHECK(false, "unreachable D");           \
-  }
-
 // Messages are single strings (messages.h says why); each names the argument and what was expected.
 void check_lnb(const at::Tensor& lnb, const std::string& op) {
   using namespace perception_msg;
@@ -641,8 +601,8 @@ void check_lnb(const at::Tensor& lnb, const std::string& op) {
               op + ": kernels take float32, got lnb " + dtype(lnb) + " (use model.ops=ref for other dtypes)");
   TORCH_CHECK(lnb.dim() == 3, op + ": lnb must be (B, K, D), got shape " + shape(lnb.sizes()));
   const int64_t D = lnb.size(2);
-  TORCH_CHECK(D == 16 || D == 32 || D == 64 || D == 128,
-              op + ": kernels take D in {16, 32, 64, 128}, got D = " + num(D) + " (use model.ops=ref)");
+  TORCH_CHECK(kernel_width_ok(D),
+              op + ": kernels take D in " + kKernelWidths + ", got D = " + num(D) + " (use model.ops=ref)");
   TORCH_CHECK(lnb.size(1) >= 1, op + ": K must be >= 1, got lnb " + shape(lnb.sizes()));
 }
 
@@ -665,23 +625,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> inverted_pool_cuda(const at::Tens
   at::Tensor part_sum = at::empty({B, S, D}, lnb.options());
   auto stream = c10::cuda::getCurrentCUDAStream();
   if (simt) {
-    PERCEPTION_INV_DISPATCH(D, inverted_pool_gram<NV><<<dim3(S, B), kThreads, 0, stream>>>(
-                                   lnb.data_ptr<float>(), part_g.data_ptr<float>(), part_sum.data_ptr<float>(),
-                                   static_cast<int>(K), rows));
+    PERCEPTION_DISPATCH_WIDTH(D, inverted_pool_gram<kD / 16><<<dim3(S, B), kThreads, 0, stream>>>(
+                                     lnb.data_ptr<float>(), part_g.data_ptr<float>(), part_sum.data_ptr<float>(),
+                                     static_cast<int>(K), rows));
   } else {
-    PERCEPTION_INV_DISPATCH(D, {
-      constexpr size_t smem = gram_tc_smem_bytes<16 * NV>();
-      C10_CUDA_CHECK(cudaFuncSetAttribute(inverted_pool_gram_tc<16 * NV>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      inverted_pool_gram_tc<16 * NV><<<dim3(S, B), kThreads, smem, stream>>>(
+    PERCEPTION_DISPATCH_WIDTH(D, {
+      constexpr size_t smem = gram_tc_smem_bytes<kD>();
+      C10_CUDA_CHECK(cudaFuncSetAttribute(inverted_pool_gram_tc<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      inverted_pool_gram_tc<kD><<<dim3(S, B), kThreads, smem, stream>>>(
           lnb.data_ptr<float>(), part_g.data_ptr<float>(), part_sum.data_ptr<float>(), static_cast<int>(K), rows);
     });
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   const dim3 sgrid(B, (D + 7) / 8);
-  PERCEPTION_INV_DISPATCH(D, inverted_pool_softmax<16 * NV><<<sgrid, 256, 0, stream>>>(
-                                 part_g.data_ptr<float>(), part_sum.data_ptr<float>(), attn.data_ptr<float>(),
-                                 mean.data_ptr<float>(), inv.data_ptr<float>(), S, static_cast<int>(K)));
+  PERCEPTION_DISPATCH_WIDTH(D, inverted_pool_softmax<kD><<<sgrid, 256, 0, stream>>>(
+                                   part_g.data_ptr<float>(), part_sum.data_ptr<float>(), attn.data_ptr<float>(),
+                                   mean.data_ptr<float>(), inv.data_ptr<float>(), S, static_cast<int>(K)));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {inv, attn, mean};
 }
@@ -725,16 +685,16 @@ at::Tensor inverted_pool_bwd_cuda(const at::Tensor& grad_in, const at::Tensor& l
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (use_simt()) {
     const dim3 grid((K + kGemmRows - 1) / kGemmRows, B);
-    PERCEPTION_INV_DISPATCH(D, inverted_pool_bwd_gemm<NV><<<grid, kThreads, 0, stream>>>(
-                                   lnb.data_ptr<float>(), sym.data_ptr<float>(), dm.data_ptr<float>(),
-                                   d_lnb.data_ptr<float>(), static_cast<int>(K)));
+    PERCEPTION_DISPATCH_WIDTH(D, inverted_pool_bwd_gemm<kD / 16><<<grid, kThreads, 0, stream>>>(
+                                     lnb.data_ptr<float>(), sym.data_ptr<float>(), dm.data_ptr<float>(),
+                                     d_lnb.data_ptr<float>(), static_cast<int>(K)));
   } else {
     const dim3 grid((K + kTcGemmRows - 1) / kTcGemmRows, B);
-    PERCEPTION_INV_DISPATCH(D, {
-      constexpr size_t smem = gemm_tc_smem_bytes<16 * NV>();
-      C10_CUDA_CHECK(cudaFuncSetAttribute(inverted_pool_bwd_gemm_tc<16 * NV>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-      inverted_pool_bwd_gemm_tc<16 * NV><<<grid, kThreads, smem, stream>>>(
+    PERCEPTION_DISPATCH_WIDTH(D, {
+      constexpr size_t smem = gemm_tc_smem_bytes<kD>();
+      C10_CUDA_CHECK(cudaFuncSetAttribute(inverted_pool_bwd_gemm_tc<kD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+      inverted_pool_bwd_gemm_tc<kD><<<grid, kThreads, smem, stream>>>(
           lnb.data_ptr<float>(), sym.data_ptr<float>(), dm.data_ptr<float>(), d_lnb.data_ptr<float>(),
           static_cast<int>(K));
     });
