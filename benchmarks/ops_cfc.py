@@ -1,31 +1,33 @@
-"""CfC scan at production size (B=64, K=6000, D=128), forward and forward + backward:
+"""CfC family (the scan) at production size (B=64, K=6000, D=128), forward and forward + backward:
 fused kernels (cluster path on sm_90, portable path) beside the eager reference loop of the same cell
 and that loop captured in a CUDA graph, all in one run. Medians of CUDA-event timings.
 
     PYTHONPATH=. python3 benchmarks/ops_cfc.py [--batch 64 --window 6000 --d 128] [--out FILE]
 
-`run(args) -> list[dict]` gives the rows (op, impl, shape, fwd_ms, fwdbwd_ms, note) that
-benchmarks/ops.py appends to its table."""
+Prints one table and writes benchmarks/results/ops_cfc.json and ops_cfc.md, in the format of the pool
+family's benchmarks/ops_pool.py. `run(args) -> list[dict]` gives the rows (op, impl, shape, fwd_ms,
+fwdbwd_ms, note)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.cuda_timing import cuda_median_ms as time_ms  # noqa: E402
+from benchmarks.cuda_timing import machine_info, write_table  # noqa: E402
 from perception.ops.reference import cfc_scan_ref  # noqa: E402
 
 TARGET_MS = 30.0  # issue target for forward + backward at B=64, K=6000, D=128 on an H100/H200
-
-
+TARGETS = {"cfc_scan": f"fwd+bwd <= {TARGET_MS:.0f} ms"}
 
 
 def make_inputs(b: int, k: int, d: int) -> list[torch.Tensor]:
@@ -117,29 +119,23 @@ def run(args) -> list[dict]:
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    fmt = lambda v: "-" if v is None else f"{v:10.3f}"  # noqa: E731
-    print(f"{'op':14} {'impl':20} {'shape':22} {'fwd ms':>10} {'fwd+bwd ms':>10}  note")
-    for r in rows:
-        print(f"{r['op']:14} {r['impl']:20} {r['shape']:22} {fmt(r['fwd_ms']):>10} {fmt(r['fwdbwd_ms']):>10}  {r['note']}")
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--window", type=int, default=6000)
     parser.add_argument("--d", type=int, default=128)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--eager-reps", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/cfc.json")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops_cfc.json"))
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
     rows = run(args)
-    print_table(rows)
-    machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(dict(machine=machine, rows=rows), indent=2) + "\n")
-    print(f"wrote {args.out} ({machine['gpu']})")
+    print(f"measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    out = Path(args.out)
+    print(write_table(out, rows, machine_info(), TARGETS))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,19 +1,18 @@
-"""Pool kernels vs eager PyTorch, torch.compile, SDPA and the HBM floor (fp32, TF32 off).
+"""Pool family (attention pool, inverted pool, merge) vs eager PyTorch, torch.compile, SDPA and the HBM
+floor (fp32, TF32 off).
 
-    PYTHONPATH=. python benchmarks/ops.py [--batch 64 --window 6000 --d 128 --queries 1 5]
+    PYTHONPATH=. python benchmarks/ops_pool.py [--batch 64 --window 6000 --d 128 --queries 1 5]
 
-Prints one table and writes benchmarks/results/ops.json and ops.md. Times are medians of CUDA-event
+Prints one table and writes benchmarks/results/ops_pool.json and ops_pool.md. Times are medians of CUDA-event
 timed calls (host launch and autograd time included); the floor is the op's compulsory HBM bytes at the
 device-to-device copy bandwidth measured in the same run. GPU time alone comes from CUDA graphs of
 back-to-back iterations: the kernels by themselves and eager's forward + autograd backward, so the targets
-(a multiple of the floor, a speed-up over eager) compare like with like. CfC rows come from
-benchmarks/ops_cfc.py."""
+(a multiple of the floor, a speed-up over eager) compare like with like. The CfC family has its own
+benchmark, benchmarks/ops_cfc.py."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,8 +23,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.cuda_timing import cuda_median_ms, graph_ms  # noqa: E402
-from perception.atomic import atomic_write_text  # noqa: E402
+from benchmarks.cuda_timing import cuda_median_ms, graph_ms, machine_info, write_table  # noqa: E402
 from perception.ops import (  # noqa: E402
     attention_pool,
     attention_pool_ref,
@@ -41,7 +39,7 @@ POOL_TARGET_X_FLOOR = 1.5
 INVERTED_TARGET_SPEEDUP = 3.0
 TARGETS = {"attention_pool": f"fwd+bwd <= {POOL_TARGET_X_FLOOR}x floor",
            "inverted_pool": f">= {INVERTED_TARGET_SPEEDUP:.0f}x faster than eager fwd+bwd",
-           "inv_pool_merge": f"fwd+bwd <= {MERGE_TARGET_MS:.3f} ms GPU time", "cfc_scan": "fwd+bwd <= 30 ms"}
+           "inv_pool_merge": f"fwd+bwd <= {MERGE_TARGET_MS:.3f} ms GPU time"}
 
 
 def time_ms(fn, reps: int, warmup: int = 3) -> float:
@@ -220,29 +218,6 @@ def merge_graph_rows(ctx, inv, cot, reps: int, shape: str) -> list[dict]:
     return rows
 
 
-def cfc_rows(args) -> list[dict]:
-    path = Path(__file__).with_name("ops_cfc.py")
-    if args.skip_cfc or not path.exists():
-        return []
-    spec = importlib.util.spec_from_file_location("ops_cfc", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.run(args)
-
-
-def table(rows: list[dict], machine: dict) -> str:
-    fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-    lines = [f"GPU: {machine['gpu']} (torch {machine['torch']}, CUDA {machine['cuda']}); "
-             f"device copy {machine['copy_tb_s']:.2f} TB/s; fp32, TF32 off; medians of CUDA-event timings "
-             "(per call, host launch and autograd time included; 'CUDA graph' rows: GPU time of graph replays)", "",
-             "| op | impl | shape | fwd ms | fwd+bwd ms | floor fwd+bwd ms | note |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {fmt(r.get('fwd_ms'))} | {fmt(r.get('fwdbwd_ms'))} "
-                     f"| {fmt(r.get('floor_fwdbwd_ms'))} | {r.get('note', '')} |")
-    lines += ["", "Targets: " + "; ".join(f"{k}: {v}" for k, v in TARGETS.items())]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -250,30 +225,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d", type=int, default=128)
     parser.add_argument("--queries", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--eager-reps", type=int, default=3, help="passed on to the CfC rows")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
-    parser.add_argument("--skip-cfc", action="store_true", help="skip the rows of benchmarks/ops_cfc.py")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops.json"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops_pool.json"))
     args = parser.parse_args(argv)
     extension.require()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
     bw = copy_bandwidth()
-    machine = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
-                   copy_tb_s=bw / 1e9)
+    machine = machine_info(copy_tb_s=bw / 1e9)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
     for part in (run_pool, run_inverted, run_merge):
         rows += part(args, bw)
-        atomic_write_text(out, json.dumps(dict(machine=machine, rows=rows), indent=2) + "\n")  # keep what is measured
-    rows += cfc_rows(args)
+        write_table(out, rows, machine, TARGETS, markdown=False)  # keep what is measured
     print(f"measured in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    text = table(rows, machine)
-    print(text)
-    atomic_write_text(out, json.dumps(dict(machine=machine, rows=rows), indent=2) + "\n")
-    atomic_write_text(out.with_suffix(".md"), text + "\n")
+    print(write_table(out, rows, machine, TARGETS))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 
