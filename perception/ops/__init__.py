@@ -29,43 +29,45 @@ def use_kernels(backend: str, *tensors: torch.Tensor) -> bool:
     raise ValueError(f"model.ops={backend!r}: expected one of auto, ref, cuda")
 
 
-def _kernel_takes(backend: str, *tensors: torch.Tensor) -> bool:
-    """Pool kernels take fp32 with D in {16, 32, 64, 128}; auto falls back to the references otherwise,
-    cuda lets the kernel's own check name what it expected."""
-    from perception.ops.pool_autograd import kernel_supports
-
-    return getattr(backend, "value", backend) == "cuda" or kernel_supports(*tensors)
+KERNEL_WIDTHS = (16, 32, 64, 128)  # hidden widths D every kernel family is compiled for (csrc/common.cuh)
 
 
-CFC_KERNEL_WIDTHS = (16, 32, 64, 128)  # D = U instances compiled in csrc/cfc_scan.cu
+# "Can the kernel take this?", one check per family. `auto` falls back to the references where the answer is
+# no; `cuda` always answers yes, so the kernel's own check names what it expected.
+
+
+def _pool_kernel_takes(backend: str, *tensors: torch.Tensor) -> bool:
+    """Pool kernels take fp32 with D (the first tensor's last dim) in KERNEL_WIDTHS."""
+    if getattr(backend, "value", backend) == "cuda":
+        return True
+    return all(t.dtype == torch.float32 for t in tensors) and tensors[0].shape[-1] in KERNEL_WIDTHS
 
 
 def _cfc_kernel_takes(backend: str, x_proj: torch.Tensor, h0: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """The scan kernels take fp32 with D = U in {16, 32, 64, 128}; auto falls back to the reference
-    otherwise, cuda lets the kernel's own check name what it expected."""
+    """The scan kernels take fp32 with D = U in KERNEL_WIDTHS."""
     if getattr(backend, "value", backend) == "cuda":
         return True
     fp32 = all(t.dtype == torch.float32 for t in (x_proj, h0, *weights))
-    return fp32 and h0.shape[-1] in CFC_KERNEL_WIDTHS and x_proj.shape[-1] == h0.shape[-1]
+    return fp32 and h0.shape[-1] in KERNEL_WIDTHS and x_proj.shape[-1] == h0.shape[-1]
 
 
 def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D)."""
-    if use_kernels(backend, lnb, q) and _kernel_takes(backend, lnb, q):
+    if use_kernels(backend, lnb, q) and _pool_kernel_takes(backend, lnb, q):
         return torch.ops.perception.attention_pool(lnb, q)[0]  # [1:] are softmax statistics and scores kept for backward
     return attention_pool_ref(lnb, q)
 
 
 def inverted_pool(lnb: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D) -> inv: (B, D)."""
-    if use_kernels(backend, lnb) and _kernel_takes(backend, lnb):
+    if use_kernels(backend, lnb) and _pool_kernel_takes(backend, lnb):
         return torch.ops.perception.inverted_pool(lnb)[0]  # [1:] are attention and means kept for backward
     return inverted_pool_ref(lnb)
 
 
 def inv_pool_merge(ctx: torch.Tensor, inv: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """ctx: (B, Q, D), inv: (B, D) -> ctx: (B, Q, D)."""
-    if use_kernels(backend, ctx, inv) and _kernel_takes(backend, ctx, inv):
+    if use_kernels(backend, ctx, inv) and _pool_kernel_takes(backend, ctx, inv):
         return torch.ops.perception.inv_pool_merge(ctx, inv)
     return inv_pool_merge_ref(ctx, inv)
 
@@ -89,6 +91,7 @@ def cfc_scan(
 
 
 __all__ = [
+    "KERNEL_WIDTHS",
     "attention_pool",
     "attention_pool_ref",
     "attention_weights_ref",

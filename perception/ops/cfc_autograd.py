@@ -1,4 +1,4 @@
-"""Autograd and fake (meta) registrations of `perception::cfc_scan` (schema in csrc/cfc.cpp).
+"""Autograd and fake (meta) registrations of the CfC family, `perception::cfc_scan` (schema in csrc/cfc.cpp).
 
 Imported by `perception.ops.extension` once the library is loaded. The forward saves only its inputs and
 h_seq; the backward recomputes z and the gate pre-activations for all steps with two GEMMs (they do not
@@ -6,24 +6,44 @@ depend on the backward recurrence), runs the backward-through-time kernel, and f
 as GEMMs over the per-step gradients it wrote: one fixed-order reduction per weight, no atomics.
 
 Backward workspace at B=64, K=6000, D=128 (fp32): h_prev, z, d_pre 197 MB each; gates, d_gates 786 MB
-each: 2.2 GB, freed when the backward returns. The forward keeps nothing beyond h_seq."""
+each: 2.2 GB, freed when the backward returns. The forward keeps nothing beyond h_seq.
+
+The fakes are exact: they check what the kernels' entry points check and return the kernels' (contiguous)
+outputs."""
 
 from __future__ import annotations
 
 import torch
 
+from perception.ops import KERNEL_WIDTHS
+from perception.ops.fake_checks import check_fp32, check_shape, check_width
 from perception.ops.reference import lecun_tanh
 
 
 @torch.library.register_fake("perception::cfc_scan")
 def _cfc_scan_fake(x_proj, ts, h0, w_rec, w_out, b_out):
-    return x_proj.new_empty((x_proj.shape[0], x_proj.shape[1], h0.shape[1]))
+    op = "cfc_scan"
+    torch._check(x_proj.dim() == 3, lambda: f"{op}: x_proj must be (B, K, U), got {list(x_proj.shape)}")
+    b, k, d = x_proj.shape
+    check_fp32(op, x_proj=x_proj, ts=ts, h0=h0, w_rec=w_rec, w_out=w_out, b_out=b_out)
+    for name, t, shape in [("ts", ts, (b, k)), ("h0", h0, (b, d)), ("w_rec", w_rec, (d, d)),
+                           ("w_out", w_out, (4 * d, d)), ("b_out", b_out, (4 * d,))]:
+        check_shape(op, name, t, shape)
+    check_width(op, d, KERNEL_WIDTHS)
+    return x_proj.new_empty((b, k, d))
 
 
 @torch.library.register_fake("perception::cfc_scan_bwd")
 def _cfc_scan_bwd_fake(grad_h, gates, z, ts, w_rec, w_out):
-    b, _, d = grad_h.shape
-    return torch.empty_like(z), torch.empty_like(gates), grad_h.new_empty((b, d))
+    op = "cfc_scan_bwd"
+    torch._check(grad_h.dim() == 3, lambda: f"{op}: grad_h must be (B, K, D), got {list(grad_h.shape)}")
+    b, k, d = grad_h.shape
+    check_fp32(op, grad_h=grad_h, gates=gates, z=z, ts=ts, w_rec=w_rec, w_out=w_out)
+    for name, t, shape in [("gates", gates, (b, k, 4 * d)), ("z", z, (b, k, d)), ("ts", ts, (b, k)),
+                           ("w_rec", w_rec, (d, d)), ("w_out", w_out, (4 * d, d))]:
+        check_shape(op, name, t, shape)
+    check_width(op, d, KERNEL_WIDTHS)
+    return grad_h.new_empty((b, k, d)), grad_h.new_empty((b, k, 4 * d)), grad_h.new_empty((b, d))
 
 
 def _setup(ctx, inputs, output):
