@@ -1,8 +1,8 @@
 """perception-gate --sweep-id ID [--tracking-uri URI] [--experiment NAME] [--config NAME]
-[--out DIR] [--decision-file PATH] [gate.KEY=VALUE ...]
+[--out DIR] [--decision-file PATH] [--workflow-url URL] [gate.KEY=VALUE ...]
 
 Decides the A/B of one sweep (DESIGN §7). Prints the decision as one JSON line on stdout.
-Exit codes: 0 a decision was made (ship_per_horizon, keep_shared or inconclusive), 3 refused
+Exit codes: 0 a decision was made (ship_<treatment>, keep_<control> or inconclusive), 3 refused
 (the runs cannot be compared; the reasons say why), 2 usage error.
 """
 
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT
 from perception.errors import ConfigError
 from perception.paths import MLFLOW_EXPERIMENT
 
@@ -37,10 +38,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default=MLFLOW_EXPERIMENT, help=f"MLflow experiment (default: {MLFLOW_EXPERIMENT})")
     p.add_argument("--config", default="default",
                    help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
+    p.add_argument("--control", default=DEFAULT_CONTROL, help=f"arm A (default: {DEFAULT_CONTROL})")
+    p.add_argument("--treatment", default=DEFAULT_TREATMENT, help=f"arm B (default: {DEFAULT_TREATMENT})")
     p.add_argument("--out", type=Path, default=None, help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>)")
     p.add_argument("--decision-file", type=Path, default=None,
-                   help="write the decision word here (ship_per_horizon | keep_shared | inconclusive | refused)")
+                   help="write the decision word here (ship_<treatment> | keep_<control> | inconclusive | refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--workflow-url", default=os.environ.get("PERCEPTION_WORKFLOW_URL") or None,
+                   help="the Argo workflow's page, tagged `workflow_url` on the sweep's parent run "
+                        "(default: PERCEPTION_WORKFLOW_URL)")
     p.add_argument("overrides", nargs="*", metavar="gate.KEY=VALUE",
                    help="override a value of the gate config, e.g. gate.alpha=0.01 'gate.weights={1000: 1.0}'")
     return p
@@ -56,8 +62,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON line
             outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
                                config_name=args.config, config_overrides=args.overrides, out_dir=args.out,
-                               decision_file=args.decision_file,
-                               progress=not args.no_progress)
+                               decision_file=args.decision_file, control=args.control, treatment=args.treatment,
+                               progress=not args.no_progress, workflow_url=args.workflow_url)
     except ConfigError as e:
         print(f"perception-gate: error: {e}", file=sys.stderr)
         return EXIT_USAGE

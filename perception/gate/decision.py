@@ -1,10 +1,22 @@
 """The gate's rule and evidence (DESIGN §7), as pure functions of the checked inputs.
 
-A = shared, B = per_horizon, paired by fold, final-epoch AUC:
-  Δ_h = mean_f AUC_B,h,f − mean_f AUC_A,h,f;  W = Σ w_h Δ_h / Σ w_h;  G = mean_{h ∈ shift} Δ_h.
+A comparison of arm A (control) with arm B (treatment), paired by fold and replicate, final-epoch AUC:
+  Δ_h = mean_{f,r} (AUC_B,h,f,r − AUC_A,h,f,r);  W = Σ w_h Δ_h / Σ w_h;  G = mean_{h ∈ shift} Δ_h.
 Rule 1 (first): W ≥ min_lift.  Rule 2: G > 0 and G ≥ max(0, −W) (and W ≥ 0 unless shift_allows_loss).
-No rule: keep_shared. The first rule that fires decides: with evidence (its lift ≥ noise_floor, or the
-block-bootstrap test on its horizons gives one-sided p < alpha) ship_per_horizon, else inconclusive.
+No rule: keep_<A>. The first rule that fires decides: with evidence ship_<B>, else inconclusive.
+
+Evidence for a rule's lift L (W or G, a weighted mean of Δ_h over the rule's horizons), with F folds
+and R replicates per fold:
+  se² = se²_windows + se²_training
+  - se_windows: a paired moving-block bootstrap of the validation windows, the same blocks for every
+    run of a fold (replicates of a fold share their windows), of the fold's replicate-mean lift;
+    folds are independent: se²_windows = Σ_f var_f / F².
+  - se²_training = s² / (F·R), s² the variance of one (fold, replicate) cell's lift from training
+    randomness: with R ≥ 2 the between-replicate variance pooled over folds (F·(R−1) degrees of
+    freedom); with R = 1 the variance an A/A measurement shipped with the package found for this
+    experiment (perception/gate/noise.py), else not covered (0, and the report says so).
+  z = L / se, one-sided p = P(Z ≥ z). Evidence: p < alpha, or the noise floor: the lift's lower
+  confidence bound L − z_{1−α}·se ≥ noise_floor when training noise is covered, else L ≥ noise_floor.
 """
 
 from __future__ import annotations
@@ -14,13 +26,15 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from scipy.stats import norm
 from tqdm import tqdm
 
 from perception.gate import stats
 from perception.gate.config import GateConfig
-from perception.gate.inputs import VARIANTS, SweepInputs
+from perception.gate.inputs import SweepInputs
+from perception.gate.noise import TrainingNoise
 
-SLOWDOWN_RISK = 0.20  # DESIGN §7: a > 20 % training slowdown of the per-horizon arm is a risk
+SLOWDOWN_RISK = 0.20  # DESIGN §7: a > 20 % training slowdown of the treatment arm is a risk
 
 
 @dataclass
@@ -30,157 +44,248 @@ class RuleResult:
     lift_name: str  # "W" | "G"
     lift: float
     horizons: list[int]
-    weights: list[float]  # Stouffer weights of those horizons
+    weights: list[float]
     fired: bool
-    p_bootstrap: float
-    p_delong_thinned: float
+    p_bootstrap: float  # the rule's test: windows and, where covered, training noise
+    p_delong_thinned: float  # reported only
+    se: float = math.nan
+    se_windows: float = math.nan
+    se_training: float = 0.0
+    lower_bound: float = math.nan  # L − z_{1−α}·se
     evidence_floor: bool = False
     evidence_test: bool = False
 
 
 @dataclass
+class Resamples:
+    """Per fold: the observed and block-resampled AUC of every loaded run, per horizon."""
+    observed: dict[tuple[str, int, int], np.ndarray]  # (arm, fold, replicate) -> (H,)
+    resampled: dict[tuple[str, int, int], np.ndarray]  # -> (n_boot, H), NaN where a class is empty
+    block_len: int
+    notes: list[str]
+
+
+@dataclass
 class GateResult:
+    control: str
+    treatment: str
     decision: str
     rule: Optional[str]  # the rule that fired
     W: float
     G: float
-    p: float  # the fired rule's bootstrap p (rule 1's when none fired)
+    p: float  # the fired rule's p (rule 1's when none fired)
     delta: dict[int, float]  # Δ_h
     reasons: list[str]
     rules: list[RuleResult]
-    auc: dict  # per arm: per-fold (F, H), mean (H,), std (H,)
-    per_fold: list[dict]  # per (fold, horizon): bootstrap, thinned DeLong, i.i.d. DeLong
+    auc: dict  # per arm: per-fold (F, H) replicate means, mean (H,), std (H,)
+    per_fold: list[dict]  # per (fold, horizon): bootstrap of the replicate-mean Δ, thinned and i.i.d. DeLong
     block_len: int
     throughput: dict
+    replicates: int
+    training_noise: str  # how training noise enters the evidence, in words
     notes: list[str] = field(default_factory=list)
 
 
-def decide(inputs: SweepInputs, cfg: GateConfig, progress: bool = True) -> GateResult:
-    horizons, folds = inputs.horizons, list(range(inputs.n_folds))
-    auc = {v: np.stack([inputs.runs[(v, f)].final_auc for f in folds]) for v in VARIANTS}  # (F, H)
-    delta_hf = auc[VARIANTS[1]] - auc[VARIANTS[0]]  # (F, H)
-    delta = {h: float(d) for h, d in zip(horizons, delta_hf.mean(axis=0))}
-    w = np.array([cfg.weights.get(h, 0.0) for h in horizons])
-    W = float((w * delta_hf.mean(axis=0)).sum() / w.sum())
-    G = float(np.mean([delta[h] for h in cfg.shift_horizons]))
+def resample(inputs: SweepInputs, cfg: GateConfig, progress: bool = True) -> Resamples:
+    """Block-resamples every fold once; every comparison of the sweep reuses the draws."""
+    block_len = stats.block_length(inputs.window, max(inputs.horizons), inputs.stride)
+    observed, resampled, notes = {}, {}, []
+    bar = tqdm(range(inputs.n_folds), desc="gate: block bootstrap per fold", unit="fold", disable=not progress)
+    for fold in bar:
+        keys = [k for k in sorted(inputs.runs) if k[1] == fold]
+        first = inputs.runs[keys[0]].predictions
+        n = len(first.index)
+        rng = np.random.default_rng([cfg.seed, fold])  # per fold, so results do not depend on order
+        if n < 2 * block_len:
+            notes.append(f"fold {fold}: {n} windows are fewer than two blocks of {block_len}; "
+                         f"no bootstrap evidence from this fold")
+        scores = {k: inputs.runs[k].predictions.probs for k in keys}
+        boot = stats.block_bootstrap_aucs(scores, first.labels, first.mask, block_len, cfg.n_bootstrap, rng,
+                                          enough=n >= 2 * block_len)
+        for k in keys:
+            observed[k], resampled[k] = boot[k]
+    return Resamples(observed, resampled, block_len, notes)
 
-    block_len = stats.block_length(inputs.window, max(horizons), inputs.stride)
-    per_fold = _fold_tests(inputs, cfg, block_len, progress)
-    notes = [n for row in per_fold for n in row.pop("notes")]
+
+def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, boot: Resamples,
+           noise: Optional[TrainingNoise] = None) -> GateResult:
+    horizons, folds, reps = inputs.horizons, range(inputs.n_folds), inputs.replicates
+    final = {arm: np.stack([[inputs.run(arm, f, r).final_auc for r in reps] for f in folds]) for arm in (control, treatment)}
+    cells = final[treatment] - final[control]  # (F, R, H)
+    delta_h = cells.mean(axis=(0, 1))
+    delta = {h: float(d) for h, d in zip(horizons, delta_h)}
+    w = np.array([cfg.weights.get(h, 0.0) for h in horizons])
+    W = float((w * delta_h).sum() / w.sum())
+    G = float(np.mean([delta[h] for h in cfg.shift_horizons]))
+    noise_words = _noise_words(len(reps), noise)
 
     rule1_h = [h for h in horizons if cfg.weights.get(h, 0.0) > 0]
-    rule1 = _rule("rule 1", f"W >= min_lift ({cfg.min_lift:g})", "W", W, rule1_h,
-                  [cfg.weights[h] for h in rule1_h], W >= cfg.min_lift, per_fold, cfg)
+    rule1 = _rule(RuleResult("rule 1", f"W >= min_lift ({cfg.min_lift:g})", "W", W, rule1_h,
+                             [cfg.weights[h] for h in rule1_h], W >= cfg.min_lift, math.nan, math.nan),
+                  inputs, cfg, control, treatment, boot, cells, noise)
     rule2_fires = G > 0 and G >= max(0.0, -W) and (cfg.shift_allows_loss or W >= 0)
     rule2_text = "G > 0 and G >= max(0, -W)" + ("" if cfg.shift_allows_loss else " and W >= 0")
-    rule2 = _rule("rule 2", rule2_text, "G", G, list(cfg.shift_horizons), [1.0] * len(cfg.shift_horizons),
-                  rule2_fires, per_fold, cfg)
+    rule2 = _rule(RuleResult("rule 2", rule2_text, "G", G, list(cfg.shift_horizons),
+                             [1.0] * len(cfg.shift_horizons), rule2_fires, math.nan, math.nan),
+                  inputs, cfg, control, treatment, boot, cells, noise)
 
     fired = next((r for r in (rule1, rule2) if r.fired), None)
-    reasons = [_rule_line(r, cfg) for r in (rule1, rule2)]
+    reasons = [_rule_line(r) for r in (rule1, rule2)]
     if fired is None:
-        decision = "keep_shared"
-        reasons.append("no rule fired: keep the shared query")
+        decision = f"keep_{control}"
+        reasons.append(f"no rule fired: keep {control}")
     else:
-        if fired is rule2 and rule1.fired is False:
+        if fired is rule2 and not rule1.fired:
             reasons.append("rule 1 did not fire, so rule 2 decides")
         elif fired is rule1 and rule2.fired:
             reasons.append("rule 1 fired first; rule 2 also holds but rule 1 decides")
-        reasons.append(_evidence_line(fired, cfg))
-        decision = "ship_per_horizon" if (fired.evidence_floor or fired.evidence_test) else "inconclusive"
-    throughput = _throughput(inputs)
+        reasons.append(_evidence_line(fired, cfg, noise_words))
+        decision = f"ship_{treatment}" if (fired.evidence_floor or fired.evidence_test) else "inconclusive"
+
+    per_fold = _fold_rows(inputs, control, treatment, boot)
+    notes = [n for row in per_fold for n in row.pop("notes")]
+    throughput = _throughput(inputs, control, treatment)
     if throughput.get("slowdown") is not None and throughput["slowdown"] > SLOWDOWN_RISK:
-        notes.append(f"risk: {VARIANTS[1]} trains {100 * throughput['slowdown']:.0f}% slower than "
-                     f"{VARIANTS[0]} (more than {100 * SLOWDOWN_RISK:.0f}%)")
-    p = (fired or rule1).p_bootstrap
+        notes.append(f"risk: {treatment} trains {100 * throughput['slowdown']:.0f}% slower than "
+                     f"{control} (more than {100 * SLOWDOWN_RISK:.0f}%)")
+    auc = {}
+    for arm in (control, treatment):
+        per_fold_mean = final[arm].mean(axis=1)  # (F, H)
+        auc[arm] = {"per_fold": per_fold_mean, "mean": per_fold_mean.mean(axis=0),
+                    "std": per_fold_mean.std(axis=0, ddof=1) if inputs.n_folds > 1 else np.zeros(len(horizons))}
     return GateResult(
-        decision=decision, rule=fired.name if fired else None, W=W, G=G, p=p, delta=delta,
-        reasons=reasons, rules=[rule1, rule2],
-        auc={v: {"per_fold": auc[v], "mean": auc[v].mean(axis=0), "std": auc[v].std(axis=0, ddof=1)
-                 if len(folds) > 1 else np.zeros(len(horizons))} for v in VARIANTS},
-        per_fold=per_fold, block_len=block_len, throughput=throughput, notes=notes,
+        control=control, treatment=treatment, decision=decision, rule=fired.name if fired else None, W=W, G=G,
+        p=(fired or rule1).p_bootstrap, delta=delta, reasons=reasons, rules=[rule1, rule2], auc=auc,
+        per_fold=per_fold, block_len=boot.block_len, throughput=throughput, replicates=len(reps),
+        training_noise=noise_words, notes=notes,
     )
 
 
-def _fold_tests(inputs: SweepInputs, cfg: GateConfig, block_len: int, progress: bool) -> list[dict]:
-    """Per fold and horizon: the block bootstrap, DeLong on thinned windows, and the i.i.d. DeLong
-    on all windows (reported only to show how far it overstates the evidence)."""
-    rows = []
-    bar = tqdm(range(inputs.n_folds), desc="gate: block bootstrap per fold", unit="fold", disable=not progress)
-    for fold in bar:
-        pa = inputs.runs[(VARIANTS[0], fold)].predictions
-        pb = inputs.runs[(VARIANTS[1], fold)].predictions
-        n = len(pa.index)
-        notes = []
-        if n >= 2 * block_len:
-            rng = np.random.default_rng([cfg.seed, fold])  # per fold, so results do not depend on order
-            boots = stats.paired_block_bootstrap(pa.probs, pb.probs, pa.labels, pa.mask, block_len,
-                                                 cfg.n_bootstrap, rng)
-        else:
-            boots = [None] * len(inputs.horizons)
-            notes.append(f"fold {fold}: {n} windows are fewer than two blocks of {block_len}; "
-                         f"no bootstrap evidence from this fold")
+def _rule(rule: RuleResult, inputs: SweepInputs, cfg: GateConfig, a: str, b: str, boot: Resamples,
+          cells: np.ndarray, noise: Optional[TrainingNoise]) -> RuleResult:
+    """Fills the rule's evidence: se from windows and training noise, p, lower bound, floor and test."""
+    hw = dict(zip(rule.horizons, rule.weights))
+    w = np.array([hw.get(h, 0.0) for h in inputs.horizons])
+    w = w / w.sum()
+    F, R = cells.shape[0], cells.shape[1]
+    var_windows, usable = 0.0, 0
+    for f in range(F):
+        d = np.mean([boot.resampled[(b, f, r)] - boot.resampled[(a, f, r)] for r in inputs.replicates], axis=0)
+        lift = d @ w  # (n_boot,) replicate-mean lift of the fold
+        lift = lift[np.isfinite(lift)]
+        if len(lift) > 1:
+            var_windows += float(lift.var(ddof=1))
+            usable += 1
+    if usable < F:  # a fold without bootstrap evidence: no test
+        rule.se_windows = math.nan
+    else:
+        rule.se_windows = math.sqrt(var_windows) / F
+    cell_lift = cells @ w  # (F, R)
+    if R >= 2:
+        s2 = float(np.mean(cell_lift.var(axis=1, ddof=1)))  # pooled over folds
+    elif noise is not None:
+        s2 = noise.cell_variance(w)
+    else:
+        s2 = 0.0
+    rule.se_training = math.sqrt(s2 / (F * R))
+    rule.se = math.sqrt(rule.se_windows ** 2 + rule.se_training ** 2) if math.isfinite(rule.se_windows) else math.nan
+    rule.p_bootstrap = stats.one_sided_p(stats.z_score(rule.lift, rule.se))
+    z_alpha = float(norm.isf(cfg.alpha))
+    rule.lower_bound = rule.lift - z_alpha * rule.se if math.isfinite(rule.se) else math.nan
+    covered = R >= 2 or noise is not None
+    floor_on = rule.lower_bound if covered else rule.lift
+    rule.evidence_floor = bool(math.isfinite(floor_on) and floor_on >= cfg.noise_floor)
+    rule.evidence_test = math.isfinite(rule.p_bootstrap) and rule.p_bootstrap < cfg.alpha
+    rows = [r for r in _thinned(inputs, a, b) if r[1] in hw]
+    rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, _, z in rows]),
+                                                             np.array([hw[h] for _, h, _ in rows])))
+    return rule
+
+
+def _thinned(inputs: SweepInputs, a: str, b: str) -> list[tuple[int, int, float]]:
+    """(fold, horizon, z) of DeLong on windows thinned to one per K + h snapshots, replicate 0."""
+    out = []
+    r0 = inputs.replicates[0]
+    for fold in range(inputs.n_folds):
+        pa, pb = inputs.run(a, fold, r0).predictions, inputs.run(b, fold, r0).predictions
         for j, h in enumerate(inputs.horizons):
             valid = pa.mask[:, j]
-            y = pa.labels[valid, j]
-            a, b, idx = pa.probs[valid, j], pb.probs[valid, j], pa.index[valid]
-            kept = stats.thin_by_index(idx, inputs.window + h)
-            thin = stats.delong_paired(a[kept], b[kept], y[kept])
-            iid = stats.delong_paired(a, b, y)
-            boot = boots[j]
+            kept = stats.thin_by_index(pa.index[valid], inputs.window + h)
+            t = stats.delong_paired(pa.probs[valid, j][kept], pb.probs[valid, j][kept], pa.labels[valid, j][kept])
+            out.append((fold, h, t.z))
+    return out
+
+
+def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples) -> list[dict]:
+    """Per fold and horizon: the replicate-mean Δ of the predictions with its window bootstrap, the
+    thinned DeLong and the i.i.d. DeLong on all windows (only to show how far it overstates)."""
+    rows = []
+    thinned = {(f, h): z for f, h, z in _thinned(inputs, a, b)}
+    r0 = inputs.replicates[0]
+    for fold in range(inputs.n_folds):
+        pa, pb = inputs.run(a, fold, r0).predictions, inputs.run(b, fold, r0).predictions
+        d_boot = np.mean([boot.resampled[(b, fold, r)] - boot.resampled[(a, fold, r)] for r in inputs.replicates], axis=0)
+        d_obs = np.mean([boot.observed[(b, fold, r)] - boot.observed[(a, fold, r)] for r in inputs.replicates], axis=0)
+        notes = [n for n in boot.notes if n.startswith(f"fold {fold}:")]
+        for j, h in enumerate(inputs.horizons):
+            valid = pa.mask[:, j]
+            iid = stats.delong_paired(pa.probs[valid, j], pb.probs[valid, j], pa.labels[valid, j])
+            kept = stats.thin_by_index(pa.index[valid], inputs.window + h)
+            d = d_boot[:, j][np.isfinite(d_boot[:, j])]
+            se = float(d.std(ddof=1)) if len(d) > 1 else math.nan
+            z = stats.z_score(float(d_obs[j]), se)
             rows.append({
                 "fold": fold, "horizon": h, "n_windows": int(valid.sum()),
                 "auc_a_predictions": iid.auc_a, "auc_b_predictions": iid.auc_b,
-                "bootstrap": None if boot is None else {
-                    "delta": boot.delta, "se": boot.se, "z": boot.z, "p": stats.one_sided_p(boot.z),
-                    "n_resamples": boot.n_resamples},
-                "delong_thinned": {"n": thin.n, "spacing": inputs.window + h, "delta": thin.delta,
-                                   "se": thin.se, "z": thin.z, "p": stats.one_sided_p(thin.z)},
+                "bootstrap": None if not math.isfinite(se) else {
+                    "delta": float(d_obs[j]), "se": se, "z": z, "p": stats.one_sided_p(z), "n_resamples": int(len(d))},
+                "delong_thinned": {"n": int(len(kept)), "spacing": inputs.window + h,
+                                   "z": thinned[(fold, h)], "p": stats.one_sided_p(thinned[(fold, h)])},
                 "delong_iid": {"n": iid.n, "delta": iid.delta, "se": iid.se, "z": iid.z,
                                "p": stats.one_sided_p(iid.z)},
                 "notes": notes if j == 0 else [],
             })
-            metric_gap = max(abs(iid.auc_a - inputs.runs[(VARIANTS[0], fold)].final_auc[j]),
-                             abs(iid.auc_b - inputs.runs[(VARIANTS[1], fold)].final_auc[j]))
-            if metric_gap > 0.005:
+            gap = max(abs(iid.auc_a - inputs.run(a, fold, r0).final_auc[j]),
+                      abs(iid.auc_b - inputs.run(b, fold, r0).final_auc[j]))
+            if gap > 0.005:
                 rows[-1]["notes"].append(f"fold {fold} h{h}: logged val_auc_h{h} differs from the AUC of "
-                                         f"{'predictions/val_final.npz'} by {metric_gap:.4f}")
+                                         f"predictions/val_final.npz by {gap:.4f}")
     return rows
 
 
-def _rule(name, statement, lift_name, lift, horizons, weights, fired, per_fold, cfg) -> RuleResult:
-    hw = dict(zip(horizons, weights))
-    rows = [r for r in per_fold if r["horizon"] in hw]
-    boot_z = [r["bootstrap"]["z"] if r["bootstrap"] else math.nan for r in rows]
-    thin_z = [r["delong_thinned"]["z"] for r in rows]
-    ws = [hw[r["horizon"]] for r in rows]
-    rule = RuleResult(name, statement, lift_name, lift, horizons, weights, bool(fired),
-                      stats.one_sided_p(stats.stouffer(np.array(boot_z), np.array(ws))),
-                      stats.one_sided_p(stats.stouffer(np.array(thin_z), np.array(ws))))
-    rule.evidence_floor = lift >= cfg.noise_floor
-    rule.evidence_test = math.isfinite(rule.p_bootstrap) and rule.p_bootstrap < cfg.alpha
-    return rule
+def _noise_words(replicates: int, noise: Optional[TrainingNoise]) -> str:
+    if replicates >= 2:
+        return (f"training noise from {replicates} replicates per fold (between-replicate variance of the "
+                f"lift, pooled over folds)")
+    if noise is not None:
+        return (f"training noise from the A/A measurement {noise.source} "
+                f"({', '.join(f'{a}: {n} cells' for a, n in noise.n_cells.items())})")
+    return ("training noise NOT covered: one replicate and no A/A measurement for this experiment; the "
+            "evidence holds the two trained models fixed (run --replicates 2 or more)")
 
 
-def _rule_line(r: RuleResult, cfg: GateConfig) -> str:
+def _rule_line(r: RuleResult) -> str:
     hs = ", ".join(f"h{h}" for h in r.horizons)
     return f"{r.name} ({r.statement}) on {hs}: {r.lift_name} = {r.lift:+.4f} -> {'fires' if r.fired else 'does not fire'}"
 
 
-def _evidence_line(r: RuleResult, cfg: GateConfig) -> str:
-    floor = f"{r.lift_name} = {r.lift:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
-    test = (f"block-bootstrap p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} alpha {cfg.alpha:g}"
-            if math.isfinite(r.p_bootstrap) else "block-bootstrap p unavailable")
+def _evidence_line(r: RuleResult, cfg: GateConfig, noise_words: str) -> str:
+    bound = "lower bound" if r.se_training > 0 else "lift"
+    value = r.lower_bound if r.se_training > 0 else r.lift
+    floor = f"{bound} {value:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
+    test = (f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} alpha {cfg.alpha:g} "
+            f"(se {r.se:.4f}: windows {r.se_windows:.4f}, training {r.se_training:.4f})"
+            if math.isfinite(r.p_bootstrap) else "p unavailable")
     verdict = "evidence" if (r.evidence_floor or r.evidence_test) else "no evidence"
-    return f"{verdict} for {r.name}: {floor}; {test} (thinned DeLong p = {r.p_delong_thinned:.4g}, reported only)"
+    return (f"{verdict} for {r.name}: {floor}; {test}; {noise_words} "
+            f"(thinned DeLong p = {r.p_delong_thinned:.4g}, reported only)")
 
 
-def _throughput(inputs: SweepInputs) -> dict:
+def _throughput(inputs: SweepInputs, a: str, b: str) -> dict:
     out: dict = {}
-    for v in VARIANTS:
-        vals = [inputs.runs[(v, f)].samples_per_s for f in range(inputs.n_folds)]
-        out[v] = float(np.mean(vals)) if all(x is not None for x in vals) else None
-    a, b = out[VARIANTS[0]], out[VARIANTS[1]]
-    out["ratio"] = b / a if a and b else None
+    for arm in (a, b):
+        vals = [r.samples_per_s for r in inputs.arm_runs(arm)]
+        out[arm] = float(np.mean(vals)) if vals and all(x is not None for x in vals) else None
+    out["ratio"] = out[b] / out[a] if out[a] and out[b] else None
     out["slowdown"] = 1.0 - out["ratio"] if out["ratio"] is not None else None
     return out

@@ -14,23 +14,29 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from perception.arms import DEFAULT_ARMS
+from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT, arm_names
 from perception.errors import ConfigError, PerceptionError
 
-VARIANTS = DEFAULT_ARMS  # arm A, arm B
 PREDICTIONS = "predictions/val_final.npz"
 ATTENTION = "diagnostics/attention_by_lag.npz"
-# Params every run must carry and all six must agree on (DESIGN §4 "Config keys").
-AGREED_PARAMS = ("data_hash", "git_sha", "seed", "trainer.epochs", "data.n_folds",
+# Params every run must carry and all runs must agree on (DESIGN §4 "Config keys"); `seed` must agree
+# between the arms of a replicate only (replicate r trains with seed + r).
+AGREED_PARAMS = ("data_hash", "git_sha", "trainer.epochs", "data.n_folds",
                  "data.window", "data.window_stride", "data.horizons")
+# Absent in runs made before the field existed: they read as this value (DESIGN §6).
+DEFAULTED_PARAMS = {"trainer.precision": "fp32"}
+# Per-epoch learning-signal diagnostics (DESIGN §6); runs made before them read "not measured".
+DIAGNOSTICS = ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
+               "query_divergence", "attention_entropy_ratio", "query_drift")
 SWEEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+Key = tuple[str, int, int]  # (arm, fold, replicate)
 
 
 class GateRefusal(PerceptionError):
@@ -60,12 +66,15 @@ class Attention:
 @dataclass
 class ArmRun:
     run_id: str
-    variant: str
+    arm: str  # the MLflow tag `variant`
     fold: int
+    replicate: int
     final_auc: np.ndarray  # (H,) final-epoch val_auc_h{h}
     samples_per_s: Optional[float]  # median over epochs
     predictions: Predictions
     attention: Optional[Attention]
+    diagnostics: dict[str, float]  # final-epoch value of each logged DIAGNOSTICS metric
+    params: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -79,8 +88,17 @@ class SweepInputs:
     stride: int
     n_folds: int
     params: dict[str, str]  # the agreed values
-    runs: dict[tuple[str, int], ArmRun]
+    runs: dict[Key, ArmRun]
+    arms: list[str]  # the arms loaded, control and treatment first
+    replicates: list[int]  # the replicate numbers every loaded arm has in every fold
     notes: list[str] = field(default_factory=list)
+    parent_tags: dict[str, str] = field(default_factory=dict)
+
+    def run(self, arm: str, fold: int, replicate: int) -> ArmRun:
+        return self.runs[(arm, fold, replicate)]
+
+    def arm_runs(self, arm: str) -> list[ArmRun]:
+        return [r for (a, _, _), r in sorted(self.runs.items()) if a == arm]
 
 
 def check_sweep_id(sweep_id: str) -> None:
@@ -88,7 +106,11 @@ def check_sweep_id(sweep_id: str) -> None:
         raise ConfigError(f"--sweep-id {sweep_id!r}: expected letters, digits, '.', '_' or '-'")
 
 
-def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_id: str) -> SweepInputs:
+def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_id: str,
+               control: str = DEFAULT_CONTROL, treatment: str = DEFAULT_TREATMENT,
+               optional_arms: Sequence[str] = ()) -> SweepInputs:
+    """The sweep's runs of `control` and `treatment` (required, every fold and replicate) and of each
+    of `optional_arms` found complete (the attribution's arms); anything unsound is a GateRefusal."""
     check_sweep_id(sweep_id)
     try:
         exp = client.get_experiment_by_name(experiment)
@@ -104,7 +126,10 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
                            f"{experiment!r} at {tracking_uri}"])
 
     notes: list[str] = []
-    chosen = _choose_latest_finished(train, notes)
+    chosen_all = _choose_latest_finished(train, notes)
+    present = {a for a, _, _ in chosen_all}
+    arms = [control, treatment] + [a for a in optional_arms if a in present and a not in (control, treatment)]
+    chosen = {k: r for k, r in chosen_all.items() if k[0] in arms}
     reasons: list[str] = []
     params = _agreed_params(chosen, reasons)
     if reasons:  # without agreed horizons and folds nothing below is meaningful
@@ -114,39 +139,46 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
     if reasons:
         raise GateRefusal(reasons, notes)
 
-    for variant in VARIANTS:
-        for fold in range(n_folds):
-            if (variant, fold) not in chosen:
-                found = [f"{r.info.status} {r.info.run_id}" for r in train
-                         if r.data.tags.get("variant") == variant and r.data.tags.get("fold") == str(fold)]
-                reasons.append(f"{variant} fold {fold}: no FINISHED run" + (f" (found {', '.join(found)})" if found else ""))
-    for (variant, fold), run in sorted(chosen.items()):
+    replicates = sorted({r for a, _, r in chosen if a in (control, treatment)}) or [0]
+    for arm in list(arms):
+        missing = _missing_runs(arm, chosen, train, n_folds, replicates)
+        if missing and arm not in (control, treatment):  # an incomplete optional arm is left out
+            notes += [m + " (left out of the attribution)" for m in missing]
+            arms.remove(arm)
+        reasons += [] if arm not in arms else missing
+    chosen = {k: r for k, r in chosen.items() if k[0] in arms}
+    _check_seeds(chosen, reasons)
+    for (arm, fold, rep), run in sorted(chosen.items()):
         if fold >= n_folds:
-            reasons.append(f"{variant} fold {fold} (run {run.info.run_id}): fold outside data.n_folds = {n_folds}")
+            reasons.append(f"{arm} fold {fold} (run {run.info.run_id}): fold outside data.n_folds = {n_folds}")
         elif run.data.params.get("data.fold", str(fold)) != str(fold):
-            reasons.append(f"{variant} fold {fold} (run {run.info.run_id}): tag fold={fold} but param "
+            reasons.append(f"{arm} fold {fold} (run {run.info.run_id}): tag fold={fold} but param "
                            f"data.fold={run.data.params['data.fold']}")
 
-    arm_runs: dict[tuple[str, int], ArmRun] = {}
+    arm_runs: dict[Key, ArmRun] = {}
     with tempfile.TemporaryDirectory(prefix="perception-gate-") as tmp:
-        for (variant, fold), run in sorted(chosen.items()):
-            if fold >= n_folds:
+        for (arm, fold, rep), run in sorted(chosen.items()):
+            if fold >= n_folds or rep not in replicates:
                 continue
-            where = f"{variant} fold {fold} (run {run.info.run_id})"
+            where = f"{arm} fold {fold}" + (f" replicate {rep}" if rep else "") + f" (run {run.info.run_id})"
             final_auc = _final_aucs(run, horizons, where, reasons)
             preds = _load_predictions(client, run, horizons, Path(tmp), where, reasons)
             attention = _load_attention(client, run, Path(tmp), where, notes)
             if final_auc is not None and preds is not None:
-                arm_runs[(variant, fold)] = ArmRun(run.info.run_id, variant, fold, final_auc,
-                                                   _median_metric(client, run, "samples_per_s"), preds, attention)
+                diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
+                arm_runs[(arm, fold, rep)] = ArmRun(
+                    run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, "samples_per_s"), preds,
+                    attention, diagnostics, dict(run.data.params))
     for fold in range(n_folds):
-        a, b = arm_runs.get((VARIANTS[0], fold)), arm_runs.get((VARIANTS[1], fold))
-        if a and b:
-            _check_aligned(a, b, reasons)
+        fold_runs = [r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2]))
+                     if f == fold]
+        for other in fold_runs[1:]:
+            _check_aligned(fold_runs[0], other, reasons)
     if reasons:
         raise GateRefusal(reasons, notes)
     return SweepInputs(sweep_id, tracking_uri, exp.experiment_id, parent.info.run_id if parent else None,
-                       horizons, window, stride, n_folds, params, arm_runs, notes)
+                       horizons, window, stride, n_folds, params, arm_runs, arms, replicates, notes,
+                       dict(parent.data.tags) if parent else {})
 
 
 # ---------------------------------------------------------------- runs
@@ -173,44 +205,87 @@ def _latest(runs: list[Run]) -> Optional[Run]:
     return max(runs, key=lambda r: (r.info.end_time or 0, r.info.start_time or 0), default=None)
 
 
-def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[tuple[str, int], Run]:
-    groups: dict[tuple[str, int], list[Run]] = {}
+def _missing_runs(arm: str, chosen: dict[Key, Run], train: list[Run], n_folds: int,
+                  replicates: list[int]) -> list[str]:
+    out = []
+    for fold in range(n_folds):
+        have = {r for a, f, r in chosen if a == arm and f == fold}
+        for rep in (r for r in replicates if r not in have):
+            found = [f"{r.info.status} {r.info.run_id}" for r in train if r.data.tags.get("variant") == arm
+                     and r.data.tags.get("fold") == str(fold) and _replicate(r) == rep]
+            where = f"{arm} fold {fold}" + (f" replicate {rep}" if len(replicates) > 1 or rep else "")
+            out.append(f"{where}: no FINISHED run" + (f" (found {', '.join(found)})" if found else "")
+                       + (f"; the arms' replicate sets differ in fold {fold}" if have else ""))
+    return out
+
+
+def _replicate(run: Run) -> int:
+    """Runs made before replicates existed carry no tag: replicate 0."""
+    value = run.data.tags.get("replicate", "0")
+    return int(value) if value.isdigit() else -1
+
+
+def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run]:
+    known = set(arm_names())
+    groups: dict[Key, list[Run]] = {}
     for r in train:
-        variant, fold = r.data.tags.get("variant"), r.data.tags.get("fold", "")
-        if variant not in VARIANTS or not fold.isdigit():
-            notes.append(f"run {r.info.run_id}: ignored, tags variant={variant!r} fold={fold!r} "
-                         f"(expected variant in {list(VARIANTS)} and a fold number)")
+        arm, fold, rep = r.data.tags.get("variant"), r.data.tags.get("fold", ""), _replicate(r)
+        if arm not in known or not fold.isdigit() or rep < 0:
+            notes.append(f"run {r.info.run_id}: ignored, tags variant={arm!r} fold={fold!r} "
+                         f"replicate={r.data.tags.get('replicate')!r} (expected an arm of {sorted(known)}, "
+                         f"a fold number and a replicate number)")
             continue
         if r.info.status != "FINISHED":
-            notes.append(f"{variant} fold {fold}: run {r.info.run_id} ignored, status {r.info.status}")
+            notes.append(f"{arm} fold {fold}: run {r.info.run_id} ignored, status {r.info.status}")
             continue
-        groups.setdefault((variant, int(fold)), []).append(r)
+        groups.setdefault((arm, int(fold), rep), []).append(r)
     chosen = {}
     for key, rs in groups.items():
         chosen[key] = _latest(rs)
         older = [r.info.run_id for r in rs if r is not chosen[key]]
         if older:
-            notes.append(f"duplicate runs for {key[0]} fold {key[1]}: using the latest finished "
-                         f"{chosen[key].info.run_id}, ignoring {', '.join(older)}")
+            notes.append(f"duplicate runs for {key[0]} fold {key[1]}" + (f" replicate {key[2]}" if key[2] else "")
+                         + f": using the latest finished {chosen[key].info.run_id}, ignoring {', '.join(older)}")
     return chosen
 
 
-def _agreed_params(chosen: dict[tuple[str, int], Run], reasons: list[str]) -> dict[str, str]:
+def _label(key: Key) -> str:
+    arm, fold, rep = key
+    return f"{arm} f{fold}" + (f" r{rep}" if rep else "")
+
+
+def _agreed_params(chosen: dict[Key, Run], reasons: list[str]) -> dict[str, str]:
     agreed = {}
-    for key in AGREED_PARAMS:
+    for key in (*AGREED_PARAMS, *DEFAULTED_PARAMS):
         values: dict[str, list[str]] = {}
-        for (variant, fold), run in sorted(chosen.items()):
-            value = run.data.params.get(key)
+        for k, run in sorted(chosen.items()):
+            value = run.data.params.get(key, DEFAULTED_PARAMS.get(key))
             if value is None:
-                reasons.append(f"{variant} fold {fold} (run {run.info.run_id}): param {key} is missing")
+                reasons.append(f"{k[0]} fold {k[1]} (run {run.info.run_id}): param {key} is missing")
                 continue
-            values.setdefault(value, []).append(f"{variant} f{fold}")
+            values.setdefault(value, []).append(_label(k))
         if len(values) > 1:
             listing = "; ".join(f"{v!r} in {', '.join(who)}" for v, who in values.items())
             reasons.append(f"runs disagree on {key}: {listing}")
         elif values:
             agreed[key] = next(iter(values))
     return agreed
+
+
+def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
+    """The arms of one replicate share the seed (trunk init and batch order); replicates differ."""
+    by_rep: dict[int, dict[str, list[str]]] = {}
+    for k, run in sorted(chosen.items()):
+        seed = run.data.params.get("seed")
+        if seed is None:
+            reasons.append(f"{k[0]} fold {k[1]} (run {run.info.run_id}): param seed is missing")
+            continue
+        by_rep.setdefault(k[2], {}).setdefault(seed, []).append(_label(k))
+    for rep, values in sorted(by_rep.items()):
+        if len(values) > 1:
+            listing = "; ".join(f"{v!r} in {', '.join(who)}" for v, who in values.items())
+            reasons.append(f"runs disagree on seed" + (f" within replicate {rep}" if rep or len(by_rep) > 1 else "")
+                           + f": {listing}")
 
 
 def _parse_horizons(text: str, reasons: list[str]) -> list[int]:
@@ -311,7 +386,7 @@ def _load_attention(client: MlflowClient, run: Run, tmp: Path, where: str, notes
 
 def _check_aligned(a: ArmRun, b: ArmRun, reasons: list[str]) -> None:
     pa, pb = a.predictions, b.predictions
-    head = f"fold {a.fold}: predictions of {a.variant} (run {a.run_id}) and {b.variant} (run {b.run_id})"
+    head = f"fold {a.fold}: predictions of {a.arm} (run {a.run_id}) and {b.arm} (run {b.run_id})"
     if len(pa.index) != len(pb.index):
         reasons.append(f"{head} are not aligned: {len(pa.index)} vs {len(pb.index)} windows")
     elif not np.array_equal(pa.index, pb.index):

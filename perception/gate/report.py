@@ -13,20 +13,34 @@ import numpy as np
 from perception.atomic import atomic_path, atomic_write_text
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult
-from perception.gate.inputs import VARIANTS, SweepInputs
+from perception.gate.inputs import SweepInputs
+from perception.gate.study import Study
 
-LABEL = {"shared": "A shared", "per_horizon": "B per_horizon"}
 
-
-def summary_json(result: GateResult, inputs: SweepInputs, cfg: GateConfig) -> dict:
+def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
     """Every number behind the decision, JSON-safe (NaN -> null)."""
-    runs = {f"{v}/f{f}": {"run_id": r.run_id, "final_auc": dict(zip(map(str, inputs.horizons), r.final_auc)),
-                          "samples_per_s": r.samples_per_s, "n_windows": len(r.predictions.index)}
-            for (v, f), r in sorted(inputs.runs.items())}
+    result = study.main
+    runs = {f"{a}/f{f}" + (f"/r{r}" if r else ""): {
+        "run_id": x.run_id, "final_auc": dict(zip(map(str, inputs.horizons), x.final_auc)),
+        "samples_per_s": x.samples_per_s, "n_windows": len(x.predictions.index), "diagnostics": x.diagnostics}
+        for (a, f, r), x in sorted(inputs.runs.items())}
     return _clean({
         "sweep_id": inputs.sweep_id, "decision": result.decision, "refused": False, "rule": result.rule,
-        "W": result.W, "G": result.G, "p": result.p,
+        "control": result.control, "treatment": result.treatment, "arms": inputs.arms,
+        "replicates": inputs.replicates, "W": result.W, "G": result.G, "p": result.p,
         "delta": {f"h{h}": d for h, d in result.delta.items()},
+        "training_noise": result.training_noise,
+        "attribution": None if study.attribution is None else {
+            "control": study.attribution.control, "treatment": study.attribution.treatment,
+            "decision": study.attribution.decision, "W": study.attribution.W, "G": study.attribution.G,
+            "p": study.attribution.p, "delta": {f"h{h}": d for h, d in study.attribution.delta.items()},
+            "verdict": study.verdict},
+        "context_path": None if study.context_path is None else {
+            "control": study.context_path.control, "treatment": study.context_path.treatment,
+            "decision": study.context_path.decision, "W": study.context_path.W, "G": study.context_path.G,
+            "p": study.context_path.p},
+        "diagnostics": study.diagnostics, "flags": study.flags,
+        "plan": study.plan, "exploratory": bool(study.exploratory), "differs_from_plan": study.exploratory,
         "reasons": result.reasons, "notes": inputs.notes + result.notes,
         "config": {"source": cfg.source, "weights": {f"h{h}": w for h, w in cfg.weights.items()},
                    "min_lift": cfg.min_lift, "noise_floor": cfg.noise_floor,
@@ -47,13 +61,13 @@ def refusal_json(sweep_id: str, reasons: list[str], notes: list[str]) -> dict:
 
 
 def write_report(out_dir: Path, summary: dict, inputs: Optional[SweepInputs] = None,
-                 result: Optional[GateResult] = None) -> list[Path]:
+                 study: Optional[Study] = None) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / "report.json", out_dir / "report.md"]
     atomic_write_text(files[0], json.dumps(summary, indent=2) + "\n")
-    atomic_write_text(files[1], _markdown(summary, inputs, result))
-    if inputs is not None and result is not None:
-        files.append(_plot_auc(out_dir / "auc_by_horizon.png", inputs, result))
+    atomic_write_text(files[1], _markdown(summary, inputs, study))
+    if inputs is not None and study is not None:
+        files.append(_plot_auc(out_dir / "auc_by_horizon.png", inputs, study.main))
         attention = _plot_attention(out_dir / "attention_by_lag.png", inputs)
         if attention is not None:
             files.append(attention)
@@ -63,79 +77,119 @@ def write_report(out_dir: Path, summary: dict, inputs: Optional[SweepInputs] = N
 # ---------------------------------------------------------------- markdown
 
 
-def _markdown(s: dict, inputs: Optional[SweepInputs], result: Optional[GateResult]) -> str:
+def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) -> str:
     lines = [f"# Decision gate: sweep `{s['sweep_id']}`", ""]
     if s["refused"]:
         lines += ["**Refused**: the runs cannot be compared. What is wrong:", ""]
         lines += [f"- {r}" for r in s["reasons"]]
         lines += _notes(s["notes"])
         return "\n".join(lines) + "\n"
-    assert inputs is not None and result is not None
-    lines += [f"**Decision: `{s['decision']}`**" + (f" (by {s['rule']})" if s["rule"] else ""), "",
-              f"W = {s['W']:+.4f}, G = {s['G']:+.4f}, p = {_num(s['p'])} "
-              f"(one-sided, paired moving-block bootstrap, Stouffer over folds and the rule's horizons)", ""]
+    assert inputs is not None and study is not None
+    result = study.main
+    a, b = result.control, result.treatment
+    label = {a: f"A {a}", b: f"B {b}"}
+    lines += [f"**Decision: `{s['decision']}`**" + (f" (by {s['rule']})" if s["rule"] else "")
+              + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
+              + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
+              "", f"W = {s['W']:+.4f}, G = {s['G']:+.4f}, p = {_num(s['p'])} (one-sided test of the rule's lift)",
+              "", f"Training noise: {result.training_noise}.", ""]
     lines += ["## Why", ""] + [f"- {r}" for r in s["reasons"]] + [""]
     cfg = s["config"]
     lines += [f"Config `{cfg['source']}`: weights {cfg['weights']}, min_lift {cfg['min_lift']}, "
               f"noise floor {cfg['noise_floor']}, shift horizons {cfg['shift_horizons']} "
               f"(shift_allows_loss {cfg['shift_allows_loss']}), alpha {cfg['alpha']}, "
               f"{cfg['n_bootstrap']} resamples, seed {cfg['seed']}.", ""]
+    if study.plan is not None:
+        lines += ["Pre-registered plan (the parent run's `gate_plan`): "
+                  + ("kept." if not study.exploratory else "not kept, so this decision is exploratory: "
+                     + "; ".join(study.exploratory) + "."), ""]
 
     lines += ["## Final-epoch validation AUC (mean ± std over folds)", "",
-              "| horizon | weight | " + " | ".join(LABEL[v] for v in VARIANTS) + " | Δ = B − A | per-fold Δ |",
-              "|---|---|---|---|---|---|"]
+              f"| horizon | weight | {label[a]} | {label[b]} | Δ = B − A | per-fold Δ |", "|---|---|---|---|---|---|"]
     for j, h in enumerate(inputs.horizons):
-        cells = [f"{result.auc[v]['mean'][j]:.4f} ± {result.auc[v]['std'][j]:.4f}" for v in VARIANTS]
-        folds = result.auc[VARIANTS[1]]["per_fold"][:, j] - result.auc[VARIANTS[0]]["per_fold"][:, j]
+        cells = [f"{result.auc[v]['mean'][j]:.4f} ± {result.auc[v]['std'][j]:.4f}" for v in (a, b)]
+        folds = result.auc[b]["per_fold"][:, j] - result.auc[a]["per_fold"][:, j]
         lines.append(f"| h{h} | {cfg['weights'].get(f'h{h}', 0)} | " + " | ".join(cells)
                      + f" | {result.delta[h]:+.4f} | " + ", ".join(f"{d:+.4f}" for d in folds) + " |")
     lines.append("")
 
+    lines += _attribution_section(study)
     lines += ["## Evidence", "",
               f"Validation windows overlap (window {inputs.window}, label up to {max(inputs.horizons)} snapshots "
-              f"ahead, stride {inputs.stride}), so the bootstrap resamples blocks of {result.block_len} windows. "
-              "DeLong is reported on windows thinned to one per K + h snapshots; the i.i.d. DeLong on all "
-              "windows is shown only to expose how much it overstates the evidence.", "",
-              "| rule | lift | fired | noise floor met | bootstrap p | thinned DeLong p |", "|---|---|---|---|---|---|"]
+              f"ahead, stride {inputs.stride}), so the bootstrap resamples blocks of {result.block_len} windows, "
+              "the same blocks for every run of a fold. A rule's lift is tested against se² = se²(windows) + "
+              "se²(training): the block bootstrap of the fold's replicate-mean lift, plus the variance of one "
+              "(fold, replicate) cell's lift from training noise over F·R cells (between replicates with R ≥ 2, "
+              "else a shipped A/A measurement, else none). Assumes folds independent and replicates "
+              "exchangeable. DeLong on windows thinned to one per K + h snapshots is reported beside it; the "
+              "i.i.d. DeLong on all windows only exposes how much it overstates.", "",
+              "| rule | lift | fired | se (windows, training) | lower bound | floor met | p | thinned DeLong p |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result.rules:
         lines.append(f"| {r.name}: {r.statement} | {r.lift_name} = {r.lift:+.4f} | {'yes' if r.fired else 'no'} | "
+                     f"{_num(r.se)} ({_num(r.se_windows)}, {_num(r.se_training)}) | {_num(r.lower_bound, '+.4f')} | "
                      f"{'yes' if r.evidence_floor else 'no'} | {_num(r.p_bootstrap)} | {_num(r.p_delong_thinned)} |")
     lines += ["", "| fold | horizon | windows | Δ (predictions) | bootstrap se | bootstrap p | "
               "thinned DeLong (n, p) | i.i.d. DeLong p (invalid) |", "|---|---|---|---|---|---|---|---|"]
     for row in result.per_fold:
         boot, thin, iid = row["bootstrap"], row["delong_thinned"], row["delong_iid"]
-        lines.append(f"| {row['fold']} | h{row['horizon']} | {row['n_windows']} | {iid['delta']:+.4f} | "
-                     + (f"{boot['se']:.4f} | {_num(boot['p'])}" if boot else "– | –")
+        lines.append(f"| {row['fold']} | h{row['horizon']} | {row['n_windows']} | "
+                     + (f"{boot['delta']:+.4f} | {boot['se']:.4f} | {_num(boot['p'])}" if boot else f"{iid['delta']:+.4f} | – | –")
                      + f" | {thin['n']}, {_num(thin['p'])} | {_num(iid['p'])} |")
     lines.append("")
 
+    lines += _diagnostics_section(study)
     t = result.throughput
-    lines += ["## Training throughput (samples/s, median over epochs, mean over folds)", "",
-              f"| {LABEL[VARIANTS[0]]} | {LABEL[VARIANTS[1]]} | B / A |", "|---|---|---|",
-              f"| {_num(t[VARIANTS[0]], '.1f')} | {_num(t[VARIANTS[1]], '.1f')} | {_num(t['ratio'], '.3f')} |", ""]
+    lines += ["## Training throughput (samples/s, median over epochs, mean over runs)", "",
+              f"| {label[a]} | {label[b]} | B / A |", "|---|---|---|",
+              f"| {_num(t[a], '.1f')} | {_num(t[b], '.1f')} | {_num(t['ratio'], '.3f')} |", ""]
 
-    lines += ["## Attention by lag (mean mass per query over lag buckets, mean over folds)", ""]
+    lines += ["## Attention by lag (mean mass per query over lag buckets, mean over runs)", ""]
     profiles = _attention_profiles(inputs)
     if not profiles:
         lines.append("No run logged diagnostics/attention_by_lag.npz.")
     else:
         edges = next(iter(profiles.values()))[0]
-        lines += ["| arm / query | " + " | ".join(_bucket(a, b) for a, b in zip(edges[:-1], edges[1:])) + " |",
+        lines += ["| arm / query | " + " | ".join(_bucket(x, y) for x, y in zip(edges[:-1], edges[1:])) + " |",
                   "|---|" + "---|" * (len(edges) - 1)]
-        for v in VARIANTS:
+        for v in inputs.arms:
             if v in profiles:
                 _, mass, names = profiles[v]
-                lines += [f"| {LABEL[v]} / {q} | " + " | ".join(f"{x:.3f}" for x in mass[i]) + " |"
+                lines += [f"| {v} / {q} | " + " | ".join(f"{x:.3f}" for x in mass[i]) + " |"
                           for i, q in enumerate(names)]
         lines += ["", "Side by side in `attention_by_lag.png`."]
     lines.append("")
-    lines += ["## Runs", "", "| arm | fold | run | windows |", "|---|---|---|---|"]
-    lines += [f"| {k.split('/')[0]} | {k.split('/')[1]} | `{r['run_id']}` | {r['n_windows']} |" for k, r in s["runs"].items()]
+    lines += ["## Runs", "", "| run | MLflow run | windows |", "|---|---|---|"]
+    lines += [f"| {k} | `{r['run_id']}` | {r['n_windows']} |" for k, r in s["runs"].items()]
     p = s["params"]
-    lines += ["", f"data_hash `{p.get('data_hash')}`, git_sha `{p.get('git_sha')}`, seed {p.get('seed')}, "
-              f"epochs {p.get('trainer.epochs')}, folds {p.get('data.n_folds')}."]
+    lines += ["", f"data_hash `{p.get('data_hash')}`, git_sha `{p.get('git_sha')}`, "
+              f"epochs {p.get('trainer.epochs')}, folds {p.get('data.n_folds')}, replicates {inputs.replicates}."]
     lines += _notes(s["notes"])
     return "\n".join(lines) + "\n"
+
+
+def _attribution_section(study: Study) -> list[str]:
+    if study.attribution is None:
+        return []
+    lines = ["## Attribution: per-horizon queries or the context path?", "",
+             "`shared_skip` feeds one shared query's context to the same Path-A heads, so it differs from "
+             "`per_horizon` only in the queries. The same rule and evidence decide each comparison.", "",
+             "| comparison | decision | W | G | p |", "|---|---|---|---|---|"]
+    for r in (study.main, study.attribution, study.context_path):
+        if r is not None:
+            lines.append(f"| {r.control} → {r.treatment} | `{r.decision}` | {r.W:+.4f} | {r.G:+.4f} | {_num(r.p)} |")
+    return lines + ["", f"**Verdict: {study.verdict}.**", ""]
+
+
+def _diagnostics_section(study: Study) -> list[str]:
+    keys = ("grad_norm_pool_query", "grad_norm_trunk", "grad_norm_heads", "query_divergence",
+            "attention_entropy_ratio", "query_drift")
+    lines = ["## Learning signal (final epoch, median over runs)", "",
+             "| arm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for arm, d in study.diagnostics.items():
+        lines.append(f"| {arm} | " + " | ".join("not measured" if d.get(k) is None else f"{d[k]:.3g}" for k in keys) + " |")
+    lines += [""] + [f"- **flag**: {f}" for f in study.flags] + ([""] if study.flags else [])
+    return lines
 
 
 def _notes(notes: list[str]) -> list[str]:
@@ -156,8 +210,8 @@ def _num(x: Any, fmt: str = ".4g") -> str:
 def _attention_profiles(inputs: SweepInputs) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
     """Per arm: (lag_edges, mass (Q, n_buckets) averaged over the folds that logged it, names)."""
     out = {}
-    for v in VARIANTS:
-        atts = [inputs.runs[(v, f)].attention for f in range(inputs.n_folds)]
+    for v in inputs.arms:
+        atts = [r.attention for r in inputs.arm_runs(v)]
         atts = [a for a in atts if a is not None]
         if atts and all(np.array_equal(a.lag_edges, atts[0].lag_edges) and a.mass.shape == atts[0].mass.shape
                         for a in atts):
@@ -179,17 +233,19 @@ def _plot_auc(path: Path, inputs: SweepInputs, result: GateResult) -> Path:
     hs = inputs.horizons
     x = np.arange(len(hs))
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for k, (v, color) in enumerate(zip(VARIANTS, ("tab:blue", "tab:orange"))):
+    arms = (result.control, result.treatment)
+    for k, (v, color) in enumerate(zip(arms, ("tab:blue", "tab:orange"))):
         a = result.auc[v]
         off = (k - 0.5) * 0.18
-        ax.errorbar(x + off, a["mean"], yerr=a["std"], fmt="o-", color=color, capsize=4, label=f"{LABEL[v]} (mean ± std)")
+        ax.errorbar(x + off, a["mean"], yerr=a["std"], fmt="o-", color=color, capsize=4,
+                    label=f"{'AB'[k]} {v} (mean ± std)")
         for f in range(inputs.n_folds):
             ax.scatter(x + off, a["per_fold"][f], s=12, color=color, alpha=0.45)
     ax.set_xticks(x, [f"h{h}" for h in hs])
     ax.set_ylabel("final-epoch validation AUC")
     ax.set_title("AUC by horizon (dots: folds)")
     ax.legend(fontsize=8)
-    deltas = result.auc[VARIANTS[1]]["per_fold"] - result.auc[VARIANTS[0]]["per_fold"]  # (F, H)
+    deltas = result.auc[arms[1]]["per_fold"] - result.auc[arms[0]]["per_fold"]  # (F, H)
     dx.axhline(0, color="grey", lw=0.8)
     dx.bar(x, [result.delta[h] for h in hs], color="tab:green", alpha=0.6, label="Δ = B − A (mean)")
     for f in range(inputs.n_folds):
@@ -209,9 +265,9 @@ def _plot_attention(path: Path, inputs: SweepInputs) -> Optional[Path]:
     if not profiles:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(11, 4), sharey=True, squeeze=False)
-    for ax, v in zip(axes[0], VARIANTS):
-        ax.set_title(LABEL[v])
+    fig, axes = plt.subplots(1, len(inputs.arms), figsize=(5.5 * len(inputs.arms), 4), sharey=True, squeeze=False)
+    for ax, v in zip(axes[0], inputs.arms):
+        ax.set_title(v)
         if v not in profiles:
             ax.text(0.5, 0.5, "not logged", ha="center", transform=ax.transAxes)
             continue

@@ -1,5 +1,5 @@
-"""The decision gate (DESIGN §7): read a sweep's six runs, decide ship_per_horizon / keep_shared /
-inconclusive with the evidence, or refuse naming what is wrong; write the report and log it to a
+"""The decision gate (DESIGN §7): read a sweep's runs, decide ship_<treatment> / keep_<control> /
+inconclusive with the evidence (and the attribution when the sweep has shared_skip), or refuse naming what is wrong; write the report and log it to a
 gate run in MLflow (role=gate, nested under the sweep's parent run).
 
     outcome = run_gate("sweep-1a2b3c", config_name="local")
@@ -14,16 +14,18 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import requests
-from mlflow.entities import Metric
+from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from perception import paths
 from perception.atomic import atomic_write_text
 from perception.gate.config import check_horizons, load_gate_config
-from perception.gate.decision import decide
+from perception.arms import ATTRIBUTION_CONTROL, DEFAULT_CONTROL, DEFAULT_TREATMENT, get_arm
+from perception.errors import ConfigError
 from perception.gate.inputs import GateRefusal, SweepInputs, check_sweep_id, find_parent_run, load_sweep
 from perception.gate.report import refusal_json, summary_json, write_report
+from perception.gate.study import study_result
 
 EXIT_DECIDED, EXIT_REFUSED = 0, 3
 REFUSED = "refused"  # what the decision file says when there is no decision
@@ -31,7 +33,7 @@ REFUSED = "refused"  # what the decision file says when there is no decision
 
 @dataclass
 class GateOutcome:
-    decision: Optional[str]  # ship_per_horizon | keep_shared | inconclusive; None when refused
+    decision: Optional[str]  # ship_<treatment> | keep_<control> | inconclusive; None when refused
     refused: bool
     reasons: list[str]
     report_dir: Path
@@ -52,12 +54,18 @@ def run_gate(
     experiment: str = paths.MLFLOW_EXPERIMENT,
     config_name: str = "default",
     config_overrides: Sequence[str] = (),
+    control: str = DEFAULT_CONTROL,
+    treatment: str = DEFAULT_TREATMENT,
     out_dir: Optional[Path] = None,
     decision_file: Optional[Path] = None,
     progress: bool = True,
+    workflow_url: Optional[str] = None,
 ) -> GateOutcome:
     """Raises ConfigError on a usage error (bad config, a config horizon the runs lack, bad id)."""
     cfg = load_gate_config(config_name, config_overrides)
+    get_arm(control), get_arm(treatment)  # unknown arms are usage errors
+    if control == treatment:
+        raise ConfigError(f"--control and --treatment are both {control!r}: expected two different arms")
     check_sweep_id(sweep_id)
     uri = paths.tracking_uri(tracking_uri)
     out_dir = Path(out_dir) if out_dir is not None else paths.perception_home() / "gate" / sweep_id
@@ -65,8 +73,9 @@ def run_gate(
 
     inputs: Optional[SweepInputs] = None
     result = None
+    optional = [ATTRIBUTION_CONTROL, "shared"] if treatment == "per_horizon" else []
     try:
-        inputs = load_sweep(client, uri, experiment, sweep_id)
+        inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, optional)
     except GateRefusal as refusal:
         summary = refusal_json(sweep_id, refusal.reasons, refusal.notes)
         outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
@@ -75,16 +84,19 @@ def run_gate(
         outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, refusal_json(sweep_id, reasons, []))
     else:
         check_horizons(cfg, inputs.horizons)
-        result = decide(inputs, cfg, progress=progress)
-        summary = summary_json(result, inputs, cfg)
+        study = study_result(inputs, cfg, control, treatment, progress)
+        result = study.main
+        summary = summary_json(study, inputs, cfg)
         outcome = GateOutcome(result.decision, False, result.reasons + summary["notes"], out_dir,
                               EXIT_DECIDED, summary)
 
     parent = inputs.parent_run_id if inputs else None
     gate_run_id = _start_gate_run(client, experiment, sweep_id, parent, outcome)
-    files = write_report(out_dir, outcome.summary, inputs, None if outcome.refused else result)
+    study_or_none = None if outcome.refused else study
+    files = write_report(out_dir, outcome.summary, inputs, study_or_none)
     if gate_run_id and not _finish_gate_run(client, gate_run_id, outcome, files):
-        write_report(out_dir, outcome.summary, inputs, None if outcome.refused else result)  # with the note
+        write_report(out_dir, outcome.summary, inputs, study_or_none)  # with the note
+    _end_parent_run(client, experiment, sweep_id, parent, outcome, workflow_url)
     if decision_file is not None:
         atomic_write_text(decision_file, (outcome.decision or REFUSED) + "\n")
     return outcome
@@ -102,7 +114,8 @@ def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent
         if exp is None:
             notes.append(f"experiment {experiment!r} does not exist: no gate run logged")
             return None
-        tags = {"role": "gate", "sweep_id": sweep_id, "decision": outcome.decision or REFUSED}
+        tags = {"role": "gate", "sweep_id": sweep_id, "decision": outcome.decision or REFUSED,
+                "exploratory": str(bool(outcome.summary.get("exploratory"))).lower()}
         parent = parent or find_parent_run(client, exp.experiment_id, sweep_id)  # refusals nest too
         if parent:
             tags["mlflow.parentRunId"] = parent
@@ -116,8 +129,12 @@ def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent
 
 def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, files: list[Path]) -> bool:
     s = outcome.summary
+    attr = s.get("attribution") or {}
     metrics = {"gate_W": s.get("W"), "gate_G": s.get("G"), "gate_p": s.get("p"),
-               **{f"gate_delta_{h}": d for h, d in (s.get("delta") or {}).items()}}
+               **{f"gate_delta_{h}": d for h, d in (s.get("delta") or {}).items()},
+               **{f"gate_attr_{k}": attr.get(k) for k in ("W", "G", "p")}}
+    if attr:
+        metrics["gate_attr_ship"] = float(attr.get("decision") == f"ship_{s.get('treatment')}")
     try:
         client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()
                                           if v is not None and math.isfinite(v)])
@@ -132,6 +149,29 @@ def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, fi
         except (MlflowException, requests.RequestException):
             pass
         return False
+
+
+def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent: Optional[str],
+                    outcome: GateOutcome, workflow_url: Optional[str]) -> None:
+    """The sweep's parent run ends with the outcome, so the list of sweeps shows it: FINISHED with
+    the decision, FAILED when the gate refused; gate_W, gate_p and the workflow's page beside it."""
+    s = outcome.summary
+    try:
+        if parent is None:
+            exp = client.get_experiment_by_name(experiment)
+            parent = find_parent_run(client, exp.experiment_id, sweep_id) if exp else None
+        if parent is None:
+            print(f"[gate] no parent run of sweep {sweep_id!r} to end")
+            return
+        tags = [RunTag("decision", outcome.decision or REFUSED)]
+        if workflow_url:
+            tags.append(RunTag("workflow_url", workflow_url))
+        metrics = [Metric(k, float(v), _now_ms(), 0) for k, v in (("gate_W", s.get("W")), ("gate_p", s.get("p")))
+                   if v is not None and math.isfinite(v)]
+        client.log_batch(parent, metrics=metrics, tags=tags)
+        client.set_terminated(parent, "FAILED" if outcome.refused else "FINISHED")
+    except (MlflowException, requests.RequestException) as e:
+        print(f"[gate] WARNING: could not end the parent run {parent} of sweep {sweep_id!r}: {e}")
 
 
 def _now_ms() -> int:

@@ -79,7 +79,7 @@ def delong_paired(score_a: np.ndarray, score_b: np.ndarray, labels: np.ndarray) 
     delta = float(aucs[1] - aucs[0])
     var = float(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1])
     se = math.sqrt(max(var, 0.0))
-    return PairedTest(float(aucs[0]), float(aucs[1]), delta, se, _z(delta, se), len(labels))
+    return PairedTest(float(aucs[0]), float(aucs[1]), delta, se, z_score(delta, se), len(labels))
 
 
 def thin_by_index(index: np.ndarray, spacing: int) -> np.ndarray:
@@ -181,25 +181,51 @@ def paired_block_bootstrap(
     windows whose label exists. Every horizon and both arms see the same resampled blocks, so the
     pairing is exact and the windows are drawn once per fold.
     """
+    boot = block_bootstrap_aucs({"a": score_a, "b": score_b}, labels, valid, block_len, n_boot, rng)
+    results = []
+    for j in range(labels.shape[1]):
+        delta = float(boot["b"][0][j] - boot["a"][0][j])
+        d = boot["b"][1][:, j] - boot["a"][1][:, j]
+        d = d[np.isfinite(d)]
+        se = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
+        results.append(BootstrapResult(delta, se, z_score(delta, se), int(len(d)), int(valid[:, j].sum())))
+    return results
+
+
+def block_bootstrap_aucs(
+    scores: dict,
+    labels: np.ndarray,
+    valid: np.ndarray,
+    block_len: int,
+    n_boot: int,
+    rng: np.random.Generator,
+    enough: bool = True,
+) -> dict:
+    """Observed and moving-block-resampled AUC of several runs over the same windows of one fold.
+
+    scores: key -> (N, H) probabilities in time order; labels, valid: (N, H). Every run and horizon
+    sees the same resampled blocks, so any difference of two runs is an exact paired resample.
+    Returns key -> (observed (H,), resampled (n_boot, H), NaN where a resample lacks a class);
+    with `enough` false (fewer windows than two blocks) the resamples are all NaN.
+    """
     n, h = labels.shape
     keeps = [np.flatnonzero(valid[:, j]) for j in range(h)]
     ys = [labels[k, j].astype(bool) for j, k in enumerate(keeps)]
-    arms = [
-        (PresortedAUC(score_a[k, j], y, k), PresortedAUC(score_b[k, j], y, k))
-        for j, (k, y) in enumerate(zip(keeps, ys))
-    ]
-    diffs: list[list[np.ndarray]] = [[] for _ in range(h)]
-    for counts in block_counts(n, block_len, n_boot, rng):  # (R, N)
-        for j, (sorted_a, sorted_b) in enumerate(arms):
-            diffs[j].append(sorted_b.resampled(counts) - sorted_a.resampled(counts))
-    results = []
-    for j in range(h):
-        delta = auc(score_b[keeps[j], j], ys[j]) - auc(score_a[keeps[j], j], ys[j])
-        d = np.concatenate(diffs[j])
-        d = d[np.isfinite(d)]
-        se = float(d.std(ddof=1)) if len(d) > 1 else float("nan")
-        results.append(BootstrapResult(float(delta), se, _z(delta, se), int(len(d)), int(len(keeps[j]))))
-    return results
+    out = {}
+    for key, s in scores.items():
+        observed = np.array([auc(s[keeps[j], j], ys[j]) for j in range(h)])
+        out[key] = (observed, np.full((n_boot, h), np.nan))
+    if not enough:
+        return out
+    sorted_runs = {key: [PresortedAUC(s[k, j], y, k) for j, (k, y) in enumerate(zip(keeps, ys))]
+                   for key, s in scores.items()}
+    done = 0
+    for counts in block_counts(n, block_len, n_boot, rng):  # (chunk, N)
+        for key, per_h in sorted_runs.items():
+            for j, presorted in enumerate(per_h):
+                out[key][1][done:done + len(counts), j] = presorted.resampled(counts)
+        done += len(counts)
+    return out
 
 
 # ---------------------------------------------------------------- combining
@@ -220,7 +246,7 @@ def one_sided_p(z: float) -> float:
     return float(norm.sf(z)) if math.isfinite(z) else float("nan")
 
 
-def _z(delta: float, se: float) -> float:
+def z_score(delta: float, se: float) -> float:
     if not (math.isfinite(delta) and math.isfinite(se)):
         return float("nan")
     if se == 0.0:

@@ -1,0 +1,60 @@
+"""Training noise measured by A/A sweeps and shipped with the package (perception/gate/noise/*.json).
+
+With one replicate a sweep cannot see its own training noise: two fixed trained models are all the
+block bootstrap resamples. When a sweep's runs match an A/A measurement (same experiment, epochs and
+data scale), the gate adds that measured per-cell variance of the lift to the evidence and names the
+file; otherwise the report says plainly that training noise is not covered.
+
+A file: {"match": {param: value, ...}, "horizons": [...], "arms": {arm: {"cov": (H, H), "n_cells": n}},
+"source": "how it was measured"}. `cov` is the mean outer product of the per-(sweep, fold) AUC
+differences Δ_h of an arm against its twin (its expected value is 0, so uncentred).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+# Params that set the size of training noise: an A/A measurement applies only where they all agree.
+MATCH_KEYS = ("experiment", "trainer.epochs", "data.window", "data.window_stride", "data.horizons",
+              "data.n_snapshots", "model.d_model", "trainer.max_train_batches")
+
+
+@dataclass(frozen=True)
+class TrainingNoise:
+    source: str  # the file
+    horizons: list[int]
+    covs: dict[str, np.ndarray]  # arm -> (H, H) per-cell covariance of Δ under no effect
+    n_cells: dict[str, int]
+
+    def cell_variance(self, weights: np.ndarray) -> float:
+        """Variance of one cell's lift Σ w_h Δ_h / Σ w_h; the widest of the measured arms."""
+        w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
+        return max(float(w @ c @ w) for c in self.covs.values())
+
+
+def noise_dir() -> Path:
+    return Path(str(resources.files("perception.gate") / "noise"))
+
+
+def matching_noise(params: dict[str, str], horizons: list[int], folder: Optional[Path] = None) -> Optional[TrainingNoise]:
+    """The shipped measurement whose `match` agrees with every one of the runs' params, if any."""
+    folder = folder or noise_dir()
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        doc = json.loads(path.read_text())
+        if doc.get("horizons") != horizons:
+            continue
+        if all(str(params.get(k)) == str(v) for k, v in doc["match"].items()):
+            covs = {arm: np.asarray(m["cov"], dtype=np.float64) for arm, m in doc["arms"].items()}
+            return TrainingNoise(path.name, horizons, covs, {arm: int(m["n_cells"]) for arm, m in doc["arms"].items()})
+    return None
+
+
+def measure(deltas_by_arm: dict[str, np.ndarray]) -> dict[str, dict]:
+    """deltas_by_arm: arm -> (n_cells, H) A/A differences -> the file's "arms" entry."""
+    return {arm: {"cov": (d.T @ d / len(d)).tolist(), "n_cells": int(len(d))} for arm, d in deltas_by_arm.items()}

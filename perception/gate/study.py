@@ -1,0 +1,130 @@
+"""Everything the gate says about one sweep: the decision (control → treatment), the attribution
+(`shared_skip` → `per_horizon`: do per-horizon queries add lift beyond feeding pooled context to the
+heads?), the context path's own effect (`shared` → `shared_skip`), the learning-signal diagnostics
+with their flags, how training noise entered the evidence, and whether the gate kept to the sweep's
+pre-registered plan."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from perception.arms import ATTRIBUTION_CONTROL
+from perception.gate.config import GateConfig
+from perception.gate.decision import GateResult, decide, resample
+from perception.gate.inputs import SweepInputs
+from perception.gate.noise import TrainingNoise, matching_noise
+
+# A pool query whose gradient is this small against the trunk's learns nothing (DESIGN §3: the shared
+# query's gradient was measured 0 in fp32, the CfC forgets h_0 within tens of steps).
+NO_SIGNAL_RATIO = 1e-6
+# Mean pairwise Jensen–Shannon divergence (nats, at most ln 2) between per-horizon queries' attention
+# over a window below which they did not specialise: random queries over LayerNorm'd states measure
+# about 1e-3 (near-uniform attention); queries that look at different events measure 0.05 and more.
+MIN_DIVERGENCE = 0.01
+TRUNK_GROUPS = ("grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc")
+PLAN_TAG = "gate_plan"  # the parent run's pre-registered gate plan (JSON), written when a sweep starts
+
+
+@dataclass
+class Study:
+    main: GateResult
+    attribution: Optional[GateResult] = None
+    context_path: Optional[GateResult] = None
+    verdict: Optional[str] = None
+    diagnostics: dict = field(default_factory=dict)  # arm -> {metric: median over the arm's runs, or None}
+    flags: list[str] = field(default_factory=list)
+    noise: Optional[TrainingNoise] = None
+    plan: Optional[dict] = None
+    exploratory: list[str] = field(default_factory=list)  # how this gate differs from the plan
+
+
+def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, progress: bool = True) -> Study:
+    noise = None
+    if len(inputs.replicates) == 1:
+        noise = matching_noise(inputs.run(control, 0, inputs.replicates[0]).params, inputs.horizons)
+    boot = resample(inputs, cfg, progress)
+    study = Study(decide(inputs, cfg, control, treatment, boot, noise), noise=noise)
+    if treatment == "per_horizon" and control != ATTRIBUTION_CONTROL and ATTRIBUTION_CONTROL in inputs.arms:
+        study.attribution = decide(inputs, cfg, ATTRIBUTION_CONTROL, treatment, boot, noise)
+        study.verdict = _verdict(study.attribution)
+        if "shared" in inputs.arms:
+            study.context_path = decide(inputs, cfg, "shared", ATTRIBUTION_CONTROL, boot, noise)
+    study.diagnostics = {arm: _diagnostics(inputs, arm) for arm in inputs.arms}
+    study.flags = _flags(study, control, treatment)
+    if study.flags and study.main.decision == f"ship_{treatment}" and study.attribution is None:
+        study.main.reasons.append(
+            "the lift cannot be attributed to per-horizon queries: " + "; ".join(study.flags)
+            + ". Run the three-arm sweep to separate them: perception-sweep local --arms "
+            f"shared,per_horizon,{ATTRIBUTION_CONTROL} (same overrides)")
+    elif study.verdict:
+        study.main.reasons.append(f"attribution ({ATTRIBUTION_CONTROL} -> {treatment}): {study.verdict}")
+    study.plan, study.exploratory = _against_plan(inputs, cfg, control, treatment)
+    return study
+
+
+def _verdict(attr: GateResult) -> str:
+    if attr.decision == f"ship_{attr.treatment}":
+        return "per-horizon queries add lift beyond the context path"
+    if attr.decision == f"keep_{attr.control}":
+        return "the lift is explained by feeding pooled context to the heads: per-horizon queries add none beyond it"
+    return "the data cannot tell whether per-horizon queries add lift beyond the context path"
+
+
+def _diagnostics(inputs: SweepInputs, arm: str) -> dict:
+    runs = inputs.arm_runs(arm)
+    out = {}
+    for key in ("grad_norm_pool_query", *TRUNK_GROUPS, "grad_norm_heads", "query_divergence",
+                "attention_entropy_ratio", "query_drift"):
+        values = [r.diagnostics[key] for r in runs if key in r.diagnostics and math.isfinite(r.diagnostics[key])]
+        out[key] = float(np.median(values)) if values else None
+    trunk = [out[k] for k in TRUNK_GROUPS]
+    out["grad_norm_trunk"] = float(np.sqrt(sum(t * t for t in trunk))) if all(t is not None for t in trunk) else None
+    return out
+
+
+def _flags(study: Study, control: str, treatment: str) -> list[str]:
+    flags = []
+    c = study.diagnostics.get(control, {})
+    if c.get("grad_norm_pool_query") is not None and c.get("grad_norm_trunk"):
+        if c["grad_norm_pool_query"] < NO_SIGNAL_RATIO * c["grad_norm_trunk"]:
+            flags.append(f"the control's pool query received no learning signal (gradient norm "
+                         f"{c['grad_norm_pool_query']:.3g} against the trunk's {c['grad_norm_trunk']:.3g})")
+    t = study.diagnostics.get(treatment, {})
+    if treatment == "per_horizon" and t.get("query_divergence") is not None and t["query_divergence"] < MIN_DIVERGENCE:
+        flags.append(f"the treatment's queries did not specialise (query divergence {t['query_divergence']:.3g} "
+                     f"< {MIN_DIVERGENCE:g})")
+    return flags
+
+
+def gate_plan(cfg: GateConfig, control: str, treatment: str, arms: list[str], replicates: int) -> dict:
+    """What a sweep pre-registers on its parent run before any training: rule, weights, thresholds."""
+    return {"control": control, "treatment": treatment, "arms": list(arms), "replicates": int(replicates),
+            "settings": plan_settings(cfg)}
+
+
+def plan_settings(cfg: GateConfig) -> dict:
+    return {"weights": {str(h): float(w) for h, w in sorted(cfg.weights.items())}, "min_lift": cfg.min_lift,
+            "noise_floor": cfg.noise_floor, "shift_horizons": list(cfg.shift_horizons),
+            "shift_allows_loss": cfg.shift_allows_loss, "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap,
+            "seed": cfg.seed}
+
+
+def _against_plan(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str) -> tuple[Optional[dict], list[str]]:
+    text = inputs.parent_tags.get(PLAN_TAG)
+    if not text:
+        return None, []
+    try:
+        plan = json.loads(text)
+    except ValueError:
+        return None, [f"the parent run's {PLAN_TAG} tag is not JSON"]
+    diffs = [f"{k}: planned {plan.get(k)!r}, gated {v!r}" for k, v in (("control", control), ("treatment", treatment))
+             if plan.get(k) != v]
+    planned = plan.get("settings", {})
+    diffs += [f"{k}: planned {planned.get(k)!r}, gated {v!r}" for k, v in plan_settings(cfg).items()
+              if planned.get(k) != v]
+    return plan, diffs
