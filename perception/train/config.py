@@ -49,6 +49,8 @@ class TrackingConfig:
     uri: Optional[str] = None  # else MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME
     experiment: str = MLFLOW_EXPERIMENT
     parent_run_id: Optional[str] = None
+    # MLflow's system/… metrics (CPU, memory; GPU where present), sampled every 10 s in a thread
+    system_metrics: bool = True
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Config:
     # replicate r of a (arm, fold) trains with seed + r: every arm of a replicate shares the trunk's
     # init and batch order, replicates differ in both (tag `replicate`, run directory `-r<r>`)
     replicate: int = 0
+    experiment_name: Optional[str] = None  # set by conf/experiment/<name>.yaml; MLflow param `experiment`
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
