@@ -61,8 +61,9 @@ def get_or_create_experiment(name: str, uri: Optional[str] = None) -> str:
 
 
 def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
-                      experiment: str = DEFAULT_EXPERIMENT) -> str:
-    """Finds or creates the sweep's parent run (tags role=sweep, sweep_id); returns its run id."""
+                      experiment: str = DEFAULT_EXPERIMENT, first_tags: Optional[dict[str, str]] = None) -> str:
+    """Finds or creates the sweep's parent run (tags role=sweep, sweep_id); returns its run id.
+    `first_tags` are set only where the parent lacks them: a pre-registered plan is never rewritten."""
     uri = resolve_tracking_uri(tracking_uri)
     exp_id = get_or_create_experiment(experiment, uri)
     c = client(uri)
@@ -75,8 +76,11 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
     if found:
         if found[0].info.status != "RUNNING":  # a sweep continued after its gate ended the parent
             c.update_run(found[0].info.run_id, status="RUNNING")
+        for key, value in (first_tags or {}).items():
+            if key not in found[0].data.tags:
+                c.set_tag(found[0].info.run_id, key, value)
         return found[0].info.run_id
-    run = c.create_run(exp_id, tags={"sweep_id": sweep_id, "role": "sweep"}, run_name=sweep_id)
+    run = c.create_run(exp_id, tags={**(first_tags or {}), "sweep_id": sweep_id, "role": "sweep"}, run_name=sweep_id)
     return run.info.run_id
 
 

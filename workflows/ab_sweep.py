@@ -1,11 +1,13 @@
-"""The A/B sweep as an Argo Workflow (DESIGN §7): prepare >> six trainings >> gate.
+"""The A/B sweep as an Argo Workflow (DESIGN §7): prepare >> trainings (fanned out) >> gate.
 
     hera generate yaml workflows/ab_sweep.py          # the study on L40S pods
     perception-sweep render [--smoke] [--out wf.yaml] # the same, or the CPU smoke variant
     perception-sweep submit --host https://argo.example.com --namespace perception
 
-`prepare` fills the feature cache on a ReadWriteMany PVC and creates the sweep's parent MLflow run;
-each (variant, fold) trains in its own pod and resumes from its PVC checkpoint after a preemption;
+`prepare` fills the feature cache on a ReadWriteMany PVC, creates the sweep's parent MLflow run with
+its pre-registered gate plan, and lists the trainings (arms x folds x replicates, from the `arms`,
+`replicates` and `aa` parameters) that the `train` task fans out over (withParam), so `-p arms=...`
+changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
 Only run ids travel between steps; metrics stay in MLflow.
 """
@@ -36,7 +38,6 @@ from hera.workflows.models import (
 # A literal, so `hera generate yaml` runs this file without the package; a test checks it against
 # perception.arms.DEFAULT_ARMS.
 VARIANTS = ("shared", "per_horizon")
-FOLDS = (0, 1, 2)
 
 # Cluster names shared with the manifests in infra/.
 NAMESPACE = "perception"
@@ -46,7 +47,7 @@ CREDENTIALS_SECRET = "mlflow-credentials"  # MLFLOW_TRACKING_USERNAME, MLFLOW_TR
 GPU_PRODUCT = "NVIDIA-L40S"
 
 SWEEP_ID = "{{workflow.name}}"
-PARENT_RUN_FILE = "/tmp/parent-run-id"
+OUTPUTS = "/tmp/prepare"  # prepare's output parameters, one file each
 DECISION_FILE = "/tmp/decision"
 GATE_REPORT_DIR = "/perception-home/runs/{{workflow.name}}/gate"  # on the runs PVC, beside the runs
 
@@ -66,6 +67,10 @@ def _params(smoke: bool) -> list[Parameter]:
         Parameter(name="data-paths", value="[]"),
         # conf/gate/<name>.yaml whose horizons match the experiment
         Parameter(name="gate-config", value="ci" if smoke else "default"),
+        # the design: arms to train (e.g. shared,per_horizon,shared_skip), seed replicates, A/A test
+        Parameter(name="arms", value=",".join(VARIANTS)),
+        Parameter(name="replicates", value="1"),
+        Parameter(name="aa", value="false", enum=["false", "true"]),
     ]
 
 
@@ -145,28 +150,33 @@ def build_workflow(smoke: bool = False) -> Workflow:
         # The image's user (uid 1000) must be able to write the PVCs.
         security_context=PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000),
     ) as w:
+        p = "{{workflow.parameters.%s}}"
         prepare = _container(
             "prepare",
             "perception-sweep",
-            ["prepare", "--sweep-id", SWEEP_ID, "--parent-run-id-file", PARENT_RUN_FILE, *_overrides()],
+            ["prepare", "--sweep-id", SWEEP_ID, "--outputs", OUTPUTS, "--arms", p % "arms",
+             "--replicates", p % "replicates", "--aa", p % "aa", *_overrides()],
             Resources(cpu_request=2, memory_request="8Gi" if not smoke else "2Gi", memory_limit="16Gi"),
             volumes=_volumes(runs=False),
-            outputs=[Parameter(name="parent-run-id", value_from=ValueFrom(path=PARENT_RUN_FILE))],
+            outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
+                     for name in ("parent-run-id", "runs", "control", "treatment")],
         )
         train = _container(
             "train",
             "perception-train",
             [
                 f"sweep_id={SWEEP_ID}",
-                "model.attention_pool={{inputs.parameters.variant}}",
+                "arm={{inputs.parameters.arm}}",
                 "data.fold={{inputs.parameters.fold}}",
+                "replicate={{inputs.parameters.replicate}}",
                 "tracking.parent_run_id={{inputs.parameters.parent-run-id}}",
                 f"trainer.device={device}",
                 "trainer.progress=false",
                 *_overrides(),
             ],
             train_resources,
-            inputs=[Parameter(name="variant"), Parameter(name="fold"), Parameter(name="parent-run-id")],
+            inputs=[Parameter(name="arm"), Parameter(name="fold"), Parameter(name="replicate"),
+                    Parameter(name="parent-run-id")],
             volumes=_volumes(),
             **gpu_placement,
         )
@@ -178,6 +188,10 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 SWEEP_ID,
                 "--config",
                 "{{workflow.parameters.gate-config}}",
+                "--control",
+                "{{inputs.parameters.control}}",
+                "--treatment",
+                "{{inputs.parameters.treatment}}",
                 "--decision-file",
                 DECISION_FILE,
                 "--out",
@@ -185,6 +199,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "--no-progress",
             ],
             Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
+            inputs=[Parameter(name="control"), Parameter(name="treatment")],
             volumes=_volumes(cache=False, data=False),
             outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))],
         )
@@ -192,26 +207,26 @@ def build_workflow(smoke: bool = False) -> Workflow:
         # fail_fast off: one failed training must not stop the gate from being scheduled.
         with DAG(name="ab-sweep", fail_fast=False):
             prep = Task(name="prepare", template=prepare)
-            trainings = [
-                Task(
-                    name=f"train-{variant.replace('_', '-')}-f{fold}",
-                    template=train,
-                    arguments={
-                        "variant": variant,
-                        "fold": str(fold),
-                        "parent-run-id": prep.get_parameter("parent-run-id").value,
-                    },
-                )
-                for fold in FOLDS
-                for variant in VARIANTS
-            ]
-            prep >> trainings
+            trainings = Task(
+                name="train",
+                template=train,
+                with_param=prep.get_parameter("runs").value,
+                arguments={
+                    "arm": "{{item.arm}}",
+                    "fold": "{{item.fold}}",
+                    "replicate": "{{item.replicate}}",
+                    "parent-run-id": prep.get_parameter("parent-run-id").value,
+                },
+            )
             # Every outcome counts, so the gate can refuse with a reason instead of never running.
             Task(
                 name="gate",
                 template=gate,
-                depends=" && ".join(f"({t.name}.Succeeded || {t.name}.Failed || {t.name}.Errored)" for t in trainings),
+                arguments={"control": prep.get_parameter("control").value,
+                           "treatment": prep.get_parameter("treatment").value},
+                depends="prepare && (train.Succeeded || train.Failed || train.Errored)",
             )
+            prep >> trainings  # the gate's own depends names prepare and the trainings' every outcome
     return w
 
 

@@ -1,6 +1,7 @@
 """`perception-sweep`: the A/B on this machine, or as an Argo Workflow.
 
-    perception-sweep local [--sweep-id ID] [overrides…]     six trainings here, then the gate
+    perception-sweep local [--sweep-id ID] [--arms a,b[,c]] [--replicates R] [--aa] [overrides…]
+                                                            the trainings here, then the gate
     perception-sweep prepare --sweep-id ID [overrides…]     feature cache + parent run (workflow step)
     perception-sweep render [--smoke] [--out wf.yaml]       the Argo Workflow as YAML
     perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…] [--wait]   (token: ARGO_TOKEN)
@@ -31,7 +32,7 @@ PROG = "perception-sweep"
 def _local(args: argparse.Namespace) -> int:
     from perception.sweep.local import run_local_sweep
 
-    result = run_local_sweep(args.sweep_id, args.overrides)
+    result = run_local_sweep(args.sweep_id, args.overrides, design=_design(args))
     failed = [r.spec.label for r in result.runs if r.status == "failed"]
     gate = result.gate
     print(f"sweep {result.sweep_id}: {sum(r.status != 'failed' for r in result.runs)}/{len(result.runs)} runs "
@@ -48,7 +49,8 @@ def _local(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     from perception.sweep.local import prepare
 
-    parent = prepare(args.sweep_id, args.overrides, args.parent_run_id_file)
+    parent = prepare(args.sweep_id, args.overrides, args.parent_run_id_file, design=_design(args),
+                     outputs=args.outputs)
     print(parent)
     return 0
 
@@ -56,7 +58,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from perception.sweep.render import render
 
-    text = render(smoke=args.smoke, params=_params(args.param))
+    text = render(smoke=args.smoke, params={**_design_params(args), **_params(args.param)})
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -70,7 +72,7 @@ def _submit(args: argparse.Namespace) -> int:
 
     if args.poll_interval <= 0 or (args.timeout is not None and args.timeout <= 0):
         raise ConfigError(f"--poll-interval {args.poll_interval:g} / --timeout {args.timeout}: expected seconds > 0")
-    done = submit(args.host, args.namespace, smoke=args.smoke, params=_params(args.param),
+    done = submit(args.host, args.namespace, smoke=args.smoke, params={**_design_params(args), **_params(args.param)},
                   verify_ssl=not args.insecure)
     print(f"submitted {done.name} to namespace {done.namespace}", flush=True)
     print(done.link, flush=True)
@@ -177,18 +179,45 @@ def _params(items: Optional[list[str]]) -> dict[str, str]:
     return out
 
 
+def _design_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--arms", help="arms to train, e.g. shared,per_horizon,shared_skip (default: shared,per_horizon)")
+    s.add_argument("--replicates", type=int, default=None, help="seed replicates per arm and fold (default 1)")
+    s.add_argument("--aa", nargs="?", const="true", default=None, choices=["true", "false"],
+                   help="A/A test: the control against its twin (another seed for the pool query and heads)")
+    s.add_argument("--control", help="the gate's arm A (default: shared)")
+    s.add_argument("--treatment", help="the gate's arm B (default: per_horizon)")
+
+
+def _design(args: argparse.Namespace):
+    from perception.sweep.local import Design
+
+    return Design.of(args.arms, args.replicates or 1, args.aa == "true", args.control, args.treatment)
+
+
+def _design_params(args: argparse.Namespace) -> dict[str, str]:
+    """The design flags of render/submit as workflow parameters (checked here, before anything is posted)."""
+    _design(args)
+    named = {"arms": args.arms, "replicates": None if args.replicates is None else str(args.replicates),
+             "aa": args.aa, "control": args.control, "treatment": args.treatment}
+    return {k: v for k, v in named.items() if v is not None}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Run the SharedQuery vs PerHorizon A/B.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("local", help="run the six trainings on this machine, then the gate")
+    s = sub.add_parser("local", help="run the trainings (arms x folds x replicates) here, then the gate")
     s.add_argument("--sweep-id", help="resume this sweep (default: a new id)")
+    _design_options(s)
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. experiment=ci")
     s.set_defaults(run=_local)
 
     s = sub.add_parser("prepare", help="fill the feature cache and create the parent run (workflow step)")
     s.add_argument("--sweep-id", required=True)
     s.add_argument("--parent-run-id-file", type=Path, help="also write the parent run id here")
+    s.add_argument("--outputs", type=Path, help="write the step's output parameters here (parent-run-id, runs, "
+                                                "control, treatment)")
+    _design_options(s)
     s.add_argument("overrides", nargs="*")
     s.set_defaults(run=_prepare)
 
@@ -196,6 +225,7 @@ def parser() -> argparse.ArgumentParser:
                            ("submit", "submit the Argo Workflow (token from ARGO_TOKEN)")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--smoke", action="store_true", help="experiment ci on CPU pods: minutes, no GPU")
+        _design_options(s)
         s.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
                        help="workflow parameter, e.g. -p tag=v1.2.0 -p epochs=10")
         if name == "render":

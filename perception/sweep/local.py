@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from perception.arms import DEFAULT_ARMS
+from perception.arms import DEFAULT_ARMS, DEFAULT_CONTROL, DEFAULT_TREATMENT, TWIN_SUFFIX, get_arm, parse_arms
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.paths import new_sweep_id, perception_home, run_dir, tracking_uri
@@ -75,6 +75,47 @@ class SweepResult:
 
 
 # ---- configuration ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Design:
+    """Which arms train, how many replicates, and which two the gate compares."""
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    replicates: int = 1
+    control: str = DEFAULT_CONTROL
+    treatment: str = DEFAULT_TREATMENT
+
+    @classmethod
+    def of(cls, arms: Optional[str] = None, replicates: int = 1, aa: bool = False,
+           control: Optional[str] = None, treatment: Optional[str] = None) -> "Design":
+        """From the command line: `--aa` trains the control against its twin (the A/A test)."""
+        if replicates < 1:
+            raise ConfigError(f"--replicates {replicates}: expected 1 or more")
+        if aa:
+            if arms or treatment:
+                raise ConfigError("--aa trains the control against its twin: drop --arms and --treatment")
+            control = control or DEFAULT_CONTROL
+            get_arm(control)
+            return cls((control, control + TWIN_SUFFIX), replicates, control, control + TWIN_SUFFIX)
+        names = parse_arms(arms) if arms else DEFAULT_ARMS
+        control, treatment = control or DEFAULT_CONTROL, treatment or DEFAULT_TREATMENT
+        for flag, name in (("--control", control), ("--treatment", treatment)):
+            if name not in names:
+                raise ConfigError(f"{flag} {name!r} is not among the sweep's arms {list(names)}")
+        if control == treatment:
+            raise ConfigError(f"--control and --treatment are both {control!r}: expected two different arms")
+        return cls(tuple(names), replicates, control, treatment)
+
+
+def plan_tags(design: Design, gate_config: str, overrides: Sequence[str] = ()) -> dict[str, str]:
+    """The gate plan the parent run records before any training (pre-registration)."""
+    from perception.gate.config import load_gate_config
+    from perception.gate.study import PLAN_TAG, gate_plan
+
+    plan = gate_plan(load_gate_config(gate_config, overrides), design.control, design.treatment,
+                     list(design.arms), design.replicates)
+    return {PLAN_TAG: json.dumps({**plan, "config": gate_config}, sort_keys=True)}
+
+
+
 def check_overrides(overrides: Sequence[str]) -> None:
     for o in overrides:
         if o.startswith("-"):
@@ -138,19 +179,36 @@ def build_features(overrides: Sequence[str], env: dict[str, str], data_command: 
 
 
 def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optional[Path] = None,
-            data_command: Optional[list[str]] = None) -> str:
-    """The workflow's first step: feature cache plus the sweep's parent run; returns its id."""
+            data_command: Optional[list[str]] = None, design: Optional[Design] = None,
+            outputs: Optional[Path] = None) -> str:
+    """The workflow's first step: feature cache plus the sweep's parent run (with its gate plan);
+    returns its id. `outputs` receives the step's output parameters as files: parent-run-id, runs
+    (the trainings to fan out, JSON), control and treatment."""
     from perception.tracking import ensure_parent_run
 
+    design = design or Design()
     check_sweep_id(sweep_id)
     check_overrides(overrides)
     cfg = compose(overrides)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
     build_features(overrides, env, data_command)
-    parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment)
+    plan = plan_tags(design, gate_config_for(experiment_of(overrides)))
+    parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
     if parent_run_id_file is not None:
         atomic_write_text(parent_run_id_file, parent)
+    if outputs is not None:
+        outputs.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(outputs / "parent-run-id", parent)
+        atomic_write_text(outputs / "runs", json.dumps(fan_out(int(cfg.data.n_folds), design)))
+        atomic_write_text(outputs / "control", design.control)
+        atomic_write_text(outputs / "treatment", design.treatment)
     return parent
+
+
+def fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
+    """The workflow's training items (withParam): one per arm, fold and replicate."""
+    return [{"arm": s.arm, "fold": str(s.fold), "replicate": str(s.replicate)}
+            for s in study_runs(n_folds, design.arms, design.replicates)]
 
 
 def _train_one(spec: RunSpec, args: list[str], env: dict[str, str], log: Optional[Path], home: Path,
@@ -189,9 +247,11 @@ def run_local_sweep(
     data_command: Optional[list[str]] = None,
     gate: Optional[Callable[..., Any]] = None,
     say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    design: Optional["Design"] = None,
 ) -> SweepResult:
     """Runs (or completes) the whole study; returns every run's outcome and the gate's."""
     t_start = time.perf_counter()
+    design = design or Design()
     check_overrides(overrides)
     cfg = compose(overrides)
     sweep_id = check_sweep_id(sweep_id or new_sweep_id())
@@ -199,11 +259,12 @@ def run_local_sweep(
     uri = tracking_uri(cfg.tracking.uri, home)
     env = {**os.environ, "PERCEPTION_HOME": str(home)}
     gpus = detect_gpus(os.environ) if gpus is None else gpus
-    runs = study_runs(int(cfg.data.n_folds))
+    runs = study_runs(int(cfg.data.n_folds), design.arms, design.replicates)
+    gate_config = gate_config_for(experiment_of(overrides))
 
     from perception.tracking import ensure_parent_run
 
-    parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment)
+    parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment, plan_tags(design, gate_config))
     where = f"{len(gpus)} GPU(s) in parallel" if gpus else "sequentially on CPU"
     say(f"sweep {sweep_id}: {len(runs)} runs {where}; parent run {parent}; tracking {uri}")
     result = SweepResult(sweep_id, parent)
@@ -245,10 +306,9 @@ def run_local_sweep(
 
     if gate is None:
         from perception.gate.run import run_gate as gate
-    experiment = experiment_of(overrides)
-    gate_config = gate_config_for(experiment)
-    say(f"gate: sweep {sweep_id}, config {gate_config}")
-    result.gate = gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config)
+    say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
+    result.gate = gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
+                       control=design.control, treatment=design.treatment)
     result.wall_s = time.perf_counter() - t_start
     return result
 

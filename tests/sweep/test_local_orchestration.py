@@ -90,7 +90,8 @@ def test_cpu_sweep_trains_six_runs_in_order_then_gates(fakes):
         assert earlier["t1"] <= later["t0"]  # sequential on CPU
     assert [r.status for r in result.runs] == ["finished"] * 6
     assert fakes.gate_calls == [{"sweep_id": fakes.id, "tracking_uri": fakes.uri,
-                                 "experiment": "perception-ab", "config_name": "ci"}]
+                                 "experiment": "perception-ab", "config_name": "ci", "control": "shared",
+                                 "treatment": "per_horizon"}]
     assert result.exit_code == 0
     assert sum("finished in" in line for line in lines) == 6 and "[6/6]" in lines[-2]
 

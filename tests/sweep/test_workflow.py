@@ -19,7 +19,6 @@ from .argo import schema_errors
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = {False: REPO / "workflows" / "ab_sweep.yaml", True: REPO / "workflows" / "ab_sweep_smoke.yaml"}
-PAIRS = {(v, f) for v in ("shared", "per_horizon") for f in ("0", "1", "2")}
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +79,43 @@ def test_hera_generate_yaml_renders_the_study():
 
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
-def test_exactly_six_train_tasks_with_the_study_pairs(docs, smoke):
-    tasks = train_tasks(docs[smoke])
-    assert len(tasks) == 6
-    assert {(args_of(t)["variant"], args_of(t)["fold"]) for t in tasks.values()} == PAIRS
-    for t in tasks.values():
-        assert t["depends"] == "prepare"
-        assert args_of(t)["parent-run-id"] == "{{tasks.prepare.outputs.parameters.parent-run-id}}"
+def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
+    (task,) = train_tasks(docs[smoke]).values()
+    assert task["depends"] == "prepare"
+    assert task["withParam"] == "{{tasks.prepare.outputs.parameters.runs}}"
+    assert args_of(task) == {"arm": "{{item.arm}}", "fold": "{{item.fold}}", "replicate": "{{item.replicate}}",
+                             "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}"}
+    prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
+    for name in ("arms", "replicates", "aa"):
+        assert "{{workflow.parameters.%s}}" % name in prepare_args
+
+
+@pytest.mark.parametrize("arms, replicates, aa, expected", [
+    (None, 1, False, {(a, str(f), "0") for a in ("shared", "per_horizon") for f in range(3)}),  # the six
+    ("shared,per_horizon,shared_skip", 1, False, {(a, str(f), "0") for a in ("shared", "per_horizon", "shared_skip")
+                                                  for f in range(3)}),  # nine
+    (None, 2, False, {(a, str(f), str(r)) for a in ("shared", "per_horizon") for f in range(3) for r in range(2)}),
+    (None, 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
+])
+def test_the_fan_out_follows_the_design(arms, replicates, aa, expected):
+    from perception.sweep.local import Design, fan_out
+
+    items = fan_out(3, Design.of(arms, replicates, aa))
+    assert len(items) == len(expected) and {(i["arm"], i["fold"], i["replicate"]) for i in items} == expected
+
+
+def test_three_arms_render_validates_strictly_and_the_design_is_checked(tmp_path):
+    out = tmp_path / "wf.yaml"
+    r = subprocess.run(["perception-sweep", "render", "--arms", "shared,per_horizon,shared_skip", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(out.read_text())
+    params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
+    assert params["arms"] == "shared,per_horizon,shared_skip"
+    assert schema_errors(doc) == []
+    r = subprocess.run(["perception-sweep", "render", "--arms", "shared,bogus"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "bogus" in r.stderr and "shared_skip" in r.stderr
 
 
 def test_each_training_gets_one_l40s_with_cpu_and_memory_requests(docs):
@@ -111,10 +140,7 @@ def test_smoke_variant_requests_no_gpu_and_runs_the_ci_experiment(docs):
 def test_gate_runs_after_every_training_whatever_its_outcome(docs):
     for doc in docs.values():
         tasks = dag_tasks(doc)
-        depends = tasks["gate"]["depends"]
-        for name in train_tasks(doc):
-            assert f"({name}.Succeeded || {name}.Failed || {name}.Errored)" in depends
-        assert depends.count("&&") == 5
+        assert tasks["gate"]["depends"] == "prepare && (train.Succeeded || train.Failed || train.Errored)"
         dag = templates(doc)[doc["spec"]["entrypoint"]]["dag"]
         assert dag["failFast"] is False  # a failed training must not stop the gate from being scheduled
 
@@ -166,7 +192,7 @@ def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
 def test_only_run_ids_and_the_decision_travel_between_steps(docs):
     tpl = templates(docs[False])
     outputs = {n: [p["name"] for p in t.get("outputs", {}).get("parameters", [])] for n, t in tpl.items()}
-    assert outputs["prepare"] == ["parent-run-id"] and outputs["gate"] == ["decision"]
+    assert outputs["prepare"] == ["parent-run-id", "runs", "control", "treatment"] and outputs["gate"] == ["decision"]
     assert outputs["train"] == []
 
 
