@@ -1,4 +1,6 @@
-"""The code version every run logs as `git_sha`: git, else PERCEPTION_GIT_SHA (set at image build)."""
+"""The code version every run logs as `git_sha`: PERCEPTION_GIT_SHA when set (the image sets it at
+build; a user pins it while a sweep runs, so commits made meanwhile do not split the sweep), else
+git, else "unknown"."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from pathlib import Path
 
 @lru_cache(maxsize=1)
 def git_sha() -> str:
+    pinned = os.environ.get("PERCEPTION_GIT_SHA", "").strip()
+    if pinned:
+        return pinned
     source = Path(__file__).resolve().parent
     try:
         out = subprocess.run(
@@ -19,4 +24,4 @@ def git_sha() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return os.environ.get("PERCEPTION_GIT_SHA") or "unknown"
+    return "unknown"

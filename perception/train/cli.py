@@ -1,8 +1,12 @@
 """`perception-train [overrides]`: a thin Hydra entry over `train(cfg)`. Exit codes: 0 success,
-1 failed work, 2 usage or config error (DESIGN §7)."""
+1 failed work, 2 usage or config error (DESIGN §7), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+
+SIGTERM (a pod being deleted or preempted, `kill`) raises Terminated, a KeyboardInterrupt, so the
+run records its end as KILLED and uploads its log before the process exits."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import hydra
@@ -14,11 +18,34 @@ from perception.train.compose import CONFIG_NAME, composed
 PROG = "perception-train"
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the training is, so its except path records the end."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup short
+    raise Terminated(f"signal {signum} (SIGTERM)")
+
+
+def _overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def run_task(cfg: DictConfig) -> dict:
     from perception.train.loop import train
 
     try:
-        return train(OmegaConf.to_object(cfg))
+        return train(OmegaConf.to_object(cfg), _overrides())
+    except Terminated:
+        print(f"{PROG}: terminated (SIGTERM); the run is recorded as KILLED; the same command resumes it "
+              f"from its last checkpoint", file=sys.stderr)
+        sys.exit(143)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; the run is recorded as KILLED; the same command resumes it from its last "
+              f"checkpoint", file=sys.stderr)
+        sys.exit(130)
     except ConfigError as exc:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -46,6 +73,7 @@ def _precheck(args: list[str]) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _on_sigterm)
     _precheck(sys.argv[1:])
     _hydra_main()
 

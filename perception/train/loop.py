@@ -10,11 +10,10 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from perception.atomic import atomic_path, atomic_write_text
 from perception.errors import ConfigError
@@ -25,6 +24,9 @@ from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import query_names, save_attention_by_lag
 from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
+from perception.train.progress import progress
+from perception.train.run_record import RunRecord, write_config
+from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
 from perception.train.validate import check_before_work, resolve_device
@@ -58,12 +60,10 @@ def place_of(cfg: Config) -> RunPlace:
     return RunPlace(sweep_id, variant, fold, replicate, home, derive_run_dir(sweep_id, variant, fold, home, replicate))
 
 
-def train(cfg: Config) -> dict[str, Any]:
-    """Runs (or resumes, or recognises as finished) one training run; returns its final metrics."""
-    from perception.data import Normalizer, WindowLoader, load_dataset, median_dt, purged_split
-    from perception.model import PerceptionModel, masked_bce
-    from perception.model.checkpoint import load_model, load_trunk, save_model
-
+def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Runs (or resumes, or recognises as finished) one training run; returns its final metrics.
+    However it ends, its MLflow run says so: FINISHED, FAILED (it raised) or KILLED (KeyboardInterrupt,
+    which perception-train also raises on SIGTERM), with its train.log and config uploaded."""
     place = place_of(cfg)
     resume_from = check_before_work(cfg, place.dir)  # every config error, before any work
     done = place.dir / DONE_FILE
@@ -77,6 +77,27 @@ def train(cfg: Config) -> dict[str, Any]:
         print(f"[perception] {place.dir.name} of sweep {place.sweep_id} already finished; nothing to do")
         return json.loads(done.read_text())["metrics"]
     place.dir.mkdir(parents=True, exist_ok=True)
+    write_config(place.dir, cfg, overrides)
+    record = RunRecord(RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment),
+                       bool(cfg.tracking.system_metrics))
+    with RunLog(place.dir / LOG_FILE) as log:
+        try:
+            return _train(cfg, place, resume_from, record)
+        except KeyboardInterrupt as exc:
+            log.exception(exc)
+            record.end("KILLED")
+            raise
+        except BaseException as exc:
+            log.exception(exc)
+            record.end("FAILED")
+            raise
+
+
+def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: RunRecord) -> dict[str, Any]:
+    from perception.data import Normalizer, WindowLoader, load_dataset, median_dt, purged_split
+    from perception.model import PerceptionModel, masked_bce
+    from perception.model.checkpoint import load_model, load_trunk, save_model
+
     device = resolve_device(cfg.trainer.device)
     _set_determinism(cfg, device)
 
@@ -124,8 +145,7 @@ def train(cfg: Config) -> dict[str, Any]:
         print(f"[perception] resuming {place.dir.name} at epoch {position.epoch + 1} from {resume_from}")
 
     # ---- tracking ----------------------------------------------------------------------------
-    uri = tracking_uri(cfg.tracking.uri, place.home)
-    ledger = RunLedger(place.dir, uri, cfg.tracking.experiment)
+    uri, ledger = record.ledger.tracking_uri, record.ledger
     if not ledger.entries():
         parent = cfg.tracking.parent_run_id or _parent_or_none(place.sweep_id, uri, cfg.tracking.experiment)
         tags = {"sweep_id": place.sweep_id, "variant": place.variant, "fold": str(place.fold),
@@ -138,7 +158,9 @@ def train(cfg: Config) -> dict[str, Any]:
                       experiment=cfg.tracking.experiment)
     else:
         ledger.record("tags", tags={"resumed_at_epoch": str(position.epoch)})
+        ledger.record("status", status="RUNNING")  # the attempt before may have ended KILLED
     ledger.flush(force=True)
+    record.monitoring()
 
     # ---- epochs ------------------------------------------------------------------------------
     last_eval: Evaluation | None = None
@@ -146,8 +168,7 @@ def train(cfg: Config) -> dict[str, Any]:
     for epoch in range(position.epoch, int(cfg.trainer.epochs)):
         model.train()
         t0, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
-        bar = tqdm(total=steps_per_epoch, desc=f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}",
-                   unit="batch", disable=not cfg.trainer.progress, leave=False, dynamic_ncols=True)
+        bar = progress(steps_per_epoch, f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}", cfg.trainer.progress)
         for i, batch in enumerate(train_loader.batches(epoch)):
             if i >= steps_per_epoch:
                 break
@@ -187,6 +208,7 @@ def train(cfg: Config) -> dict[str, Any]:
         save_checkpoint(place.dir, f"epoch-{epoch + 1:04d}",
                         lambda p: save_model(p, model, {"sweep_id": place.sweep_id, "epoch": str(epoch + 1)}), state)
         ledger.flush(force=True)
+        record.monitoring()  # started late after an outage, or restarted after a failed request
         print(f"[perception] {place.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "
               + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
 
@@ -197,10 +219,9 @@ def train(cfg: Config) -> dict[str, Any]:
     artifacts = _write_artifacts(place, last_eval, horizons)
     for rel, artifact_path in artifacts:
         ledger.record("artifact", path=rel, artifact_path=artifact_path)
-    ledger.record("end", status="FINISHED")
-    sent = ledger.flush(force=True)
+    sent = record.end("FINISHED")
     unsent = ledger.unsent()
-    atomic_write_text(done, json.dumps({"run_id": ledger.run_id(), "metrics": metrics, "unsent": len(unsent)},
+    atomic_write_text(place.dir / DONE_FILE, json.dumps({"run_id": ledger.run_id(), "metrics": metrics, "unsent": len(unsent)},
                                        indent=2, sort_keys=True))
     if not sent:
         print(f"[perception] WARNING: the tracking server ({uri}) was unreachable; {len(unsent)} operations "

@@ -1,0 +1,56 @@
+"""How a training run's MLflow record ends, whatever ends it: FINISHED, FAILED (it raised) or
+KILLED (Ctrl-C, SIGTERM). The end goes through the run's ledger, so it reaches MLflow even when
+the server is down at that moment; the run's log and config go up with it.
+
+Run directory files uploaded at every end (artifact path in MLflow):
+    train.log → logs/     config.yaml, overrides.yaml → config/
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from perception.atomic import atomic_write_text
+from perception.tracking import RunLedger
+from perception.train.runlog import LOG_FILE
+from perception.train.sysmetrics import SystemMetrics, start_system_metrics
+
+CONFIG_FILE, OVERRIDES_FILE = "config.yaml", "overrides.yaml"
+FILES = ((LOG_FILE, "logs"), (CONFIG_FILE, "config"), (OVERRIDES_FILE, "config"))
+
+
+def write_config(run_dir: Path, cfg, overrides: Sequence[str]) -> None:
+    """The config the run resolved to (arm and replicate seed applied) and the overrides it was given."""
+    atomic_write_text(run_dir / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    atomic_write_text(run_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
+
+
+@dataclass
+class RunRecord:
+    ledger: RunLedger
+    system_metrics: bool  # tracking.system_metrics
+    monitor: Optional[SystemMetrics] = None
+
+    def monitoring(self) -> None:
+        """Starts the system metrics once the MLflow run exists; restarts them if they stopped."""
+        if self.monitor is None:
+            self.monitor = start_system_metrics(self.system_metrics, self.ledger.run_id(), self.ledger.tracking_uri)
+        else:
+            self.monitor.keep_alive()
+
+    def end(self, status: str) -> bool:
+        """Stops the system metrics, records the files and the end; True when all of it was sent."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+        if not self.ledger.started():  # failed before its MLflow run was recorded: nothing to end
+            return True
+        for rel, artifact_path in FILES:
+            if (self.ledger.run_dir / rel).exists():
+                self.ledger.record("artifact", path=rel, artifact_path=artifact_path)
+        self.ledger.record("end", status=status)
+        return self.ledger.flush(force=True)

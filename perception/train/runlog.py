@@ -1,0 +1,89 @@
+"""`train.log` in the run directory: what the run wrote to stdout and stderr, and its log records,
+kept beside the checkpoints and uploaded with the run (a pod's own log vanishes with the pod).
+
+Python-level: print, warnings, tqdm and logging reach the file; output written by C code straight
+to file descriptors 1 and 2 does not. A retried or resumed run appends to the same file.
+Carriage-return frames (progress bars drawn on a terminal) reach the file as their last frame only.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TextIO
+
+LOG_FILE = "train.log"
+
+
+class _LineFile:
+    """Writes whole lines to the log; of a line redrawn with '\\r', only what follows the last one."""
+
+    def __init__(self, f: TextIO):
+        self.f, self.partial = f, ""
+
+    def write(self, text: str) -> None:
+        *lines, self.partial = (self.partial + text).split("\n")
+        for line in lines:
+            self.f.write(line.rsplit("\r", 1)[-1].rstrip() + "\n")
+        if "\r" in self.partial:  # a bar redrawn for hours: keep its last frame, not every frame
+            self.partial = self.partial[self.partial.rindex("\r"):]
+        self.f.flush()
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        if self.partial.rsplit("\r", 1)[-1].strip():
+            self.write("\n")
+        self.f.close()
+
+
+class _Tee:
+    """A text stream that writes to the original stream and to the log."""
+
+    def __init__(self, stream: TextIO, log: _LineFile):
+        self.stream, self.log = stream, log
+
+    def write(self, text: str) -> int:
+        self.log.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:  # progress bars decide on the terminal, not on the log
+        return self.stream.isatty()
+
+    def __getattr__(self, name):  # encoding, fileno, … of the original stream
+        return getattr(self.stream, name)
+
+
+class RunLog:
+    """Context manager: tees sys.stdout and sys.stderr into `path` and sends log records there too."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def __enter__(self) -> "RunLog":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = _LineFile(open(self.path, "a", encoding="utf-8", errors="replace"))
+        self._file.write(f"---- {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC: {' '.join(sys.argv)}\n")
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(sys.stdout, self._file), _Tee(sys.stderr, self._file)
+        self._handler = logging.StreamHandler(self._file)  # type: ignore[arg-type]
+        self._handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        logging.getLogger().addHandler(self._handler)
+        return self
+
+    def exception(self, exc: BaseException) -> None:
+        """The traceback, into the log only: Python prints it to the terminal after the run has
+        already uploaded its log."""
+        self._file.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger().removeHandler(self._handler)
+        sys.stdout, sys.stderr = self._saved
+        self._file.close()

@@ -1,0 +1,51 @@
+"""The gate ends the sweep's parent run with the outcome, so the list of sweeps in the MLflow UI
+shows it: FINISHED with the decision, or FAILED when it refused; gate_W, gate_p and the workflow's
+page on it. A sweep continued later is RUNNING again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from mlflow.tracking import MlflowClient
+
+from perception.paths import MLFLOW_EXPERIMENT
+from perception.tracking import ensure_parent_run
+from tests.gate.sweep_store import SweepSpec, build_sweep
+
+BASE = [0.6] * 5
+URL = "https://argo.example.com/workflows/perception/ab-sweep-x7k2p"
+
+
+def gate(*args: str, home, env: dict | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PERCEPTION_HOME": str(home), **(env or {})}
+    full.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(["perception-gate", *args], capture_output=True, text=True, env=full, timeout=300)
+
+
+def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server, perception_home):
+    client = MlflowClient(mlflow_server)
+    if client.get_experiment_by_name(MLFLOW_EXPERIMENT) is None:
+        client.create_experiment(MLFLOW_EXPERIMENT)
+    decided = build_sweep(client, "parent-ship", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]))
+    refused = build_sweep(client, "parent-refused", SweepSpec(mu_a=BASE, mu_b=BASE, skip={("shared", 0)}))
+    parents = {}
+    for sweep_id in ("parent-ship", "parent-refused"):
+        parents[sweep_id] = ensure_parent_run(sweep_id, mlflow_server)  # a continued sweep: RUNNING again
+        assert client.get_run(parents[sweep_id]).info.status == "RUNNING"
+    assert decided and refused
+
+    r = gate("--sweep-id", "parent-ship", "--tracking-uri", mlflow_server, "--config", "ci", home=perception_home,
+             env={"PERCEPTION_WORKFLOW_URL": URL})
+    assert r.returncode == 0, r.stderr
+    run = client.get_run(parents["parent-ship"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["decision"] == "ship_per_horizon" and run.data.tags["workflow_url"] == URL
+    assert run.data.metrics["gate_W"] > 0.024 and 0 <= run.data.metrics["gate_p"] < 0.05
+
+    r = gate("--sweep-id", "parent-refused", "--tracking-uri", mlflow_server, "--config", "ci",
+             "--workflow-url", URL, home=perception_home)
+    assert r.returncode == 3, r.stderr
+    run = client.get_run(parents["parent-refused"])
+    assert run.info.status == "FAILED" and run.data.tags["decision"] == "refused"
+    assert run.data.tags["workflow_url"] == URL and "gate_W" not in run.data.metrics
