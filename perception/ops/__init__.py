@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from perception.enums import enum_value
 from perception.ops import extension
 from perception.ops.reference import (
     attention_pool_ref,
@@ -16,7 +17,7 @@ from perception.ops.reference import (
 
 
 def use_kernels(backend: str, *tensors: torch.Tensor) -> bool:
-    backend = getattr(backend, "value", backend)
+    backend = enum_value(backend)
     if backend == "ref":
         return False
     if backend == "cuda":

@@ -1,8 +1,10 @@
-"""Attention mass by lag on the validation set: where in the window each query looks. The study's
-hypothesis made visible (short horizons near lag 0, long ones spread over the window)."""
+"""What the pool learned: attention mass by lag on the validation set (where in the window each query
+looks: the study's hypothesis made visible), and the learning-signal diagnostics every run logs per
+epoch (gradient norms per module group, query divergence, attention entropy, query drift)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +73,67 @@ def save_attention_by_lag(out_dir: Path, acc: AttentionByLag, names: list[str], 
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
     return npz_path, png_path
+
+
+# ---------------------------------------------------------------- learning signal (DESIGN §6)
+
+GRAD_GROUPS = {"pool_query": "pool.", "vsn": "vsn.", "mamba": "mamba.", "cfc": "cfc.", "heads": "head."}
+
+
+class GradNorms:
+    """Mean over an epoch's steps of each parameter group's gradient L2 norm, before clipping:
+    `grad_norm_pool_query` shows whether the pool query learns at all (the shared arm's gets ~0,
+    since the CfC forgets h_0), the trunk groups give the scale to judge it against."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.groups = {g: [p for n, p in model.named_parameters() if n.startswith(prefix)]
+                       for g, prefix in GRAD_GROUPS.items()}
+        self.sums = dict.fromkeys(self.groups, 0.0)
+        self.steps = 0
+
+    def add(self) -> None:
+        norms = []
+        for params in self.groups.values():
+            grads = [p.grad.detach().float().pow(2).sum() for p in params if p.grad is not None]
+            norms.append(torch.stack(grads).sum().sqrt() if grads else torch.zeros(()))
+        for g, v in zip(self.groups, torch.stack([n.cpu() for n in norms]).tolist()):  # one sync per step
+            self.sums[g] += v
+        self.steps += 1
+
+    def means(self) -> dict[str, float]:
+        return {f"grad_norm_{g}": s / max(self.steps, 1) for g, s in self.sums.items()}
+
+
+class AttentionStats:
+    """Per validation window: the queries' mean pairwise Jensen–Shannon divergence (nats; 0 for one
+    query) and each query's attention entropy over log K (1 = uniform). Per window, not averaged by
+    lag first: two queries can read different content and still share a by-lag profile."""
+
+    def __init__(self):
+        self.divergence = 0.0
+        self.entropy_ratio = 0.0
+        self.windows = 0
+
+    def add(self, attn: torch.Tensor) -> None:
+        """attn: (B, Q, K) attention weights, rows summing to 1 over K."""
+        a = attn.detach().to("cpu", torch.float64).clamp_min(1e-30)  # (B, Q, K)
+        b, q, k = a.shape
+        entropy = -(a * a.log()).sum(-1)  # (B, Q)
+        self.entropy_ratio += float((entropy / math.log(k)).mean(-1).sum()) if k > 1 else float(b)
+        if q > 1:
+            i, j = torch.triu_indices(q, q, offset=1)
+            p, r = a[:, i], a[:, j]  # (B, pairs, K)
+            m = 0.5 * (p + r)
+            js = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (r * (r / m).log()).sum(-1)  # (B, pairs)
+            self.divergence += float(js.mean(-1).sum())
+        self.windows += b
+
+    def metrics(self) -> dict[str, float]:
+        n = max(self.windows, 1)
+        return {"query_divergence": self.divergence / n, "attention_entropy_ratio": self.entropy_ratio / n}
+
+
+def query_drift(query: torch.Tensor, initial: torch.Tensor) -> float:
+    """Mean over queries of ‖q − q_init‖ / ‖q_init‖: how far each query moved from its start."""
+    q, q0 = query.detach().float().cpu(), initial.detach().float().cpu()  # (Q, D)
+    return float(((q - q0).norm(dim=-1) / q0.norm(dim=-1).clamp_min(1e-12)).mean())

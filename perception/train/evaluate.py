@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
-from perception.train.diagnostics import AttentionByLag
+from perception.train.diagnostics import AttentionByLag, AttentionStats
 
 
 @dataclass
@@ -21,6 +21,7 @@ class Evaluation:
     mask: np.ndarray  # (N, H) bool
     index: np.ndarray  # (N,) int64 window ends
     attention: AttentionByLag
+    attention_stats: AttentionStats
 
     @property
     def auc_mean(self) -> float:
@@ -39,7 +40,7 @@ def per_horizon_auc(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray, hor
 @torch.no_grad()
 def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: torch.device) -> Evaluation:
     model.eval()
-    acc = AttentionByLag(window, model.n_queries)
+    acc, attn_stats = AttentionByLag(window, model.n_queries), AttentionStats()
     probs, labels, masks, index = [], [], [], []
     loss_sum, n_valid = 0.0, 0
     for batch in loader.batches(0):
@@ -51,6 +52,7 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
             loss_sum += float(loss_fn(logits, y, mask)) * valid
             n_valid += valid
         acc.add(attn)
+        attn_stats.add(attn)
         probs.append(torch.sigmoid(logits).float().cpu().numpy())
         labels.append(batch.y.numpy().astype(np.uint8))
         masks.append(batch.mask.numpy().astype(bool))
@@ -65,4 +67,5 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
         mask=mask_a,
         index=np.concatenate(index),
         attention=acc,
+        attention_stats=attn_stats,
     )

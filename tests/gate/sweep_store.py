@@ -40,6 +40,11 @@ class SweepSpec:
     param_override: dict = field(default_factory=dict)  # {(variant, fold): {param: value}}
     duplicate: Optional[tuple[str, int]] = None  # an older finished run + a running one
     no_predictions: Optional[tuple[str, int]] = None
+    extra_arms: dict = field(default_factory=dict)  # {arm: separation per horizon}, e.g. shared_skip
+    diagnostics: dict = field(default_factory=dict)  # {arm: {metric: final-epoch value}}
+
+    def arms(self) -> dict[str, list[float]]:
+        return {VARIANTS[0]: self.mu_a, VARIANTS[1]: self.mu_b, **self.extra_arms}
 
 
 def fold_predictions(spec: SweepSpec, fold: int) -> dict[str, dict[str, np.ndarray]]:
@@ -56,7 +61,7 @@ def fold_predictions(spec: SweepSpec, fold: int) -> dict[str, dict[str, np.ndarr
         signs = np.asarray(spec.episodes[fold], dtype=float)
         advantage = np.repeat(signs, int(np.ceil(n / len(signs))))[:n] * spec.episode_effect
     out = {}
-    for arm, mu in zip(VARIANTS, (spec.mu_a, spec.mu_b)):
+    for arm, mu in spec.arms().items():
         score = np.asarray(mu) * y + shared + spec.own_noise * rng.normal(size=(n, h))
         if arm == VARIANTS[1]:
             score = score + advantage[:, None] * (2.0 * y - 1.0)
@@ -84,7 +89,7 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
     with tempfile.TemporaryDirectory() as tmp:
         for fold in range(3):
             preds = fold_predictions(spec, fold)
-            for v, variant in enumerate(VARIANTS):
+            for variant in spec.arms():
                 if (variant, fold) in spec.skip:
                     continue
                 if spec.duplicate == (variant, fold):
@@ -125,7 +130,9 @@ def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp
         metrics += [Metric("val_auc_mean", float(np.mean(list(aucs.values()))) - 0.01 * late, now, epoch),
                     Metric("train_loss", 0.69 - 0.01 * epoch, now, epoch),
                     Metric("val_loss", 0.69 - 0.005 * epoch, now, epoch),
-                    Metric("samples_per_s", spec.samples_per_s[VARIANTS.index(variant)] * (1 + 0.01 * epoch), now, epoch)]
+                    Metric("samples_per_s", spec.samples_per_s[min(list(spec.arms()).index(variant), 1)]
+                           * (1 + 0.01 * epoch), now, epoch)]
+        metrics += [Metric(k, float(v), now, epoch) for k, v in spec.diagnostics.get(variant, {}).items()]
     client.log_batch(rid, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
                      tags=[RunTag("mlflow.runName", f"{variant}-f{fold}")])
     if spec.no_predictions != (variant, fold):
@@ -133,7 +140,7 @@ def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp
         d.mkdir(parents=True)
         np.savez(d / "val_final.npz", **pred)
         client.log_artifact(rid, str(d / "val_final.npz"), artifact_path="predictions")
-    names = ["shared"] if variant == "shared" else [f"h{h}" for h in spec.horizons]
+    names = [f"h{h}" for h in spec.horizons] if variant == "per_horizon" else ["shared"]
     edges = np.array([0, 1, 2, 4, 8, 16, spec.window], dtype=np.int64)
     mass = np.random.default_rng(fold).dirichlet(np.ones(6), size=len(names)).astype(np.float32)
     d = tmp / rid / "diagnostics"

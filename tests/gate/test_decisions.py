@@ -152,3 +152,79 @@ def test_duplicate_runs_use_the_latest_finished_and_are_reported(gate_store, tmp
     assert any(n.startswith("duplicate runs for shared fold 0") and chosen[("shared", 0)] in n for n in notes)
     assert any("status RUNNING" in n for n in notes)
     assert math.isfinite(outcome.summary["W"])
+
+
+# ---------------------------------------------------------------- attribution (three arms)
+
+TRUNK = {"grad_norm_vsn": 0.5, "grad_norm_mamba": 0.8, "grad_norm_cfc": 0.3, "grad_norm_heads": 0.2}
+SPECIALISED = {**TRUNK, "grad_norm_pool_query": 0.05, "query_divergence": 0.2}
+LIFT = [0.6, 0.6, 0.6, 0.6, 0.8]
+
+
+NOISY = dict(n_windows=400, own_noise=1.5)  # arms nearly independent, few windows: small lifts stay unproven
+
+
+@pytest.mark.parametrize("arms, noise, ship, attr_decision, verdict", [
+    ((BASE, LIFT, BASE), {}, True, "ship_per_horizon", "per-horizon queries add lift beyond the context path"),
+    ((BASE, LIFT, LIFT), {}, True, "keep_shared_skip", "the lift is explained by feeding pooled context to the heads"),
+    (([0.6, 0.6, 0.6, 0.6, 0.0], [0.6, 0.6, 0.6, 0.6, 0.64], BASE), NOISY, True, "inconclusive",
+     "the data cannot tell"),
+], ids=["beats-both", "beats-shared-only", "cannot-tell"])
+def test_attribution_through_the_shared_skip_control(gate_store, tmp_path, arms, noise, ship, attr_decision, verdict):
+    mu_shared, mu_ph, mu_skip = arms
+    spec = SweepSpec(mu_a=mu_shared, mu_b=mu_ph, extra_arms={"shared_skip": mu_skip}, **noise,
+                     diagnostics={"per_horizon": SPECIALISED, "shared": SPECIALISED, "shared_skip": SPECIALISED})
+    outcome, _ = gate(gate_store, tmp_path, f"attr-{attr_decision}", spec)
+    s = outcome.summary
+    assert s["control"] == "shared" and s["treatment"] == "per_horizon"
+    assert (outcome.decision == "ship_per_horizon") is ship
+    attr = s["attribution"]
+    assert attr["control"] == "shared_skip" and attr["decision"] == attr_decision and verdict in attr["verdict"]
+    assert s["context_path"]["control"] == "shared" and s["context_path"]["treatment"] == "shared_skip"
+    assert any(r.startswith("attribution (shared_skip -> per_horizon)") for r in outcome.reasons)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Attribution" in md and verdict in md and "shared_skip → per_horizon" in md
+    run = gate_store[1].get_run(s["gate_run_id"])
+    assert run.data.metrics["gate_attr_W"] == pytest.approx(attr["W"])
+    assert run.data.metrics["gate_attr_ship"] == float(attr_decision == "ship_per_horizon")
+
+
+def test_neither_control_is_beaten(gate_store, tmp_path):
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_skip": BASE})
+    outcome, _ = gate(gate_store, tmp_path, "attr-neither", spec)
+    assert outcome.decision == "keep_shared"
+    assert outcome.summary["attribution"]["decision"] == "keep_shared_skip"
+
+
+def test_a_control_without_learning_signal_and_unspecialised_queries_are_flagged(gate_store, tmp_path):
+    spec = SweepSpec(mu_a=BASE, mu_b=LIFT, diagnostics={
+        "shared": {**TRUNK, "grad_norm_pool_query": 0.0, "query_divergence": 0.0},
+        "per_horizon": {**TRUNK, "grad_norm_pool_query": 0.01, "query_divergence": 0.001}})
+    outcome, _ = gate(gate_store, tmp_path, "flags", spec)
+    s = outcome.summary
+    assert outcome.decision == "ship_per_horizon" and s["attribution"] is None
+    assert any("received no learning signal" in f for f in s["flags"])
+    assert any("did not specialise" in f for f in s["flags"])
+    (why,) = [r for r in outcome.reasons if r.startswith("the lift cannot be attributed")]
+    assert "--arms shared,per_horizon,shared_skip" in why
+    assert s["diagnostics"]["shared"]["grad_norm_pool_query"] == 0.0
+
+
+def test_runs_without_diagnostics_read_not_measured_and_are_still_gated(gate_store, tmp_path):
+    outcome, _ = gate(gate_store, tmp_path, "no-diagnostics", SweepSpec(mu_a=BASE, mu_b=LIFT))
+    assert not outcome.refused and outcome.summary["flags"] == []
+    assert outcome.summary["diagnostics"]["shared"]["grad_norm_pool_query"] is None
+    assert "not measured" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_control_and_treatment_name_the_decision_words(gate_store, tmp_path):
+    uri, client = gate_store
+    build_sweep(client, "words", SweepSpec(mu_a=BASE, mu_b=LIFT, extra_arms={"shared_skip": LIFT}))
+    outcome = run_gate("words", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r", progress=False,
+                       control="shared", treatment="shared_skip")
+    assert outcome.decision == "ship_shared_skip" and outcome.summary["treatment"] == "shared_skip"
+    outcome = run_gate("words", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r2", progress=False,
+                       control="shared_skip", treatment="shared")
+    assert outcome.decision == "keep_shared_skip"
+    with pytest.raises(ConfigError, match="not an arm"):
+        run_gate("words", tracking_uri=uri, config_name="ci", progress=False, control="bogus")
