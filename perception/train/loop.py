@@ -21,7 +21,7 @@ from perception.gitinfo import git_sha
 from perception.paths import new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
 from perception.tracking import RunLedger, ensure_parent_run
 from perception.train.config import Config, apply_arm
-from perception.train.diagnostics import query_names, save_attention_by_lag
+from perception.train.diagnostics import GradNorms, query_drift, query_names, save_attention_by_lag
 from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
 from perception.train.progress import progress
@@ -118,6 +118,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     # ---- model and optimisation --------------------------------------------------------------
     model = PerceptionModel(cfg.model, n_features=ds.features.shape[1], horizons=horizons, seed=int(cfg.seed))
     model.set_dt_scale(float(median_dt(ds, split.train_ends, window)))
+    query_init = model.pool.query.detach().clone()  # the seeded start, for query_drift (resumed runs too)
     if cfg.trainer.init_from and resume_from is None:
         loaded = load_trunk(cfg.trainer.init_from, model)
         print(f"[perception] warm start: {len(loaded)} trunk tensors from {cfg.trainer.init_from}")
@@ -153,7 +154,8 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         if parent:
             tags["mlflow.parentRunId"] = parent
         params = flatten_config(cfg)
-        params.update({"git_sha": git_sha(), "data_hash": ds.data_hash, "sweep_id": place.sweep_id})
+        params.update({"git_sha": git_sha(), "data_hash": ds.data_hash, "sweep_id": place.sweep_id,
+                       "experiment": str(cfg.experiment_name)})
         ledger.record("start", tags=tags, params=params, run_name=place.name,
                       experiment=cfg.tracking.experiment)
     else:
@@ -168,6 +170,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     for epoch in range(position.epoch, int(cfg.trainer.epochs)):
         model.train()
         t0, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
+        grad_norms = GradNorms(model)
         bar = progress(steps_per_epoch, f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}", cfg.trainer.progress)
         for i, batch in enumerate(train_loader.batches(epoch)):
             if i >= steps_per_epoch:
@@ -179,6 +182,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
                 raise FloatingPointError(f"training loss is {loss.item()} at epoch {epoch}, batch {i}")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            grad_norms.add()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
             optimizer.step()
             scheduler.step()
@@ -195,6 +199,8 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         metrics = {f"val_auc_h{h}": v for h, v in last_eval.auc.items()}
         metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=loss_sum / max(loss_n, 1),
                        val_loss=last_eval.loss, samples_per_s=seen / max(train_time, 1e-9))
+        metrics.update(grad_norms.means(), **last_eval.attention_stats.metrics(),
+                       query_drift=query_drift(model.pool.query, query_init))
         if not ledger.has_metrics_for(epoch):
             ledger.record("metrics", step=epoch, values=metrics)
         state = {

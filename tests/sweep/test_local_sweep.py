@@ -109,3 +109,29 @@ def test_bad_overrides_exit_2_before_any_work(perception_home, bad, expected):
 def test_sync_of_an_unknown_sweep_is_a_usage_error(perception_home):
     r = sweep_cli("sync", "--sweep-id", "nope", timeout=120)
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+@pytest.mark.slow
+def test_three_arm_sweep_trains_nine_runs_and_reports_the_attribution(perception_home, mlflow_server):
+    sweep_id = "three-" + uuid.uuid4().hex[:8]
+    head = git_head()
+    r = sweep_cli("local", "--sweep-id", sweep_id, "--arms", "shared,per_horizon,shared_skip", *CI,
+                  f"tracking.uri={mlflow_server}", timeout=1500)
+    assert_decided(r, head)
+    runs = train_runs(mlflow_server, sweep_id)
+    assert sorted((x.data.tags["variant"], x.data.tags["fold"]) for x in runs) == sorted(
+        (a, str(f)) for a in ("shared", "per_horizon", "shared_skip") for f in range(3))
+    for x in runs:  # every run carries the learning-signal diagnostics
+        for key in ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
+                    "query_divergence", "attention_entropy_ratio", "query_drift"):
+            assert key in x.data.metrics, (x.data.tags["variant"], key)
+        assert x.data.params["arm"] == x.data.tags["variant"] and x.data.tags["replicate"] == "0"
+        assert x.data.params["experiment"] == "ci"
+    skip = [x for x in runs if x.data.tags["variant"] == "shared_skip"]
+    assert all(x.data.params["model.shared_context_to_heads"] == "True" for x in skip)
+    if git_head() == head:
+        report = json.loads((perception_home / "gate" / sweep_id / "report.json").read_text())
+        assert report["attribution"]["control"] == "shared_skip" and report["attribution"]["verdict"]
+        assert report["context_path"]["treatment"] == "shared_skip"
+        assert report["plan"]["arms"] == ["shared", "per_horizon", "shared_skip"] and not report["exploratory"]
+        assert "## Attribution" in (perception_home / "gate" / sweep_id / "report.md").read_text()
