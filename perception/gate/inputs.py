@@ -26,6 +26,7 @@ from perception.errors import ConfigError, PerceptionError
 
 PREDICTIONS = "predictions/val_final.npz"
 ATTENTION = "diagnostics/attention_by_lag.npz"
+GPU_UTILIZATION = "system/gpu_0_utilization_percentage"  # a training pod has one GPU
 # Params every run must carry and all runs must agree on (DESIGN §4 "Config keys"); `seed` must agree
 # between the arms of a replicate only (replicate r trains with seed + r).
 AGREED_PARAMS = ("data_hash", "git_sha", "trainer.epochs", "data.n_folds",
@@ -75,6 +76,7 @@ class ArmRun:
     attention: Optional[Attention]
     diagnostics: dict[str, float]  # final-epoch value of each logged DIAGNOSTICS metric
     params: dict[str, str] = field(default_factory=dict)
+    gpu_utilization: Optional[float] = None  # median of MLflow's system/gpu_0_utilization_percentage (%)
 
 
 @dataclass
@@ -168,7 +170,7 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
                 diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
                 arm_runs[(arm, fold, rep)] = ArmRun(
                     run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, "samples_per_s"), preds,
-                    attention, diagnostics, dict(run.data.params))
+                    attention, diagnostics, dict(run.data.params), _median_metric(client, run, GPU_UTILIZATION))
     for fold in range(n_folds):
         fold_runs = [r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2]))
                      if f == fold]

@@ -22,7 +22,8 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
     result = study.main
     runs = {f"{a}/f{f}" + (f"/r{r}" if r else ""): {
         "run_id": x.run_id, "final_auc": dict(zip(map(str, inputs.horizons), x.final_auc)),
-        "samples_per_s": x.samples_per_s, "n_windows": len(x.predictions.index), "diagnostics": x.diagnostics}
+        "samples_per_s": x.samples_per_s, "gpu_utilization": x.gpu_utilization,
+        "n_windows": len(x.predictions.index), "diagnostics": x.diagnostics}
         for (a, f, r), x in sorted(inputs.runs.items())}
     return _clean({
         "sweep_id": inputs.sweep_id, "decision": result.decision, "refused": False, "rule": result.rule,
@@ -141,8 +142,14 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
     lines += _diagnostics_section(study)
     t = result.throughput
     lines += ["## Training throughput (samples/s, median over epochs, mean over runs)", "",
-              f"| {label[a]} | {label[b]} | B / A |", "|---|---|---|",
-              f"| {_num(t[a], '.1f')} | {_num(t[b], '.1f')} | {_num(t['ratio'], '.3f')} |", ""]
+              f"| | {label[a]} | {label[b]} | B / A |", "|---|---|---|---|",
+              f"| samples/s | {_num(t[a], '.1f')} | {_num(t[b], '.1f')} | {_num(t['ratio'], '.3f')} |"]
+    gpu = {v: [r.gpu_utilization for r in inputs.arm_runs(v) if r.gpu_utilization is not None] for v in (a, b)}
+    if any(gpu.values()):  # on a GPU: is the slower arm starved, or just doing more work?
+        med = {v: float(np.median(x)) if x else None for v, x in gpu.items()}
+        lines.append(f"| GPU utilisation % (median of system metrics, median over runs) | {_num(med[a], '.0f')} "
+                     f"| {_num(med[b], '.0f')} | |")
+    lines.append("")
 
     lines += ["## Attention by lag (mean mass per query over lag buckets, mean over runs)", ""]
     profiles = _attention_profiles(inputs)

@@ -1,12 +1,15 @@
 """The gate ends the sweep's parent run with the outcome, so the list of sweeps in the MLflow UI
 shows it: FINISHED with the decision, or FAILED when it refused; gate_W, gate_p and the workflow's
-page on it. A sweep continued later is RUNNING again."""
+page on it. A sweep continued later is RUNNING again. The report shows the arms' GPU utilisation
+where the runs logged it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from perception.paths import MLFLOW_EXPERIMENT
@@ -34,6 +37,10 @@ def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server
         parents[sweep_id] = ensure_parent_run(sweep_id, mlflow_server)  # a continued sweep: RUNNING again
         assert client.get_run(parents[sweep_id]).info.status == "RUNNING"
     assert decided and refused
+    for (variant, fold), run_id in decided.items():  # as MLflow's system metrics would log them
+        util = [40.0, 50.0, 60.0] if variant == "shared" else [80.0, 90.0, 95.0]
+        client.log_batch(run_id, metrics=[Metric("system/gpu_0_utilization_percentage", u, 0, i)
+                                          for i, u in enumerate(util)])
 
     r = gate("--sweep-id", "parent-ship", "--tracking-uri", mlflow_server, "--config", "ci", home=perception_home,
              env={"PERCEPTION_WORKFLOW_URL": URL})
@@ -42,6 +49,11 @@ def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server
     assert run.info.status == "FINISHED"
     assert run.data.tags["decision"] == "ship_per_horizon" and run.data.tags["workflow_url"] == URL
     assert run.data.metrics["gate_W"] > 0.024 and 0 <= run.data.metrics["gate_p"] < 0.05
+    report = perception_home / "gate" / "parent-ship"
+    assert "| GPU utilisation % (median of system metrics, median over runs) | 50 | 90 | |" in \
+        (report / "report.md").read_text()
+    runs = json.loads((report / "report.json").read_text())["runs"]
+    assert runs["shared/f0"]["gpu_utilization"] == 50.0
 
     r = gate("--sweep-id", "parent-refused", "--tracking-uri", mlflow_server, "--config", "ci",
              "--workflow-url", URL, home=perception_home)
