@@ -7,7 +7,7 @@ import glob
 from pathlib import Path
 from typing import Any
 
-from perception.data.config import DataConfig, DataSource
+from perception.data.config import DataConfig, DataSource, SyntheticWorld
 from perception.enums import enum_value
 from perception.errors import ConfigError
 
@@ -33,6 +33,12 @@ def as_data_config(cfg: Any) -> DataConfig:
     except ValueError:
         raise ConfigError(
             f"data.source={out.source!r}: expected one of {[s.value for s in DataSource]}"
+        ) from None
+    try:
+        out.synthetic_world = SyntheticWorld(enum_value(out.synthetic_world))
+    except ValueError:
+        raise ConfigError(
+            f"data.synthetic_world={out.synthetic_world!r}: expected one of {[w.value for w in SyntheticWorld]}"
         ) from None
     out.horizons = [int(h) for h in out.horizons] if _is_int_list(out.horizons) else out.horizons
     out.paths = list(out.paths)

@@ -12,6 +12,13 @@ class DataSource(str, Enum):
     dbn = "dbn"
 
 
+class SyntheticWorld(str, Enum):
+    """Synthetic worlds with a known answer, to measure the gate (perception/data/synthetic.py)."""
+    default = "default"  # fast order-flow imbalance and a slow regime: any pooled context helps
+    no_signal = "no_signal"  # labels independent of the features: no arm beats AUC 0.5 beyond noise
+    per_horizon = "per_horizon"  # short and long horizons announced by different events in the window
+
+
 @dataclass
 class DataConfig:
     source: DataSource = DataSource.synthetic
@@ -25,6 +32,7 @@ class DataConfig:
     # synthetic books
     n_snapshots: int = 200_000
     synthetic_seed: int = 0
+    synthetic_world: SyntheticWorld = SyntheticWorld.default
     synthetic_session: int = 82_800  # snapshots per synthetic session (23 h at 1 s); a 1 h break ends it
     # windows, labels, folds
     window: int = 256  # K

@@ -22,9 +22,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from perception.data import synthetic
+from perception.enums import enum_value
 from perception.data.book import Snapshots, smallest_price_step, snapshots_from_records
 from perception.data.checks import as_data_config, check_data_config, resolve_paths
-from perception.data.config import DataConfig, DataSource
+from perception.data.config import DataConfig, DataSource, SyntheticWorld
 from perception.data.dbn_io import PRICE_SCALE, read_mbp10
 from perception.data.features import FEATURE_NAMES, compute_features, compute_labels
 from perception.errors import ConfigError, DataError
@@ -60,6 +61,10 @@ def data_hash(cfg: Any) -> str:
     for k in ("fold", "cache", "paths"):
         d.pop(k)
     d["source"] = cfg.source.value
+    if cfg.synthetic_world is SyntheticWorld.default:  # caches made before worlds existed stay valid
+        d.pop("synthetic_world")
+    else:
+        d["synthetic_world"] = cfg.synthetic_world.value
     h = hashlib.sha256()
     h.update(CODE_VERSION.encode())
     h.update(json.dumps(d, sort_keys=True).encode())
@@ -114,7 +119,8 @@ def build_snapshots(cfg: DataConfig, progress: bool = True) -> tuple[Snapshots, 
     counts: Counter = Counter()
     if cfg.source is DataSource.synthetic:
         snaps = synthetic.generate(cfg.n_snapshots, cfg.synthetic_seed, cfg.horizons, cfg.window,
-                                   cfg.snapshot_interval, cfg.synthetic_session)
+                                   cfg.snapshot_interval, cfg.synthetic_session,
+                                   world=enum_value(cfg.synthetic_world))
         tick = synthetic.TICK
     else:
         snaps = _snapshots_from_files(cfg, resolve_paths(cfg.paths), counts, progress)
@@ -195,6 +201,8 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
     bar.update()
     bar.set_postfix_str("labels")
     y, mask = compute_labels(snaps, cfg.horizons)
+    if cfg.source is DataSource.synthetic and enum_value(cfg.synthetic_world) == "no_signal":
+        y = synthetic.independent_labels(len(snaps), cfg.synthetic_seed, cfg.horizons, mask)
     bar.update()
     bar.close()
     return Dataset(feats, snaps.dt, y, mask, snaps.segment, list(FEATURE_NAMES), list(cfg.horizons),

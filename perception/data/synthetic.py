@@ -6,6 +6,19 @@ Latent efficient price p (ticks): dp_t = kappa * I_{t-1} + mu * r_t + sigma * ep
 - slow: a two-state regime r_t = +-1 with mean duration ~3x max(window, longest horizon) drifts
   the mid and shifts z's mean a little. One snapshot hardly shows it; the window's price path and
   its average imbalance do, so only a model that reads the whole window can use it at long horizons.
+Worlds with a known answer (`data.synthetic_world`), to measure the gate rather than the model:
+- `default`: the books above.
+- `no_signal`: the same books, labels from an independent random walk (`independent_labels`): no
+  feature predicts them, so no arm can beat AUC 0.5 beyond noise and every ship is a false ship.
+- `per_horizon`: the books above plus two kinds of rare, recognisable events, each announcing a
+  drift that starts after a delay, so inside a window only the event itself tells what comes:
+  a *fast* event (every ~K/2 snapshots) flags a side with ten-fold size at level 9 and, h_1 snapshots
+  later, drifts the mid that way for 2·h_1 snapshots (it decides the short horizons); a *slow* event
+  (every ~K) flags a side with eight-fold order counts at level 8 and, K/4 later, drifts the mid for
+  h_max snapshots (it decides the long ones). Each drift totals about the noise over its span. The
+  short horizons' query should look at the last fast event, the long ones' at the last slow event:
+  one shared query has to split its attention between them, per-horizon queries need not. The
+  expected gate outcome is `ship_per_horizon` against `shared_skip`, if the queries specialise.
 Books sit on a tick grid with a Markov spread of 1-3 ticks, ten dense levels, lognormal sizes and
 order counts. Vectorised: AR(1) recursions run through scipy.signal.lfilter, regimes and spreads
 from geometric durations.
@@ -41,7 +54,7 @@ class SignalParams:
 
 
 def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_interval: float = 1.0,
-             session: int = 82_800, session_gap: float = 3600.0) -> Snapshots:
+             session: int = 82_800, session_gap: float = 3600.0, world: str = "default") -> Snapshots:
     """n snapshots; every `session` snapshots a `session_gap`-second break ends a segment."""
     rng = np.random.default_rng([seed, 0x5EED])
     prm = SignalParams.for_scales(horizons, window)
@@ -59,6 +72,10 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     mu = prm.slow_snr * prm.sigma / np.sqrt(h_max)
     dp = prm.sigma * rng.standard_normal(n) + mu * regime
     dp[1:] += kappa * imb[:-1]
+    events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma) \
+        if world == "per_horizon" else None
+    if events is not None:
+        dp += events.drift
     p = BASE_PRICE_TICKS + np.cumsum(dp)
 
     spread = _markov_spread(rng, n)  # (T,) ticks in {1, 2, 3}
@@ -72,6 +89,9 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     tilt[:, 0], tilt[:, 1] = imb, 0.5 * imb
     bid_sz = _sizes(rng, base * (1 + tilt))
     ask_sz = _sizes(rng, base * (1 - tilt))
+    bid_ct, ask_ct = _counts(rng, bid_sz), _counts(rng, ask_sz)
+    if events is not None:
+        events.mark(bid_sz, ask_sz, bid_ct, ask_ct)
 
     tick_idx = np.arange(n, dtype=np.int64)
     gap_ticks = int(round(session_gap / snapshot_interval))
@@ -83,9 +103,56 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
         ts=START_NS + tick_idx * interval_ns,
         bid_px=bid_px, ask_px=ask_px,
         bid_sz=bid_sz, ask_sz=ask_sz,
-        bid_ct=_counts(rng, bid_sz), ask_ct=_counts(rng, ask_sz),
+        bid_ct=bid_ct, ask_ct=ask_ct,
         dt=dt, segment=segment,
     )
+
+
+@dataclass
+class HorizonEvents:
+    """The per_horizon world's events: their drift of the latent price and where they are marked."""
+    drift: np.ndarray  # (T,) ticks per snapshot
+    fast: tuple[np.ndarray, np.ndarray]  # (times, signs)
+    slow: tuple[np.ndarray, np.ndarray]
+
+    def mark(self, bid_sz, ask_sz, bid_ct, ask_ct) -> None:
+        """Fast events: ten-fold size at level 9 on the signed side; slow: eight-fold counts at level 8."""
+        for (times, signs), (bid, ask), level, factor in (
+                (self.fast, (bid_sz, ask_sz), 9, 10), (self.slow, (bid_ct, ask_ct), 8, 8)):
+            up, down = times[signs > 0], times[signs < 0]
+            bid[up, level] *= factor
+            ask[down, level] *= factor
+
+
+def _horizon_events(rng: np.random.Generator, n: int, horizons: list[int], window: int,
+                    sigma: float) -> HorizonEvents:
+    drift = np.zeros(n)
+    kinds = []
+    # (mean gap, delay, duration): fast events decide h_1's span, slow ones the longest horizon's
+    for gap, delay, duration in ((window / 2, horizons[0], 2 * horizons[0]),
+                                 (window, max(1, window // 4), horizons[-1])):
+        times = np.cumsum(rng.geometric(1.0 / gap, size=int(2 * n / gap) + 8))
+        times = times[times < n]
+        signs = rng.choice([-1.0, 1.0], size=len(times))
+        rate = sigma / np.sqrt(duration)  # the drift totals about the noise over its span
+        step = np.zeros(n + 1)
+        starts, ends = np.minimum(times + delay, n), np.minimum(times + delay + duration, n)
+        np.add.at(step, starts, signs * rate)
+        np.add.at(step, ends, -signs * rate)
+        drift += np.cumsum(step)[:n]
+        kinds.append((times, signs))
+    return HorizonEvents(drift, kinds[0], kinds[1])
+
+
+def independent_labels(n: int, seed: int, horizons: list[int], mask: np.ndarray) -> np.ndarray:
+    """The no_signal world's labels: y_h[t] = W[t+h] > W[t] for a seeded Gaussian random walk W that
+    nothing in the books depends on; masked where the real labels are (segment ends)."""
+    walk = np.cumsum(np.random.default_rng([seed, 0x0517]).standard_normal(n))
+    y = np.zeros((n, len(horizons)), np.uint8)
+    for j, h in enumerate(horizons):
+        ahead = np.minimum(np.arange(n) + h, n - 1)
+        y[:, j] = (walk[ahead] > walk) & mask[:, j]
+    return y
 
 
 def _two_state_regime(rng: np.random.Generator, n: int, mean_len: float) -> np.ndarray:

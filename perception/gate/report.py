@@ -93,7 +93,7 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
               + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
               + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
               "", f"W = {s['W']:+.4f}, G = {s['G']:+.4f}, p = {_num(s['p'])} (one-sided test of the rule's lift)",
-              "", f"Training noise: {result.training_noise}.", ""]
+              "", f"Evidence: {result.training_noise}.", ""]
     lines += ["## Why", ""] + [f"- {r}" for r in s["reasons"]] + [""]
     cfg = s["config"]
     lines += [f"Config `{cfg['source']}`: weights {cfg['weights']}, min_lift {cfg['min_lift']}, "

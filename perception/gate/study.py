@@ -51,7 +51,7 @@ def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: 
     study = Study(decide(inputs, cfg, control, treatment, boot, noise), noise=noise)
     if treatment == "per_horizon" and control != ATTRIBUTION_CONTROL and ATTRIBUTION_CONTROL in inputs.arms:
         study.attribution = decide(inputs, cfg, ATTRIBUTION_CONTROL, treatment, boot, noise)
-        study.verdict = _verdict(study.attribution)
+        study.verdict = _verdict(study.attribution, study.main)
         if "shared" in inputs.arms:
             study.context_path = decide(inputs, cfg, "shared", ATTRIBUTION_CONTROL, boot, noise)
     study.diagnostics = {arm: _diagnostics(inputs, arm) for arm in inputs.arms}
@@ -67,11 +67,14 @@ def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: 
     return study
 
 
-def _verdict(attr: GateResult) -> str:
+def _verdict(attr: GateResult, main: GateResult) -> str:
     if attr.decision == f"ship_{attr.treatment}":
         return "per-horizon queries add lift beyond the context path"
     if attr.decision == f"keep_{attr.control}":
-        return "the lift is explained by feeding pooled context to the heads: per-horizon queries add none beyond it"
+        if main.decision == f"ship_{main.treatment}":
+            return ("the lift is explained by feeding pooled context to the heads: per-horizon queries add "
+                    "none beyond it")
+        return "per-horizon queries add no lift beyond the context path"
     return "the data cannot tell whether per-horizon queries add lift beyond the context path"
 
 

@@ -102,3 +102,58 @@ def test_shuffled_labels_carry_no_signal(smoke_windows, j):
     ends, _, simple, y = smoke_windows
     shuffled = np.random.default_rng(0).permutation(y[ends, j])
     assert abs(_auc(simple, shuffled, ends) - 0.5) <= 0.02
+
+
+# ------------------------------------------------------------------ worlds with a known answer
+
+
+@pytest.fixture(scope="module")
+def worlds():
+    out = {}
+    for world in ("default", "no_signal", "per_horizon"):
+        cfg = DataConfig(**SMOKE, cache=False, synthetic_world=world)
+        ds = load_dataset(cfg, progress=False)
+        K = SMOKE["window"]
+        ends = eligible_ends(ds.segment, K, SMOKE["window_stride"], SMOKE["horizons"][0])
+        ends = ends[ends + SMOKE["horizons"][-1] < len(ds)]
+        X = ds.features.astype(np.float64)
+        csum = np.vstack([np.zeros((1, X.shape[1])), np.cumsum(X, axis=0)])
+        window_mean = (csum[ends + 1] - csum[ends + 1 - K]) / K
+        out[world] = (ends, np.c_[X[ends], window_mean], ds)
+    return out
+
+
+@pytest.mark.parametrize("j, tolerance", [(0, 0.02), (4, 0.04)], ids=["shortest", "longest"])
+def test_no_signal_world_labels_are_unpredictable(worlds, j, tolerance):
+    """Labels 300 snapshots long overlap across ~150 windows: the test set holds only ~40 independent
+    outcomes at the longest horizon, hence the wider band there (the default world scores > 0.55)."""
+    ends, feats, ds = worlds["no_signal"]
+    assert abs(_auc(feats, ds.y[ends, j], ends) - 0.5) <= tolerance
+    default_ends, default_feats, default_ds = worlds["default"]
+    np.testing.assert_array_equal(ds.features, default_ds.features)  # the same books, other labels
+    np.testing.assert_array_equal(ds.mask, default_ds.mask)
+    assert ds.y[ds.mask[:, j], j].mean() == pytest.approx(0.5, abs=0.05)
+
+
+def test_per_horizon_world_announces_the_horizons_by_separate_events():
+    horizons, K, n = SMOKE["horizons"], SMOKE["window"], SMOKE["n_snapshots"]
+    events = synthetic._horizon_events(np.random.default_rng([0, 0xE7E]), n, horizons, K, 0.6)
+    (fast_t, fast_s), (slow_t, slow_s) = events.fast, events.slow
+    assert len(fast_t) > len(slow_t) > 10 and set(np.unique(fast_s)) == {-1.0, 1.0}
+    # the drifts sum the events' signed steps: before the first event's delay ends there is none,
+    # and over the whole series the signs balance out to a drift of mean ~0
+    assert not events.drift[: int(min(fast_t[0] + horizons[0], slow_t[0] + K // 4))].any()
+    assert abs(events.drift.mean()) < 0.1 * np.abs(events.drift).max()
+    snaps = synthetic.generate(n, 0, horizons, K, world="per_horizon")
+    plain = synthetic.generate(n, 0, horizons, K)
+    marked = np.flatnonzero((snaps.bid_sz[:, 9] != plain.bid_sz[:, 9]) | (snaps.ask_sz[:, 9] != plain.ask_sz[:, 9]))
+    np.testing.assert_array_equal(marked, np.sort(fast_t))
+    assert np.array_equal(snaps.bid_ct[:, 8] != plain.bid_ct[:, 8], np.isin(np.arange(n), slow_t[slow_s > 0]))
+
+
+def test_world_is_part_of_the_data_hash_and_default_keeps_old_hashes():
+    from perception.data.dataset import data_hash
+
+    base = DataConfig(**SMOKE)
+    assert data_hash(base) == data_hash(DataConfig(**SMOKE, synthetic_world="default"))
+    assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon")}) == 3

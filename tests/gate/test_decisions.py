@@ -193,7 +193,9 @@ def test_neither_control_is_beaten(gate_store, tmp_path):
     spec = SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_skip": BASE})
     outcome, _ = gate(gate_store, tmp_path, "attr-neither", spec)
     assert outcome.decision == "keep_shared"
-    assert outcome.summary["attribution"]["decision"] == "keep_shared_skip"
+    attr = outcome.summary["attribution"]
+    assert attr["decision"] == "keep_shared_skip"
+    assert attr["verdict"] == "per-horizon queries add no lift beyond the context path"
 
 
 def test_a_control_without_learning_signal_and_unspecialised_queries_are_flagged(gate_store, tmp_path):
