@@ -28,11 +28,13 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     Backoff,
+    LabelValueFrom,
     PodGC,
     PodSecurityContext,
     Toleration,
     TTLStrategy,
     ValueFrom,
+    WorkflowMetadata,
 )
 
 # A literal, so `hera generate yaml` runs this file without the package; a test checks it against
@@ -46,10 +48,14 @@ CONFIG_MAP = "perception-config"  # MLFLOW_TRACKING_URI, PERCEPTION_HOME
 CREDENTIALS_SECRET = "mlflow-credentials"  # MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD
 GPU_PRODUCT = "NVIDIA-L40S"
 
-SWEEP_ID = "{{workflow.name}}"
+# The sweep a workflow works on: its `sweep-id` parameter (an earlier sweep's id continues that sweep),
+# else its own name. An Argo expression, so a resubmission from the Argo UI resolves it the same way.
+SWEEP_ID_EXPR = 'workflow.parameters["sweep-id"] != "" ? workflow.parameters["sweep-id"] : workflow.name'
+SWEEP_ID = "{{=" + SWEEP_ID_EXPR + "}}"
+SWEEP_ID_LABEL = "perception/sweep-id"  # `submit` refuses a second running workflow on one sweep
 OUTPUTS = "/tmp/prepare"  # prepare's output parameters, one file each
 DECISION_FILE = "/tmp/decision"
-GATE_REPORT_DIR = "/perception-home/runs/{{workflow.name}}/gate"  # on the runs PVC, beside the runs
+GATE_REPORT_DIR = "/perception-home/runs/" + SWEEP_ID + "/gate"  # on the runs PVC, beside the runs
 
 # Spot preemption ends a pod as Failed ("imminent node shutdown") or Errored ("pod deleted");
 # a real training failure (exit 1) or a config error (exit 2) is not retried.
@@ -65,8 +71,11 @@ def _params(smoke: bool) -> list[Parameter]:
         Parameter(name="data", value="synthetic", enum=["synthetic", "dbn"]),
         # DBN inputs under the read-only market-data mount, e.g. [/data/ES/*.dbn.zst]
         Parameter(name="data-paths", value="[]"),
-        # conf/gate/<name>.yaml whose horizons match the experiment
-        Parameter(name="gate-config", value="ci" if smoke else "default"),
+        # conf/gate/<name>.yaml; auto: the one that belongs to the experiment (its horizons match)
+        Parameter(name="gate-config", value="auto"),
+        # empty: a new sweep named after the workflow; an earlier sweep's id: continue it (finished
+        # runs are skipped, unfinished ones resume from their checkpoints)
+        Parameter(name="sweep-id", value=""),
         # the design: arms to train (e.g. shared,per_horizon,shared_skip), seed replicates, A/A test
         Parameter(name="arms", value=",".join(VARIANTS)),
         Parameter(name="replicates", value="1"),
@@ -74,7 +83,7 @@ def _params(smoke: bool) -> list[Parameter]:
     ]
 
 
-def _overrides() -> list[str]:
+def shared_overrides() -> list[str]:
     """The Hydra overrides every step shares, so all of them read the same feature cache."""
     p = "{{workflow.parameters.%s}}"
     return [
@@ -143,6 +152,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
         entrypoint="ab-sweep",
         arguments=_params(smoke),
         labels={"app.kubernetes.io/part-of": "perception", "perception/workflow": "ab-sweep"},
+        workflow_metadata=WorkflowMetadata(labels_from={SWEEP_ID_LABEL: LabelValueFrom(expression=SWEEP_ID_EXPR)}),
         active_deadline_seconds=3600 if smoke else 3 * 24 * 3600,
         # Failed pods stay for `kubectl logs`; the TTL removes the workflow and them later.
         pod_gc=PodGC(strategy="OnPodSuccess"),
@@ -155,11 +165,12 @@ def build_workflow(smoke: bool = False) -> Workflow:
             "prepare",
             "perception-sweep",
             ["prepare", "--sweep-id", SWEEP_ID, "--outputs", OUTPUTS, "--arms", p % "arms",
-             "--replicates", p % "replicates", "--aa", p % "aa", *_overrides()],
+             "--replicates", p % "replicates", "--aa", p % "aa", "--gate-config", p % "gate-config",
+             *shared_overrides()],
             Resources(cpu_request=2, memory_request="8Gi" if not smoke else "2Gi", memory_limit="16Gi"),
             volumes=_volumes(runs=False),
             outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
-                     for name in ("parent-run-id", "runs", "control", "treatment")],
+                     for name in ("parent-run-id", "runs", "control", "treatment", "gate-config")],
         )
         train = _container(
             "train",
@@ -172,7 +183,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "tracking.parent_run_id={{inputs.parameters.parent-run-id}}",
                 f"trainer.device={device}",
                 "trainer.progress=false",
-                *_overrides(),
+                *shared_overrides(),
             ],
             train_resources,
             inputs=[Parameter(name="arm"), Parameter(name="fold"), Parameter(name="replicate"),
@@ -187,7 +198,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "--sweep-id",
                 SWEEP_ID,
                 "--config",
-                "{{workflow.parameters.gate-config}}",
+                "{{inputs.parameters.gate-config}}",
                 "--control",
                 "{{inputs.parameters.control}}",
                 "--treatment",
@@ -199,7 +210,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "--no-progress",
             ],
             Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
-            inputs=[Parameter(name="control"), Parameter(name="treatment")],
+            inputs=[Parameter(name="control"), Parameter(name="treatment"), Parameter(name="gate-config")],
             volumes=_volumes(cache=False, data=False),
             outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))],
         )
@@ -223,7 +234,8 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 name="gate",
                 template=gate,
                 arguments={"control": prep.get_parameter("control").value,
-                           "treatment": prep.get_parameter("treatment").value},
+                           "treatment": prep.get_parameter("treatment").value,
+                           "gate-config": prep.get_parameter("gate-config").value},
                 depends="prepare && (train.Succeeded || train.Failed || train.Errored)",
             )
             prep >> trainings  # the gate's own depends names prepare and the trainings' every outcome

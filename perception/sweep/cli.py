@@ -50,7 +50,7 @@ def _prepare(args: argparse.Namespace) -> int:
     from perception.sweep.local import prepare
 
     parent = prepare(args.sweep_id, args.overrides, args.parent_run_id_file, design=_design(args),
-                     outputs=args.outputs)
+                     outputs=args.outputs, gate_config=args.gate_config)
     print(parent)
     return 0
 
@@ -58,7 +58,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from perception.sweep.render import render
 
-    text = render(smoke=args.smoke, params={**_design_params(args), **_params(args.param)})
+    text = render(smoke=args.smoke, params=_workflow_params(args))
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -72,7 +72,7 @@ def _submit(args: argparse.Namespace) -> int:
 
     if args.poll_interval <= 0 or (args.timeout is not None and args.timeout <= 0):
         raise ConfigError(f"--poll-interval {args.poll_interval:g} / --timeout {args.timeout}: expected seconds > 0")
-    done = submit(args.host, args.namespace, smoke=args.smoke, params={**_design_params(args), **_params(args.param)},
+    done = submit(args.host, args.namespace, smoke=args.smoke, params=_workflow_params(args),
                   verify_ssl=not args.insecure)
     print(f"submitted {done.name} to namespace {done.namespace}", flush=True)
     print(done.link, flush=True)
@@ -179,6 +179,12 @@ def _params(items: Optional[list[str]]) -> dict[str, str]:
     return out
 
 
+def _workflow_params(args: argparse.Namespace) -> dict[str, str]:
+    """render/submit: the design flags and --sweep-id as workflow parameters; -p wins over both."""
+    sweep = {"sweep-id": args.sweep_id} if args.sweep_id else {}
+    return {**_design_params(args), **sweep, **_params(args.param)}
+
+
 def _design_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--arms", help="arms to train, e.g. shared,per_horizon,shared_skip (default: shared,per_horizon)")
     s.add_argument("--replicates", type=int, default=None, help="seed replicates per arm and fold (default 1)")
@@ -216,7 +222,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep-id", required=True)
     s.add_argument("--parent-run-id-file", type=Path, help="also write the parent run id here")
     s.add_argument("--outputs", type=Path, help="write the step's output parameters here (parent-run-id, runs, "
-                                                "control, treatment)")
+                                                "control, treatment, gate-config)")
+    s.add_argument("--gate-config", default="auto",
+                   help="conf/gate/<name>.yaml for the plan; auto: the experiment's (default)")
     _design_options(s)
     s.add_argument("overrides", nargs="*")
     s.set_defaults(run=_prepare)
@@ -226,6 +234,8 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--smoke", action="store_true", help="experiment ci on CPU pods: minutes, no GPU")
         _design_options(s)
+        s.add_argument("--sweep-id", help="continue this sweep: finished runs are skipped, unfinished ones "
+                                          "resume (the same as -p sweep-id=ID; default: a new sweep)")
         s.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
                        help="workflow parameter, e.g. -p tag=v1.2.0 -p epochs=10")
         if name == "render":

@@ -25,6 +25,7 @@ from perception.paths import new_sweep_id, perception_home, run_dir, tracking_ur
 from perception.sweep.devices import child_env, detect_gpus, plan_waves
 
 DEFAULT_SCALE = "local"  # conf/config.yaml's default `experiment`
+AUTO_GATE_CONFIG = "auto"  # the gate config that belongs to the experiment (gate_config_for)
 DONE_FILE = "done.json"
 # Set per run by the sweep itself; a user override would silently break the study's design.
 RESERVED_KEYS = ("sweep_id", "arm", "replicate", "model.attention_pool", "model.shared_context_to_heads",
@@ -156,6 +157,11 @@ def gate_config_for(experiment: str) -> str:
     return experiment if config_exists(experiment) else "default"
 
 
+def resolve_gate_config(name: str, overrides: Sequence[str]) -> str:
+    """The workflow's `gate-config` parameter: `auto` is the experiment's own, anything else as given."""
+    return gate_config_for(experiment_of(overrides)) if name == AUTO_GATE_CONFIG else name
+
+
 def study_runs(n_folds: int, arms: Sequence[str] = DEFAULT_ARMS, replicates: int = 1) -> list[RunSpec]:
     """Replicate- then fold-major, so with several GPUs the arms of a fold train side by side."""
     return [RunSpec(a, f, r) for r in range(replicates) for f in range(n_folds) for a in arms]
@@ -180,10 +186,10 @@ def build_features(overrides: Sequence[str], env: dict[str, str], data_command: 
 
 def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optional[Path] = None,
             data_command: Optional[list[str]] = None, design: Optional[Design] = None,
-            outputs: Optional[Path] = None) -> str:
+            outputs: Optional[Path] = None, gate_config: str = AUTO_GATE_CONFIG) -> str:
     """The workflow's first step: feature cache plus the sweep's parent run (with its gate plan);
     returns its id. `outputs` receives the step's output parameters as files: parent-run-id, runs
-    (the trainings to fan out, JSON), control and treatment."""
+    (the trainings to fan out, JSON), control, treatment and gate-config (`auto` resolved)."""
     from perception.tracking import ensure_parent_run
 
     design = design or Design()
@@ -192,7 +198,8 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
     cfg = compose(overrides)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
     build_features(overrides, env, data_command)
-    plan = plan_tags(design, gate_config_for(experiment_of(overrides)))
+    gate_config = resolve_gate_config(gate_config, overrides)
+    plan = plan_tags(design, gate_config)
     parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
     if parent_run_id_file is not None:
         atomic_write_text(parent_run_id_file, parent)
@@ -202,6 +209,7 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
         atomic_write_text(outputs / "runs", json.dumps(fan_out(int(cfg.data.n_folds), design)))
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
+        atomic_write_text(outputs / "gate-config", gate_config)
     return parent
 
 

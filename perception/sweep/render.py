@@ -41,9 +41,15 @@ def load_definition(path: Optional[Path] = None) -> ModuleType:
 
 
 def build(smoke: bool = False, params: Optional[Mapping[str, str]] = None):
-    """The hera Workflow, with workflow parameters overridden by `params` (checked by name and enum)."""
-    w = load_definition().build_workflow(smoke=smoke)
+    """The hera Workflow, with workflow parameters overridden by `params`: checked by name and enum,
+    then as the pods will use them (perception.sweep.validate), so a mistake fails here."""
+    from perception.sweep.validate import check_parameters
+
+    definition = load_definition()
+    w = definition.build_workflow(smoke=smoke)
+    defaults = {p.name: p.value for p in w.arguments}
     set_parameters(w, params or {})
+    check_parameters(defaults, {p.name: p.value for p in w.arguments}, definition.shared_overrides())
     return w
 
 

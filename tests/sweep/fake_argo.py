@@ -8,6 +8,7 @@ inputs (variant, fold); the gate's Pod and Retry nodes carry the `decision` outp
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
@@ -143,7 +144,10 @@ class FakeArgo:
                     return self._reply(400, {"code": 3, "message": f"invalid workflow: {errors[:3]}"})
                 name = wf["metadata"].get("name") or wf["metadata"]["generateName"] + f"x{len(fake.workflows)}k2p"
                 wf["metadata"]["name"] = name
-                fake.requests[-1]["workflow"] = wf
+                fake.requests[-1]["workflow"] = copy.deepcopy(wf)
+                params = {p["name"]: p.get("value", "") for p in wf["spec"]["arguments"].get("parameters", [])}
+                labels = wf["metadata"].setdefault("labels", {})  # the controller's workflowMetadata.labelsFrom
+                labels.setdefault("perception/sweep-id", params.get("sweep-id") or name)
                 fake.workflows[name] = {"workflow": wf, "script": script(fake.next_script, name), "i": 0}
                 self._reply(200, wf)
 
@@ -220,12 +224,15 @@ class FakeArgo:
         return wf
 
     def listed(self, query: dict) -> list[dict]:
-        selector = query.get("listOptions.labelSelector", "")
-        wanted = dict(kv.split("=", 1) for kv in selector.split(",") if "=" in kv)
+        """Label selectors of `k=v` and `k!=v` terms; the controller's `completed` label follows the phase."""
+        terms = [t for t in query.get("listOptions.labelSelector", "").split(",") if t]
         out = []
         for name in self.workflows:
             wf = self.current(name)
-            if all((wf["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items()):
+            done = wf["status"]["phase"] in ("Succeeded", "Failed", "Error")
+            labels = {**(wf["metadata"].get("labels") or {}), "workflows.argoproj.io/completed": str(done).lower()}
+            if all(labels.get(t.split("!=")[0]) != t.split("!=")[1] if "!=" in t
+                   else labels.get(t.split("=")[0]) == t.split("=", 1)[1] for t in terms):
                 out.append(wf)
         return out
 

@@ -134,7 +134,7 @@ def test_smoke_variant_requests_no_gpu_and_runs_the_ci_experiment(docs):
     assert "nvidia.com/gpu" not in str(train["container"]["resources"])
     assert "nodeSelector" not in train and "tolerations" not in train
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
-    assert params["experiment"] == "ci" and params["gate-config"] == "ci"
+    assert params["experiment"] == "ci" and params["gate-config"] == "auto"
 
 
 def test_gate_runs_after_every_training_whatever_its_outcome(docs):
@@ -173,7 +173,9 @@ def test_workflow_parameters_limits_and_cleanup(docs):
     assert spec["activeDeadlineSeconds"] > 0 and spec["podGC"]["strategy"]
     assert spec["ttlStrategy"]["secondsAfterSuccess"] > 0
     train_args = templates(docs[False])["train"]["container"]["args"]
-    assert "sweep_id={{workflow.name}}" in train_args
+    sweep_id = '{{=workflow.parameters["sweep-id"] != "" ? workflow.parameters["sweep-id"] : workflow.name}}'
+    assert params["sweep-id"] == "" and f"sweep_id={sweep_id}" in train_args
+    assert spec["workflowMetadata"]["labelsFrom"]["perception/sweep-id"]["expression"] == sweep_id[3:-2]
     assert "experiment={{workflow.parameters.experiment}}" in train_args
     assert "trainer.epochs={{workflow.parameters.epochs}}" in train_args
 
@@ -192,7 +194,8 @@ def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
 def test_only_run_ids_and_the_decision_travel_between_steps(docs):
     tpl = templates(docs[False])
     outputs = {n: [p["name"] for p in t.get("outputs", {}).get("parameters", [])] for n, t in tpl.items()}
-    assert outputs["prepare"] == ["parent-run-id", "runs", "control", "treatment"] and outputs["gate"] == ["decision"]
+    assert outputs["prepare"] == ["parent-run-id", "runs", "control", "treatment", "gate-config"]
+    assert outputs["gate"] == ["decision"]
     assert outputs["train"] == []
 
 
