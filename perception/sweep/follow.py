@@ -105,9 +105,11 @@ def changes(before: Optional[Snapshot], after: Snapshot, now: Optional[datetime]
         if prev is None or prev.phase != s.phase:
             failed = s.phase in ("Failed", "Error") and s.message
             lines.append(f"{stamp} {s.label}: {s.phase}" + (f" ({s.message})" if failed else ""))
-    if before is None or before.phase != after.phase:  # last: a workflow ends after its steps
-        line = f"{stamp} {after.name}: {after.phase}" + (f" ({after.message})" if after.message else "")
-        lines.insert(0, line) if before is None else lines.append(line)
+    line = f"{stamp} {after.name}: {after.phase}" + (f" ({after.message})" if after.message else "")
+    if before is None:
+        lines.insert(0, line)
+    elif before.phase != after.phase:  # after its steps: a workflow ends once they have
+        lines.append(line)
     return lines
 
 

@@ -128,6 +128,28 @@ def test_a_fanned_out_training_is_named_by_its_inputs_and_a_new_workflow_is_pend
     assert follow.snapshot(Workflow(metadata={"name": "w"}, spec={})).phase == "Pending"
 
 
+def test_wait_outlasts_an_unreachable_server_and_stops_on_a_bad_token():
+    from perception.sweep.argo_api import ArgoError
+
+    done = Workflow(**{"metadata": {"name": "w"}, "spec": {},
+                       "status": fake_argo.status("w", "Succeeded", [fake_argo.gate("Succeeded", "keep_shared")])})
+    answers = [ArgoError("connection refused", transient=True), ArgoError("HTTP 503", 503, transient=True), done]
+
+    def get():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    lines: list[str] = []
+    waited = follow.wait(get, 5.0, None, lines.append, sleep=lambda s: None)
+    assert not waited.timed_out and follow.outcome(waited.last) == follow.EXIT_DECIDED
+    assert sum("server unreachable" in ln for ln in lines) == 1 and "server reachable again" in lines[1]
+    with pytest.raises(ArgoError):
+        follow.wait(lambda: (_ for _ in ()).throw(ArgoError("HTTP 401", 401)), 5.0, None, lines.append,
+                    sleep=lambda s: None)
+
+
 # ---- logs ------------------------------------------------------------------------------------
 
 def test_logs_prints_every_pod_labelled_by_its_step(argo):
