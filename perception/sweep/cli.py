@@ -32,7 +32,9 @@ PROG = "perception-sweep"
 def _local(args: argparse.Namespace) -> int:
     from perception.sweep.local import run_local_sweep
 
-    result = run_local_sweep(args.sweep_id, args.overrides, design=_design(args))
+    if args.cpu_workers < 1:
+        raise ConfigError(f"--cpu-workers {args.cpu_workers}: expected 1 or more")
+    result = run_local_sweep(args.sweep_id, args.overrides, design=_design(args), cpu_workers=args.cpu_workers)
     failed = [r.spec.label for r in result.runs if r.status == "failed"]
     gate = result.gate
     print(f"sweep {result.sweep_id}: {sum(r.status != 'failed' for r in result.runs)}/{len(result.runs)} runs "
@@ -214,6 +216,8 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("local", help="run the trainings (arms x folds x replicates) here, then the gate")
     s.add_argument("--sweep-id", help="resume this sweep (default: a new id)")
+    s.add_argument("--cpu-workers", type=int, default=1,
+                   help="without GPUs, train this many runs side by side, one core each (default 1)")
     _design_options(s)
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. experiment=ci")
     s.set_defaults(run=_local)

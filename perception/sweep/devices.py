@@ -37,11 +37,14 @@ def plan_waves(runs: Sequence[T], gpus: Sequence[str]) -> list[list[tuple[T, Opt
     return [list(zip(runs[i : i + n], gpus)) for i in range(0, len(runs), n)]
 
 
+CPU_LANE = "cpu"  # a CPU worker's lane: trainings side by side, one core each (the scales' num_threads=1)
+
+
 def child_env(base: Mapping[str, str], device: Optional[str]) -> dict[str, str]:
-    """The environment of one training process: pinned to its GPU, or unchanged on CPU."""
+    """The environment of one training process: pinned to its GPU, or kept off GPUs on a CPU lane."""
     env = dict(base)
     if device is not None:
-        env["CUDA_VISIBLE_DEVICES"] = device
+        env["CUDA_VISIBLE_DEVICES"] = "" if device == CPU_LANE else device
     return env
 
 

@@ -22,7 +22,7 @@ from perception.arms import DEFAULT_ARMS, DEFAULT_CONTROL, DEFAULT_TREATMENT, TW
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.paths import new_sweep_id, perception_home, run_dir, tracking_uri
-from perception.sweep.devices import child_env, detect_gpus, plan_waves
+from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
 
 DEFAULT_SCALE = "local"  # conf/config.yaml's default `experiment`
 AUTO_GATE_CONFIG = "auto"  # the gate config that belongs to the experiment (gate_config_for)
@@ -256,6 +256,7 @@ def run_local_sweep(
     gate: Optional[Callable[..., Any]] = None,
     say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
     design: Optional["Design"] = None,
+    cpu_workers: int = 1,
 ) -> SweepResult:
     """Runs (or completes) the whole study; returns every run's outcome and the gate's."""
     t_start = time.perf_counter()
@@ -269,11 +270,13 @@ def run_local_sweep(
     gpus = detect_gpus(os.environ) if gpus is None else gpus
     runs = study_runs(int(cfg.data.n_folds), design.arms, design.replicates)
     gate_config = gate_config_for(experiment_of(overrides))
+    lanes = gpus or ([CPU_LANE] * cpu_workers if cpu_workers > 1 else [])  # no lanes: one run at a time
 
     from perception.tracking import ensure_parent_run
 
     parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment, plan_tags(design, gate_config))
-    where = f"{len(gpus)} GPU(s) in parallel" if gpus else "sequentially on CPU"
+    where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
+             f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
     say(f"sweep {sweep_id}: {len(runs)} runs {where}; parent run {parent}; tracking {uri}")
     result = SweepResult(sweep_id, parent)
 
@@ -290,12 +293,13 @@ def run_local_sweep(
         say("building the feature cache (perception-data build)")
         build_features(overrides, env, data_command)
     trainer = train_command or command("perception-train")
-    for wave in plan_waves(pending, gpus):
+    for wave in plan_waves(pending, lanes):
         for spec, device in wave:
             d = spec.directory(sweep_id, home)
             verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
             say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{len(runs)}] {spec.label}: {verb}"
-                + (f" on GPU {device} (log {d / 'train.log'})" if device is not None else ""))
+                + (f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
+                   if device is not None else ""))
 
         def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
             spec, device = item
@@ -307,7 +311,7 @@ def run_local_sweep(
             outcomes = list(pool.map(one, wave))
         for out in outcomes:
             result.runs.append(out)
-            say(_progress_line(out, result, len(runs), time.perf_counter() - t_start, max(1, len(gpus))))
+            say(_progress_line(out, result, len(runs), time.perf_counter() - t_start, max(1, len(lanes))))
         if any(o.returncode == 2 for o in outcomes):  # the same config would fail every other run too
             raise ConfigError(f"perception-train rejected the configuration (exit 2) for "
                               f"{', '.join(o.spec.label for o in outcomes if o.returncode == 2)}")

@@ -41,13 +41,17 @@ class SweepSpec:
     duplicate: Optional[tuple[str, int]] = None  # an older finished run + a running one
     no_predictions: Optional[tuple[str, int]] = None
     extra_arms: dict = field(default_factory=dict)  # {arm: separation per horizon}, e.g. shared_skip
+    replicates: int = 1  # replicate r: seed + r, the fold's windows and labels, its own model noise
+    replicate_effect: float = 0.0  # B's separation moves by this x (+1, -1, ...) across replicates
+    skip_replicate: Optional[tuple[str, int, int]] = None  # (arm, fold, replicate) never logged
+    extra_params: dict = field(default_factory=dict)  # logged by every run
     diagnostics: dict = field(default_factory=dict)  # {arm: {metric: final-epoch value}}
 
     def arms(self) -> dict[str, list[float]]:
         return {VARIANTS[0]: self.mu_a, VARIANTS[1]: self.mu_b, **self.extra_arms}
 
 
-def fold_predictions(spec: SweepSpec, fold: int) -> dict[str, dict[str, np.ndarray]]:
+def fold_predictions(spec: SweepSpec, fold: int, replicate: int = 0) -> dict[str, dict[str, np.ndarray]]:
     rng = np.random.default_rng([spec.seed, fold, 7])
     n, h = spec.n_windows, len(spec.horizons)
     y = (rng.random((n, h)) < 0.5).astype(np.uint8)
@@ -61,8 +65,12 @@ def fold_predictions(spec: SweepSpec, fold: int) -> dict[str, dict[str, np.ndarr
         signs = np.asarray(spec.episodes[fold], dtype=float)
         advantage = np.repeat(signs, int(np.ceil(n / len(signs))))[:n] * spec.episode_effect
     out = {}
+    if replicate:  # the same windows, labels and shared noise; other trained models
+        rng = np.random.default_rng([spec.seed, fold, 7, replicate])
+    swing = spec.replicate_effect * (1 if replicate % 2 == 0 else -1)
     for arm, mu in spec.arms().items():
-        score = np.asarray(mu) * y + shared + spec.own_noise * rng.normal(size=(n, h))
+        mu = np.asarray(mu) + (swing if arm == VARIANTS[1] else 0.0)
+        score = mu * y + shared + spec.own_noise * rng.normal(size=(n, h))
         if arm == VARIANTS[1]:
             score = score + advantage[:, None] * (2.0 * y - 1.0)
         probs = (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
@@ -87,10 +95,14 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
     parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     chosen = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for fold in range(3):
-            preds = fold_predictions(spec, fold)
+        for fold, rep in ((f, r) for f in range(3) for r in range(spec.replicates)):
+            preds = fold_predictions(spec, fold, rep)
             for variant in spec.arms():
-                if (variant, fold) in spec.skip:
+                if (variant, fold) in spec.skip or spec.skip_replicate == (variant, fold, rep):
+                    continue
+                if rep:
+                    _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
+                             Path(tmp), replicate=rep)
                     continue
                 if spec.duplicate == (variant, fold):
                     _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
@@ -106,13 +118,16 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
 
 
 def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp: Path,
-             auc_shift: float = 0.0, finish: bool = True) -> str:
+             auc_shift: float = 0.0, finish: bool = True, replicate: int = 0) -> str:
     tags = {"mlflow.parentRunId": parent_id, "sweep_id": sweep_id, "variant": variant,
             "fold": str(fold), "role": "train"}
+    if spec.replicates > 1:
+        tags["replicate"] = str(replicate)
     run = client.create_run(exp_id, tags=tags, run_name=f"{variant}-f{fold}")
     rid = run.info.run_id
     params = {"data.window": spec.window, "data.window_stride": spec.stride, "data.horizons": str(spec.horizons),
-              "data.n_folds": 3, "data.fold": fold, "data.embargo": "None", "seed": spec.seed,
+              "data.n_folds": 3, "data.fold": fold, "data.embargo": "None", "seed": spec.seed + replicate,
+              **spec.extra_params,
               "trainer.epochs": spec.epochs, "model.attention_pool": variant,
               "git_sha": "0123abc", "data_hash": "feedbeef"}
     params.update(spec.param_override.get((variant, fold), {}))

@@ -230,3 +230,69 @@ def test_control_and_treatment_name_the_decision_words(gate_store, tmp_path):
     assert outcome.decision == "keep_shared_skip"
     with pytest.raises(ConfigError, match="not an arm"):
         run_gate("words", tracking_uri=uri, config_name="ci", progress=False, control="bogus")
+
+
+# ---------------------------------------------------------------- replicates and training noise
+
+
+def test_replicates_put_training_noise_into_the_evidence(gate_store, tmp_path):
+    """The lift at h40 flips sign between replicates (+0.3 / -0.3 around +0.1): one replicate alone
+    would look certain, the replicates show the training noise and the gate does not ship."""
+    steady = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.7], replicates=3)
+    outcome, _ = gate(gate_store, tmp_path, "reps-steady", steady)
+    s = outcome.summary
+    assert s["replicates"] == [0, 1, 2] and "3 replicates" in s["training_noise"]
+    assert outcome.decision == "ship_per_horizon"
+    swinging = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.7], replicates=2, replicate_effect=0.4)
+    outcome, _ = gate(gate_store, tmp_path / "swing", "reps-swing", swinging)
+    r1 = rule(outcome, "rule 1")
+    assert r1["se_training"] > 3 * r1["se_windows"]
+    assert outcome.decision != "ship_per_horizon" and not r1["evidence_floor"]
+
+
+def test_replicate_sets_that_differ_within_a_fold_are_refused(gate_store, tmp_path):
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=2, skip_replicate=("per_horizon", 1, 1))
+    outcome, _ = gate(gate_store, tmp_path, "reps-missing", spec)
+    assert outcome.refused and outcome.exit_code == 3
+    assert outcome.reasons == ["per_horizon fold 1 replicate 1: no FINISHED run; the arms' replicate sets differ in fold 1"]
+
+
+def test_one_replicate_uses_the_shipped_a_a_noise_that_matches_the_runs(gate_store, tmp_path, monkeypatch):
+    from perception.gate import noise
+
+    folder = tmp_path / "noise"
+    folder.mkdir()
+    big = (np.eye(5) * 0.03 ** 2).tolist()  # a training sd of 0.03 per cell and horizon
+    (folder / "ci.json").write_text(json.dumps({
+        "match": {"experiment": "ci", "trainer.epochs": "2"}, "horizons": CI_HORIZONS,
+        "arms": {"shared": {"cov": big, "n_cells": 30}}, "source": "test"}))
+    monkeypatch.setattr(noise, "noise_dir", lambda: folder)
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], extra_params={"experiment": "ci"})
+    outcome, _ = gate(gate_store, tmp_path / "r", "noise-match", spec)
+    r1 = rule(outcome, "rule 1")
+    assert "ci.json" in outcome.summary["training_noise"]
+    assert r1["se_training"] == pytest.approx(0.03 / math.sqrt(3))
+    assert outcome.decision == "inconclusive"  # shipped without the noise (test above), not with it
+    other = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], extra_params={"experiment": "local"})
+    outcome, _ = gate(gate_store, tmp_path / "o", "noise-other", other)
+    assert "NOT covered" in outcome.summary["training_noise"] and rule(outcome, "rule 1")["se_training"] == 0
+
+
+def test_a_gate_with_other_settings_than_the_plan_is_exploratory(gate_store, tmp_path):
+    from perception.gate.config import load_gate_config
+    from perception.gate.study import PLAN_TAG, gate_plan
+
+    uri, client = gate_store
+    build_sweep(client, "planned", SweepSpec(mu_a=BASE, mu_b=LIFT))
+    parent = client.search_runs([client.get_experiment_by_name("perception-ab").experiment_id],
+                                "tags.sweep_id = 'planned' and tags.role = 'sweep'")[0]
+    plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon"], 1)
+    client.set_tag(parent.info.run_id, PLAN_TAG, json.dumps(plan))
+    kept = run_gate("planned", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "a", progress=False)
+    assert kept.summary["exploratory"] is False and kept.summary["plan"]["control"] == "shared"
+    other = run_gate("planned", tracking_uri=uri, config_name="ci", config_overrides=["gate.alpha=0.01"],
+                     out_dir=tmp_path / "b", progress=False)
+    assert other.summary["exploratory"] is True
+    assert any("alpha" in d for d in other.summary["differs_from_plan"])
+    assert client.get_run(other.summary["gate_run_id"]).data.tags["exploratory"] == "true"
+    assert "exploratory" in (tmp_path / "b" / "report.md").read_text()

@@ -60,3 +60,11 @@ def test_child_env_pins_one_gpu_or_leaves_the_environment_alone():
     assert child_env(base, "5") == {"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "5"}
     assert child_env(base, None) == base
     assert base["CUDA_VISIBLE_DEVICES"] == "4,5"  # not mutated
+
+
+def test_cpu_lanes_run_side_by_side_and_stay_off_gpus():
+    from perception.sweep.devices import CPU_LANE, child_env
+
+    waves = plan_waves(study_runs(3), [CPU_LANE] * 3)
+    assert [len(w) for w in waves] == [3, 3]
+    assert child_env({"CUDA_VISIBLE_DEVICES": "0,1"}, CPU_LANE)["CUDA_VISIBLE_DEVICES"] == ""

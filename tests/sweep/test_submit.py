@@ -85,8 +85,9 @@ def test_submit_posts_a_valid_workflow_and_prints_its_name_and_link(argo, smoke)
     assert name == ("ab-sweep-smoke-x7k2p" if smoke else "ab-sweep-x7k2p")
     assert name in r.stdout
     assert f"{argo.url}/workflows/perception/{name}" in r.stdout
-    tasks = [t["name"] for t in req["workflow"]["spec"]["templates"][-1]["dag"]["tasks"]]
-    assert sum(t.startswith("train-") for t in tasks) == 6
+    tasks = {t["name"]: t for t in req["workflow"]["spec"]["templates"][-1]["dag"]["tasks"]}
+    assert list(tasks) == ["prepare", "train", "gate"]  # the trainings fan out from prepare's list
+    assert tasks["train"]["withParam"] == "{{tasks.prepare.outputs.parameters.runs}}"
 
 
 def test_parameters_travel_with_the_submission(argo):

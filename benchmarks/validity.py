@@ -1,0 +1,258 @@
+"""How often the gate ships when there is nothing to ship, and how often it ships when there is.
+
+Runs many independent sweeps through the installed `perception-sweep local` (each with its own
+PERCEPTION_HOME, MLflow store, training seed and synthetic data seed, so no run is reused between
+comparisons), reads each gate's decision, and counts ships with Wilson 95 % intervals:
+
+    python benchmarks/validity.py aa --experiment local --n 40 --parallel 5 --cpu-workers 6
+    python benchmarks/validity.py aa --control per_horizon --experiment local --n 20
+    python benchmarks/validity.py no_signal --experiment local --n 20
+    python benchmarks/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
+    python benchmarks/validity.py calibrate --experiment local --n 8 --seed-base 90000   # the shipped A/A noise
+    python benchmarks/validity.py report                                          # table + plot from what ran
+
+Tests: `aa` (the control against its twin: every ship is false), `no_signal` (the default arms in a
+world whose labels no feature predicts: every ship is false), `per_horizon` (`shared_skip` against
+`per_horizon` in the world built for per-horizon queries: ships are the gate's power). `calibrate`
+runs A/A sweeps of both seed arms on seeds of their own and writes perception/gate/noise/<experiment>.json,
+the training noise a one-replicate gate adds to its evidence. Every sweep's outcome is appended to
+benchmarks/results/validity_runs.jsonl as it ends, so a re-run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+RESULTS = Path(os.environ.get("PERCEPTION_VALIDITY_RESULTS", Path(__file__).resolve().parent / "results"))
+RUNS = RESULTS / "validity_runs.jsonl"
+SUMMARY = RESULTS / "validity.json"
+PLOT = RESULTS / "validity.png"
+NOISE_DIR = Path(__file__).resolve().parents[1] / "perception" / "gate" / "noise"
+TARGETS = {"false_ship": 0.05, "power": 0.8}
+# Seed bases keep every test's seeds apart, and the calibration's apart from all of them.
+SEED_BASE = {"aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "calibrate": 90_000}
+
+
+def wilson(ships: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (math.nan, math.nan)
+    p = ships / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
+    """(sweep flags, extra overrides, control, treatment) of one test."""
+    if test in ("aa", "calibrate"):
+        return ["--aa", "--control", control], [], control, control + "_twin"
+    if test == "no_signal":
+        return [], ["data.synthetic_world=no_signal"], "shared", "per_horizon"
+    if test == "per_horizon":
+        return (["--arms", "shared_skip,per_horizon", "--control", "shared_skip", "--treatment", "per_horizon"],
+                ["data.synthetic_world=per_horizon"], "shared_skip", "per_horizon")
+    raise SystemExit(f"unknown test {test!r}")
+
+
+def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: int, extra: list[str],
+              work: Path, gpu: str = "") -> dict:
+    """One sweep; `gpu` names the GPU its trainings run on one after another ("" for CPU lanes)."""
+    flags, overrides, a, b = design(test, control)
+    home = work / f"{test}-{control}-{seed}"
+    shutil.rmtree(home, ignore_errors=True)
+    sweep_id = f"v-{test}-{control}-{seed}"
+    env = {**os.environ, "PERCEPTION_HOME": str(home), "CUDA_VISIBLE_DEVICES": gpu, "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PERCEPTION_OPS_JIT": "0"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = ["perception-sweep", "local", "--sweep-id", sweep_id, "--cpu-workers", str(cpu_workers), *flags,
+           f"experiment={experiment}", f"seed={seed}", f"data.synthetic_seed={seed}", "trainer.progress=false",
+           *overrides, *extra]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    report = home / "gate" / sweep_id / "report.json"
+    row = {"test": test, "experiment": experiment, "control": a, "treatment": b, "seed": seed,
+           "returncode": done.returncode, "seconds": round(time.perf_counter() - t0, 1), "extra": extra,
+           "device": f"cuda:{gpu}" if gpu else "cpu"}
+    if report.is_file():
+        s = json.loads(report.read_text())
+        row.update(decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
+                   replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
+                   delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
+                   horizons=s.get("horizons"))
+    else:
+        row.update(decision=None, error=(done.stderr or done.stdout)[-2000:])
+    shutil.rmtree(home, ignore_errors=True)  # the outcome is all a validity run keeps
+    return row
+
+
+def done_rows() -> list[dict]:
+    return [json.loads(line) for line in RUNS.read_text().splitlines() if line.strip()] if RUNS.is_file() else []
+
+
+def run_test(args: argparse.Namespace) -> None:
+    base = args.seed_base if args.seed_base is not None else SEED_BASE[args.test]
+    seeds = list(range(base, base + args.n))
+    controls = ["shared", "per_horizon"] if args.test == "calibrate" else [args.control]
+    have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []))
+            for r in done_rows() if r.get("decision")}
+    _, _, a0, _ = design(args.test, args.control)
+    todo = [(c, s) for c in controls for s in seeds
+            if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra)) not in have]
+    print(f"{args.test} at {args.experiment}: {len(todo)} sweeps to run "
+          f"({len(controls) * len(seeds) - len(todo)} done earlier)", file=sys.stderr)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="perception-validity-"))
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
+    with ThreadPoolExecutor(max_workers=args.parallel) as pool, open(RUNS, "a") as out:
+        futures = {}
+        for i, (c, s) in enumerate(todo):
+            gpu = str(i % args.gpus) if args.gpus else ""
+            futures[pool.submit(_guarded, deadline, run_sweep, args.test, c, args.experiment, s, args.cpu_workers,
+                                args.extra, work, gpu)] = (c, s)
+        bar = tqdm(total=len(futures), desc=f"{args.test} sweeps", unit="sweep")
+        for f in as_completed(futures):
+            row = f.result()
+            if row is not None:
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                bar.set_postfix(last=row.get("decision"))
+            bar.update(1)
+        bar.close()
+    shutil.rmtree(work, ignore_errors=True)
+    if args.test == "calibrate":
+        write_noise(args.experiment, seeds)
+    summarize()
+
+
+def _guarded(deadline, fn, *a):
+    """Sweeps not started before the deadline are left for the next call (resume)."""
+    if deadline is not None and time.monotonic() > deadline:
+        return None
+    return fn(*a)
+
+
+def write_noise(experiment: str, seeds: list[int]) -> None:
+    """perception/gate/noise/<experiment>.json from the calibration's A/A cells."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from perception.gate.noise import MATCH_KEYS, measure
+    from perception.train.compose import composed
+    from perception.train.params import flatten_config
+
+    rows = [r for r in done_rows() if r["test"] == "calibrate" and r["experiment"] == experiment
+            and r.get("delta_per_fold") and r["seed"] in seeds]
+    deltas = {}
+    for arm in ("shared", "per_horizon"):
+        cells = [np.asarray(r["delta_per_fold"][arm + "_twin"]) - np.asarray(r["delta_per_fold"][arm])
+                 for r in rows if r["control"] == arm]
+        if cells:
+            deltas[arm] = np.concatenate(cells)  # (sweeps x folds, H)
+    cfg = composed([f"experiment={experiment}"])
+    params = {**flatten_config(cfg), "experiment": str(cfg.experiment_name)}
+    doc = {"match": {k: params[k] for k in MATCH_KEYS}, "horizons": list(cfg.data.horizons),
+           "arms": measure(deltas),
+           "source": (f"benchmarks/validity.py calibrate: A/A sweeps (each seed arm against its twin) at "
+                      f"experiment={experiment}, seeds {min(seeds)}..{max(seeds)}, disjoint from the seeds "
+                      f"that measure the false-ship rate")}
+    NOISE_DIR.mkdir(parents=True, exist_ok=True)
+    path = NOISE_DIR / f"{experiment}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {path}: " + ", ".join(f"{a}: {m['n_cells']} cells" for a, m in doc["arms"].items()),
+          file=sys.stderr)
+
+
+def summarize() -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in done_rows():
+        if r.get("decision") and r["test"] != "calibrate":
+            key = (r["test"], r["experiment"], r["control"], r["treatment"], r.get("replicates", 1),
+                   r.get("training_noise", "")[:40])
+            groups.setdefault(key, []).append(r)
+    rows = []
+    for (test, experiment, a, b, reps, _), rs in sorted(groups.items()):
+        ships = sum(r["decision"] == f"ship_{b}" for r in rs)
+        lo, hi = wilson(ships, len(rs))
+        kind = "power" if test == "per_horizon" else "false_ship"
+        rows.append({"test": test, "experiment": experiment, "control": a, "treatment": b, "replicates": reps,
+                     "n": len(rs), "ships": ships, "rate": ships / len(rs), "ci95": [lo, hi],
+                     "measures": kind, "target": TARGETS[kind],
+                     "by_rule": {rule: sum(r["decision"] == f"ship_{b}" and r.get("rule") == rule for r in rs)
+                                 for rule in ("rule 1", "rule 2")},
+                     "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
+                     "training_noise": rs[0].get("training_noise"),
+                     "median_sweep_s": float(np.median([r["seconds"] for r in rs]))})
+    SUMMARY.write_text(json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()},
+                                  indent=2) + "\n")
+    print("| test | experiment | control -> treatment | R | n | ships | rate | Wilson 95% | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        op = "<=" if r["measures"] == "false_ship" else ">="
+        print(f"| {r['test']} | {r['experiment']} | {r['control']} -> {r['treatment']} | {r['replicates']} | "
+              f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
+              f"{op} {r['target']} |")
+    _plot(rows)
+    return rows
+
+
+def _plot(rows: list[dict]) -> None:
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = np.arange(len(rows))
+    rates = [r["rate"] for r in rows]
+    err = [[r["rate"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["rate"] for r in rows]]
+    colors = ["tab:red" if r["measures"] == "false_ship" else "tab:green" for r in rows]
+    ax.bar(x, rates, color=colors, alpha=0.6)
+    ax.errorbar(x, rates, yerr=err, fmt="none", color="black", capsize=4)
+    ax.axhline(TARGETS["false_ship"], color="tab:red", ls="--", lw=1, label="false-ship target 0.05")
+    ax.axhline(TARGETS["power"], color="tab:green", ls="--", lw=1, label="power target 0.8")
+    ax.set_xticks(x, [f"{r['test']}\n{r['control']}→{r['treatment']}\n{r['experiment']}, n={r['n']}" for r in rows],
+                  fontsize=7)
+    ax.set_ylabel("share of sweeps that shipped")
+    ax.set_ylim(0, 1)
+    ax.set_title("How often the gate ships (Wilson 95% intervals)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("test", choices=["aa", "no_signal", "per_horizon", "calibrate", "report"])
+    p.add_argument("--experiment", default="local")
+    p.add_argument("--n", type=int, default=40, help="independent sweeps (per control for calibrate)")
+    p.add_argument("--control", default="shared", help="aa: the arm twinned")
+    p.add_argument("--seed-base", type=int, default=None)
+    p.add_argument("--parallel", type=int, default=4, help="sweeps at once")
+    p.add_argument("--cpu-workers", type=int, default=6, help="trainings at once within a sweep")
+    p.add_argument("--budget-s", type=float, default=None, help="start no sweep after this many seconds")
+    p.add_argument("--gpus", type=int, default=0,
+                   help="spread the sweeps over this many GPUs, each sweep's trainings on one (default: CPU lanes)")
+    p.add_argument("extra", nargs="*", help="more overrides for every sweep, e.g. trainer.epochs=8")
+    args = p.parse_intermixed_args()
+    if args.test == "report":
+        summarize()
+    else:
+        run_test(args)
+
+
+if __name__ == "__main__":
+    main()
