@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from perception.data.config import DataConfig, DataSource, SyntheticWorld
-from perception.enums import enum_value
+from perception.enums import as_enum
 from perception.errors import ConfigError
 
 
@@ -28,18 +28,8 @@ def as_data_config(cfg: Any) -> DataConfig:
         if unknown:
             raise ConfigError(f"data config: unknown key(s) {unknown}; allowed: {sorted(known)}")
         out = DataConfig(**cfg)
-    try:
-        out.source = DataSource(enum_value(out.source))
-    except ValueError:
-        raise ConfigError(
-            f"data.source={out.source!r}: expected one of {[s.value for s in DataSource]}"
-        ) from None
-    try:
-        out.synthetic_world = SyntheticWorld(enum_value(out.synthetic_world))
-    except ValueError:
-        raise ConfigError(
-            f"data.synthetic_world={out.synthetic_world!r}: expected one of {[w.value for w in SyntheticWorld]}"
-        ) from None
+    out.source = as_enum(DataSource, out.source, "data.source")
+    out.synthetic_world = as_enum(SyntheticWorld, out.synthetic_world, "data.synthetic_world")
     out.horizons = [int(h) for h in out.horizons] if _is_int_list(out.horizons) else out.horizons
     out.paths = list(out.paths)
     return out

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from perception import ops
-from perception.enums import enum_value
+from perception.enums import as_enum
 from perception.errors import ConfigError, DataError
 from perception.model.cfc import CfC
 from perception.model.config import AttentionPoolVariant, ModelConfig, OpsBackend
@@ -28,8 +28,8 @@ ARM_MODULES = ("pool", "head")  # where arms differ; an A/A twin reseeds only th
 class PerceptionModel(nn.Module):
     def __init__(self, cfg: ModelConfig, n_features: int, horizons: Sequence[int], seed: int):
         super().__init__()
-        self.variant = _enum(AttentionPoolVariant, cfg.attention_pool, "model.attention_pool")
-        backend = _enum(OpsBackend, cfg.ops, "model.ops").value
+        self.variant = as_enum(AttentionPoolVariant, cfg.attention_pool, "model.attention_pool")
+        backend = as_enum(OpsBackend, cfg.ops, "model.ops").value
         d = int(cfg.d_model)
         if n_features < 1 or d < 1 or not horizons:
             raise ConfigError(
@@ -94,10 +94,3 @@ class PerceptionModel(nn.Module):
             return logits, self.pool.weights(lnb)
         return logits
 
-
-def _enum(kind, value, key: str):
-    try:
-        return kind(enum_value(value))
-    except ValueError:
-        allowed = ", ".join(v.value for v in kind)
-        raise ConfigError(f"{key}={value!r}: expected one of {allowed}") from None

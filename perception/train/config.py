@@ -35,6 +35,10 @@ class TrainerConfig:
     weight_decay: float = 0.01
     warmup_frac: float = 0.05  # of all optimizer steps
     grad_clip: float = 1.0
+    # learning-rate multiplier of the pool query, every arm alike: with Qw ~ N(0, 1/D) the scores start
+    # near 0, and at the base rate the queries move ~10 % of their norm in a `local` training, too
+    # little to single out a few snapshots of a window (attention stays near uniform)
+    query_lr_scale: float = 1.0
     max_train_batches: Optional[int] = None  # per epoch; None: every training window
     horizon_weights: Optional[list[float]] = None  # loss weights per horizon; None: equal
     device: Device = Device.auto

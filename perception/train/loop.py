@@ -123,7 +123,8 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         loaded = load_trunk(cfg.trainer.init_from, model)
         print(f"[perception] warm start: {len(loaded)} trunk tensors from {cfg.trainer.init_from}")
     model.to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+    optimizer = torch.optim.AdamW(_param_groups(model, cfg.trainer.lr * cfg.trainer.query_lr_scale, cfg.trainer.lr),
+                                  lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
     total_steps = steps_per_epoch * int(cfg.trainer.epochs)
     scheduler = warmup_cosine(optimizer, total_steps, cfg.trainer.warmup_frac)
     weights = None
@@ -252,6 +253,15 @@ def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> li
     return [("predictions/val_final.npz", "predictions"),
             ("diagnostics/attention_by_lag.npz", "diagnostics"),
             ("diagnostics/attention_by_lag.png", "diagnostics")]
+
+
+def _param_groups(model: torch.nn.Module, query_lr: float, base_lr: float) -> list[dict]:
+    """The pool query in a group of its own when its rate differs (trainer.query_lr_scale); one group
+    otherwise, the layout of checkpoints written before the option, so they still resume."""
+    if query_lr == base_lr:
+        return [{"params": list(model.parameters())}]
+    query = model.pool.query
+    return [{"params": [p for p in model.parameters() if p is not query]}, {"params": [query], "lr": query_lr}]
 
 
 def _last_metrics(ledger: RunLedger) -> dict[str, float]:

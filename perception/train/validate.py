@@ -29,6 +29,8 @@ def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
         raise ConfigError(f"trainer.lr={t.lr}: expected a positive learning rate")
     if not 0 <= t.warmup_frac < 1:
         raise ConfigError(f"trainer.warmup_frac={t.warmup_frac}: expected a fraction in [0, 1)")
+    if not t.query_lr_scale > 0:
+        raise ConfigError(f"trainer.query_lr_scale={t.query_lr_scale}: expected a positive multiplier")
     if not t.grad_clip > 0:
         raise ConfigError(f"trainer.grad_clip={t.grad_clip}: expected a positive norm")
     n_h = len(cfg.data.horizons)

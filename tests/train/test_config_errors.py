@@ -18,6 +18,9 @@ CASES = [
     (["data=dbn", "data.paths=[/nonexistent/file.dbn.zst]"], ["/nonexistent/file.dbn.zst"]),
     (["trainer.epochs=0"], ["trainer.epochs"]),
     (["trainer.init_from=/nonexistent/model.safetensors"], ["trainer.init_from"]),
+    (["arm=bogus"], ["arm 'bogus'", "shared_skip", "shared_twin"]),
+    (["trainer.query_lr_scale=0"], ["trainer.query_lr_scale"]),
+    (["data.synthetic_world=flat"], ["data.synthetic_world", "no_signal", "per_horizon"]),
 ]
 
 
