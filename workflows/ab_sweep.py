@@ -76,6 +76,9 @@ def _params(smoke: bool) -> list[Parameter]:
         # empty: a new sweep named after the workflow; an earlier sweep's id: continue it (finished
         # runs are skipped, unfinished ones resume from their checkpoints)
         Parameter(name="sweep-id", value=""),
+        # the Argo UI's base URL (https://argo.example.com/); `perception-sweep submit` sets it, so the gate
+        # tags the sweep's parent run with this workflow's page
+        Parameter(name="argo-ui", value=""),
         # the design: arms to train (e.g. shared,per_horizon,shared_skip), seed replicates, A/A test
         Parameter(name="arms", value=",".join(VARIANTS)),
         Parameter(name="replicates", value="1"),
@@ -208,6 +211,8 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "--out",
                 GATE_REPORT_DIR,
                 "--no-progress",
+                "--workflow-url",
+                "{{workflow.parameters.argo-ui}}workflows/{{workflow.namespace}}/{{workflow.name}}",
             ],
             Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
             inputs=[Parameter(name="control"), Parameter(name="treatment"), Parameter(name="gate-config")],

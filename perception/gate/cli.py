@@ -1,5 +1,6 @@
 """perception-gate --sweep-id ID [--tracking-uri URI] [--experiment NAME] [--config NAME]
-[--out DIR] [--decision-file PATH] [--workflow-url URL] [gate.KEY=VALUE ...]
+[--control ARM] [--treatment ARM] [--out DIR] [--decision-file PATH] [--workflow-url URL]
+[gate.KEY=VALUE ...]
 
 Decides the A/B of one sweep (DESIGN §7). Prints the decision as one JSON line on stdout.
 Exit codes: 0 a decision was made (ship_<treatment>, keep_<control> or inconclusive), 3 refused
@@ -52,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _http_or_none(url: Optional[str]) -> Optional[str]:
+    """A workflow rendered without the Argo UI's address passes a bare path: no link to tag."""
+    return url if url and url.startswith(("http://", "https://")) else None
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
@@ -63,7 +69,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
                                config_name=args.config, config_overrides=args.overrides, out_dir=args.out,
                                decision_file=args.decision_file, control=args.control, treatment=args.treatment,
-                               progress=not args.no_progress, workflow_url=args.workflow_url)
+                               progress=not args.no_progress, workflow_url=_http_or_none(args.workflow_url))
     except ConfigError as e:
         print(f"perception-gate: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,7 +24,7 @@ class Submitted:
 def submit(host: str, namespace: str, smoke: bool = False, params: Optional[Mapping[str, str]] = None,
            token: Optional[str] = None, verify_ssl: bool = True) -> Submitted:
     server = ArgoServer(host, namespace, token, verify_ssl)
-    w = build(smoke, params)
+    w = build(smoke, {"argo-ui": server.host, **(params or {})})  # the gate links the parent run to the UI
     w.namespace = namespace
     sweep_id = next((p.value for p in w.arguments if p.name == "sweep-id"), "")
     if sweep_id:  # continuing a sweep: labelled now, so a second submission sees it before the controller does

@@ -97,6 +97,9 @@ def test_parameters_travel_with_the_submission(argo):
     assert req["path"] == "/api/v1/workflows/research"
     params = {p["name"]: p["value"] for p in req["workflow"]["spec"]["arguments"]["parameters"]}
     assert params["tag"] == "v1.2.0" and params["epochs"] == "12"
+    assert params["argo-ui"] == argo.url + "/"  # the gate tags the parent run with the workflow's page
+    gate_args = next(t for t in req["workflow"]["spec"]["templates"] if t["name"] == "gate")["container"]["args"]
+    assert "{{workflow.parameters.argo-ui}}workflows/{{workflow.namespace}}/{{workflow.name}}" in gate_args
     assert req["workflow"]["metadata"]["namespace"] == "research"
 
 
