@@ -91,7 +91,8 @@ class Design:
         if replicates < 1:
             raise ConfigError(f"--replicates {replicates}: expected 1 or more")
         if aa:
-            if arms or treatment:
+            # the workflow always passes its `arms` parameter: the default list means "not chosen"
+            if (arms and parse_arms(arms) != DEFAULT_ARMS) or treatment:
                 raise ConfigError("--aa trains the control against its twin: drop --arms and --treatment")
             control = control or DEFAULT_CONTROL
             get_arm(control)

@@ -96,6 +96,7 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
                                                   for f in range(3)}),  # nine
     (None, 2, False, {(a, str(f), str(r)) for a in ("shared", "per_horizon") for f in range(3) for r in range(2)}),
     (None, 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
+    ("shared,per_horizon", 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
 ])
 def test_the_fan_out_follows_the_design(arms, replicates, aa, expected):
     from perception.sweep.local import Design, fan_out
@@ -214,3 +215,10 @@ def test_the_workflow_literal_arms_are_the_registry_defaults():
     from perception.sweep.render import load_definition
 
     assert tuple(load_definition().VARIANTS) == DEFAULT_ARMS
+
+
+def test_aa_with_other_arms_is_a_usage_error():
+    from perception.sweep.local import Design
+
+    with pytest.raises(ConfigError, match="--aa trains the control against its twin"):
+        Design.of("shared,shared_skip", 1, True)
