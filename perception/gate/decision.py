@@ -118,16 +118,17 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
     W = float((w * delta_h).sum() / w.sum())
     G = float(np.mean([delta[h] for h in cfg.shift_horizons]))
     noise_words = _noise_words(len(reps), noise)
+    thinned = _thinned(inputs, control, treatment)  # shared by both rules and the per-fold rows
 
     rule1_h = [h for h in horizons if cfg.weights.get(h, 0.0) > 0]
     rule1 = _rule(RuleResult("rule 1", f"W >= min_lift ({cfg.min_lift:g})", "W", W, rule1_h,
                              [cfg.weights[h] for h in rule1_h], W >= cfg.min_lift, math.nan, math.nan),
-                  inputs, cfg, control, treatment, boot, cells, noise)
+                  inputs, cfg, control, treatment, boot, cells, noise, thinned)
     rule2_fires = G > 0 and G >= max(0.0, -W) and (cfg.shift_allows_loss or W >= 0)
     rule2_text = "G > 0 and G >= max(0, -W)" + ("" if cfg.shift_allows_loss else " and W >= 0")
     rule2 = _rule(RuleResult("rule 2", rule2_text, "G", G, list(cfg.shift_horizons),
                              [1.0] * len(cfg.shift_horizons), rule2_fires, math.nan, math.nan),
-                  inputs, cfg, control, treatment, boot, cells, noise)
+                  inputs, cfg, control, treatment, boot, cells, noise, thinned)
 
     fired = next((r for r in (rule1, rule2) if r.fired), None)
     reasons = [_rule_line(r) for r in (rule1, rule2)]
@@ -142,7 +143,7 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
         reasons.append(_evidence_line(fired, cfg, noise_words))
         decision = f"ship_{treatment}" if (fired.evidence_floor or fired.evidence_test) else "inconclusive"
 
-    per_fold = _fold_rows(inputs, control, treatment, boot)
+    per_fold = _fold_rows(inputs, control, treatment, boot, thinned)
     notes = [n for row in per_fold for n in row.pop("notes")]
     throughput = _throughput(inputs, control, treatment)
     if throughput.get("slowdown") is not None and throughput["slowdown"] > SLOWDOWN_RISK:
@@ -162,7 +163,7 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
 
 
 def _rule(rule: RuleResult, inputs: SweepInputs, cfg: GateConfig, a: str, b: str, boot: Resamples,
-          cells: np.ndarray, noise: Optional[TrainingNoise]) -> RuleResult:
+          cells: np.ndarray, noise: Optional[TrainingNoise], thinned: dict) -> RuleResult:
     """Fills the rule's evidence: se from windows and training noise, p, lower bound, floor and test."""
     hw = dict(zip(rule.horizons, rule.weights))
     w = np.array([hw.get(h, 0.0) for h in inputs.horizons])
@@ -196,31 +197,30 @@ def _rule(rule: RuleResult, inputs: SweepInputs, cfg: GateConfig, a: str, b: str
     floor_on = rule.lower_bound if covered else rule.lift
     rule.evidence_floor = bool(math.isfinite(floor_on) and floor_on >= cfg.noise_floor)
     rule.evidence_test = math.isfinite(rule.p_bootstrap) and rule.p_bootstrap < cfg.alpha
-    rows = [r for r in _thinned(inputs, a, b) if r[1] in hw]
-    rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, _, z in rows]),
-                                                             np.array([hw[h] for _, h, _ in rows])))
+    rows = [(h, t.z) for (_, h), t in thinned.items() if h in hw]
+    rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, z in rows]),
+                                                             np.array([hw[h] for h, _ in rows])))
     return rule
 
 
-def _thinned(inputs: SweepInputs, a: str, b: str) -> list[tuple[int, int, float]]:
-    """(fold, horizon, z) of DeLong on windows thinned to one per K + h snapshots, replicate 0."""
-    out = []
+def _thinned(inputs: SweepInputs, a: str, b: str) -> dict[tuple[int, int], stats.PairedTest]:
+    """(fold, horizon) -> DeLong on windows thinned to one per K + h snapshots, replicate 0."""
+    out = {}
     r0 = inputs.replicates[0]
     for fold in range(inputs.n_folds):
         pa, pb = inputs.run(a, fold, r0).predictions, inputs.run(b, fold, r0).predictions
         for j, h in enumerate(inputs.horizons):
             valid = pa.mask[:, j]
             kept = stats.thin_by_index(pa.index[valid], inputs.window + h)
-            t = stats.delong_paired(pa.probs[valid, j][kept], pb.probs[valid, j][kept], pa.labels[valid, j][kept])
-            out.append((fold, h, t.z))
+            out[(fold, h)] = stats.delong_paired(pa.probs[valid, j][kept], pb.probs[valid, j][kept],
+                                                 pa.labels[valid, j][kept])
     return out
 
 
-def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples) -> list[dict]:
+def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples, thinned: dict) -> list[dict]:
     """Per fold and horizon: the replicate-mean Δ of the predictions with its window bootstrap, the
     thinned DeLong and the i.i.d. DeLong on all windows (only to show how far it overstates)."""
     rows = []
-    thinned = {(f, h): z for f, h, z in _thinned(inputs, a, b)}
     r0 = inputs.replicates[0]
     for fold in range(inputs.n_folds):
         pa, pb = inputs.run(a, fold, r0).predictions, inputs.run(b, fold, r0).predictions
@@ -230,7 +230,7 @@ def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples) -> list[dic
         for j, h in enumerate(inputs.horizons):
             valid = pa.mask[:, j]
             iid = stats.delong_paired(pa.probs[valid, j], pb.probs[valid, j], pa.labels[valid, j])
-            kept = stats.thin_by_index(pa.index[valid], inputs.window + h)
+            thin = thinned[(fold, h)]
             d = d_boot[:, j][np.isfinite(d_boot[:, j])]
             se = float(d.std(ddof=1)) if len(d) > 1 else math.nan
             z = stats.z_score(float(d_obs[j]), se)
@@ -239,8 +239,8 @@ def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples) -> list[dic
                 "auc_a_predictions": iid.auc_a, "auc_b_predictions": iid.auc_b,
                 "bootstrap": None if not math.isfinite(se) else {
                     "delta": float(d_obs[j]), "se": se, "z": z, "p": stats.one_sided_p(z), "n_resamples": int(len(d))},
-                "delong_thinned": {"n": int(len(kept)), "spacing": inputs.window + h,
-                                   "z": thinned[(fold, h)], "p": stats.one_sided_p(thinned[(fold, h)])},
+                "delong_thinned": {"n": thin.n, "spacing": inputs.window + h, "delta": thin.delta,
+                                   "se": thin.se, "z": thin.z, "p": stats.one_sided_p(thin.z)},
                 "delong_iid": {"n": iid.n, "delta": iid.delta, "se": iid.se, "z": iid.z,
                                "p": stats.one_sided_p(iid.z)},
                 "notes": notes if j == 0 else [],
