@@ -23,6 +23,16 @@ TOKEN = "s3cr3t-token"
 TRAININGS = [(v, f) for f in (0, 1, 2) for v in ("shared", "per_horizon")]
 
 
+def reply_json(handler: BaseHTTPRequestHandler, code: int, obj: dict) -> None:
+    """One JSON answer, as the Argo server gives it."""
+    data = json.dumps(obj).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 def fnv32a(text: str) -> int:  # Argo's pod-name hash, written out independently of the product's
     h = 2166136261
     for b in text.encode():
@@ -186,12 +196,7 @@ class FakeArgo:
                 return True
 
             def _reply(self, code: int, obj: dict) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, obj)
 
             def _stream(self, lines: list[dict]) -> None:
                 self.send_response(200)

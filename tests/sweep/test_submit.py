@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .argo import schema_errors
+from .fake_argo import reply_json
 
 TOKEN = "s3cr3t-token"
 
@@ -40,12 +41,7 @@ class FakeArgo:
                 self._reply(200, wf)
 
             def _reply(self, code: int, obj: dict) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, obj)
 
             def log_message(self, *args):  # keep pytest output clean
                 pass
