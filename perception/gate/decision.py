@@ -15,8 +15,13 @@ and R replicates per fold:
     randomness: with R ≥ 2 the between-replicate variance pooled over folds (F·(R−1) degrees of
     freedom); with R = 1 the variance an A/A measurement shipped with the package found for this
     experiment (perception/gate/noise.py), else not covered (0, and the report says so).
-  z = L / se, one-sided p = P(Z ≥ z). Evidence: p < alpha, or the noise floor: the lift's lower
-  confidence bound L − z_{1−α}·se ≥ noise_floor when training noise is covered, else L ≥ noise_floor.
+  t = L / se, one-sided p = P(T_ν ≥ t) with Satterthwaite's degrees of freedom
+  ν = se⁴ / (se⁴_training / ν_training): the training variance is itself estimated, from F·(R−1) or
+  from the A/A file's cells, and a normal quantile would trust it as if known (with 15 cells it
+  understates the one-sided 5 % quantile by 7 %, with F·(R−1) = 3 by 30 %); the window bootstrap's
+  variance counts as known (thousands of resamples of many blocks). Not covered: ν = ∞.
+  Evidence: p < alpha, or the noise floor: the lift's lower confidence bound L − t_{ν,1−α}·se ≥
+  noise_floor when training noise is covered, else L ≥ noise_floor.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from scipy.stats import norm
+from scipy.stats import t as student_t
 from tqdm import tqdm
 
 from perception.gate import stats
@@ -51,7 +56,8 @@ class RuleResult:
     se: float = math.nan
     se_windows: float = math.nan
     se_training: float = 0.0
-    lower_bound: float = math.nan  # L − z_{1−α}·se
+    df: float = math.inf  # Satterthwaite's degrees of freedom of se
+    lower_bound: float = math.nan  # L − t_{df,1−α}·se
     evidence_floor: bool = False
     evidence_test: bool = False
 
@@ -183,16 +189,17 @@ def _rule(rule: RuleResult, inputs: SweepInputs, cfg: GateConfig, a: str, b: str
         rule.se_windows = math.sqrt(var_windows) / F
     cell_lift = cells @ w  # (F, R)
     if R >= 2:
-        s2 = float(np.mean(cell_lift.var(axis=1, ddof=1)))  # pooled over folds
+        s2, df_training = float(np.mean(cell_lift.var(axis=1, ddof=1))), F * (R - 1)  # pooled over folds
     elif noise is not None:
-        s2 = noise.cell_variance(w)
+        s2, df_training = noise.cell_variance(w)
     else:
-        s2 = 0.0
+        s2, df_training = 0.0, math.inf
     rule.se_training = math.sqrt(s2 / (F * R))
     rule.se = math.sqrt(rule.se_windows ** 2 + rule.se_training ** 2) if math.isfinite(rule.se_windows) else math.nan
-    rule.p_bootstrap = stats.one_sided_p(stats.z_score(rule.lift, rule.se))
-    z_alpha = float(norm.isf(cfg.alpha))
-    rule.lower_bound = rule.lift - z_alpha * rule.se if math.isfinite(rule.se) else math.nan
+    rule.df = satterthwaite_df(rule.se, rule.se_training, df_training)
+    rule.p_bootstrap = one_sided_p_t(stats.z_score(rule.lift, rule.se), rule.df)
+    t_alpha = float(student_t.isf(cfg.alpha, rule.df))
+    rule.lower_bound = rule.lift - t_alpha * rule.se if math.isfinite(rule.se) else math.nan
     covered = R >= 2 or noise is not None
     floor_on = rule.lower_bound if covered else rule.lift
     rule.evidence_floor = bool(math.isfinite(floor_on) and floor_on >= cfg.noise_floor)
@@ -201,6 +208,21 @@ def _rule(rule: RuleResult, inputs: SweepInputs, cfg: GateConfig, a: str, b: str
     rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, z in rows]),
                                                              np.array([hw[h] for h, _ in rows])))
     return rule
+
+
+def satterthwaite_df(se: float, se_training: float, df_training: float) -> float:
+    """Degrees of freedom of se² = se²_windows + se²_training when only the training part is
+    estimated from few cells (Welch–Satterthwaite with the window part's df taken as infinite)."""
+    if not (math.isfinite(se) and se > 0 and se_training > 0 and math.isfinite(df_training)):
+        return math.inf
+    return float(se ** 4 / (se_training ** 4 / df_training))
+
+
+def one_sided_p_t(t: float, df: float) -> float:
+    """P(T_df ≥ t); the normal's where df is infinite; NaN stays NaN."""
+    if not math.isfinite(t) and not math.isinf(t):
+        return math.nan
+    return float(student_t.sf(t, df)) if math.isfinite(df) else stats.one_sided_p(t)
 
 
 def _thinned(inputs: SweepInputs, a: str, b: str) -> dict[tuple[int, int], stats.PairedTest]:
@@ -274,7 +296,8 @@ def _evidence_line(r: RuleResult, cfg: GateConfig, noise_words: str) -> str:
     value = r.lower_bound if r.se_training > 0 else r.lift
     floor = f"{bound} {value:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
     test = (f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} alpha {cfg.alpha:g} "
-            f"(se {r.se:.4f}: windows {r.se_windows:.4f}, training {r.se_training:.4f})"
+            f"(se {r.se:.4f}: windows {r.se_windows:.4f}, training {r.se_training:.4f}"
+            + (f"; t with {r.df:.1f} df" if math.isfinite(r.df) else "") + ")"
             if math.isfinite(r.p_bootstrap) else "p unavailable")
     verdict = "evidence" if (r.evidence_floor or r.evidence_test) else "no evidence"
     return (f"{verdict} for {r.name}: {floor}; {test}; {noise_words} "

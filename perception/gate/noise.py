@@ -32,10 +32,12 @@ class TrainingNoise:
     covs: dict[str, np.ndarray]  # arm -> (H, H) per-cell covariance of Δ under no effect
     n_cells: dict[str, int]
 
-    def cell_variance(self, weights: np.ndarray) -> float:
-        """Variance of one cell's lift Σ w_h Δ_h / Σ w_h; the widest of the measured arms."""
+    def cell_variance(self, weights: np.ndarray) -> tuple[float, int]:
+        """(variance, degrees of freedom) of one cell's lift Σ w_h Δ_h / Σ w_h: the widest of the
+        measured arms, with as many degrees of freedom as it has cells (uncentred: the mean is 0)."""
         w = np.asarray(weights, dtype=np.float64) / np.sum(weights)
-        return max(float(w @ c @ w) for c in self.covs.values())
+        arm = max(self.covs, key=lambda a: float(w @ self.covs[a] @ w))
+        return float(w @ self.covs[arm] @ w), self.n_cells[arm]
 
 
 def noise_dir() -> Path:

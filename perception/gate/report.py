@@ -121,14 +121,16 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
               "the same blocks for every run of a fold. A rule's lift is tested against se² = se²(windows) + "
               "se²(training): the block bootstrap of the fold's replicate-mean lift, plus the variance of one "
               "(fold, replicate) cell's lift from training noise over F·R cells (between replicates with R ≥ 2, "
-              "else a shipped A/A measurement, else none). Assumes folds independent and replicates "
-              "exchangeable. DeLong on windows thinned to one per K + h snapshots is reported beside it; the "
+              "else a shipped A/A measurement, else none). The test is a t with Satterthwaite's degrees of "
+              "freedom, because the training variance is estimated from few cells (df ∞: not estimated). "
+              "Assumes folds independent, replicates exchangeable and cell lifts roughly normal. DeLong on windows thinned to one per K + h snapshots is reported beside it; the "
               "i.i.d. DeLong on all windows only exposes how much it overstates.", "",
-              "| rule | lift | fired | se (windows, training) | lower bound | floor met | p | thinned DeLong p |",
-              "|---|---|---|---|---|---|---|---|"]
+              "| rule | lift | fired | se (windows, training) | df | lower bound | floor met | p | thinned DeLong p |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in result.rules:
         lines.append(f"| {r.name}: {r.statement} | {r.lift_name} = {r.lift:+.4f} | {'yes' if r.fired else 'no'} | "
-                     f"{_num(r.se)} ({_num(r.se_windows)}, {_num(r.se_training)}) | {_num(r.lower_bound, '+.4f')} | "
+                     f"{_num(r.se)} ({_num(r.se_windows)}, {_num(r.se_training)}) | "
+                     f"{'∞' if math.isinf(r.df) else format(r.df, '.1f')} | {_num(r.lower_bound, '+.4f')} | "
                      f"{'yes' if r.evidence_floor else 'no'} | {_num(r.p_bootstrap)} | {_num(r.p_delong_thinned)} |")
     lines += ["", "| fold | horizon | windows | Δ (predictions) | bootstrap se | bootstrap p | "
               "thinned DeLong (n, p) | i.i.d. DeLong p (invalid) |", "|---|---|---|---|---|---|---|---|"]

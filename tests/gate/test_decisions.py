@@ -248,6 +248,8 @@ def test_replicates_put_training_noise_into_the_evidence(gate_store, tmp_path):
     r1 = rule(outcome, "rule 1")
     assert r1["se_training"] > 3 * r1["se_windows"]
     assert outcome.decision != "ship_per_horizon" and not r1["evidence_floor"]
+    # the training variance comes from F·(R−1) = 3 differences: the test is a t with about 3 df
+    assert 3 <= r1["df"] < 3 * (1 + 1 / 9) ** 2
 
 
 def test_replicate_sets_that_differ_within_a_fold_are_refused(gate_store, tmp_path):
@@ -272,10 +274,12 @@ def test_one_replicate_uses_the_shipped_a_a_noise_that_matches_the_runs(gate_sto
     r1 = rule(outcome, "rule 1")
     assert "ci.json" in outcome.summary["training_noise"]
     assert r1["se_training"] == pytest.approx(0.03 / math.sqrt(3))
+    assert r1["df"] >= 30 and "t with" in " ".join(outcome.reasons)  # the file's 30 cells, and more
     assert outcome.decision == "inconclusive"  # shipped without the noise (test above), not with it
     other = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], extra_params={"experiment": "local"})
     outcome, _ = gate(gate_store, tmp_path / "o", "noise-other", other)
     assert "NOT covered" in outcome.summary["training_noise"] and rule(outcome, "rule 1")["se_training"] == 0
+    assert rule(outcome, "rule 1")["df"] is None  # infinite: nothing estimated, a normal test
 
 
 def test_a_gate_with_other_settings_than_the_plan_is_exploratory(gate_store, tmp_path):

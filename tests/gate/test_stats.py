@@ -142,3 +142,17 @@ def test_training_and_gate_auc_agree_on_ties():
         m = mask[:, j]
         assert len(np.unique(probs[m, j])) < 10
         assert logged[h] == pytest.approx(stats.auc(probs[m, j], labels[m, j]), abs=1e-12)
+
+
+def test_satterthwaite_degrees_of_freedom_and_the_t_test():
+    from perception.gate.decision import one_sided_p_t, satterthwaite_df
+
+    # all of the variance estimated from 4 cells: 4 df; none of it: infinite (a normal test)
+    assert satterthwaite_df(0.02, 0.02, 4) == pytest.approx(4)
+    assert satterthwaite_df(0.02, 0.0, 4) == math.inf and satterthwaite_df(0.02, 0.01, math.inf) == math.inf
+    # half the variance estimated: se⁴ / (se_t⁴ / df) = 4 · df
+    assert satterthwaite_df(math.sqrt(2) * 0.01, 0.01, 3) == pytest.approx(12)
+    # a t with few df is more cautious than the normal, and becomes it as df grows
+    assert one_sided_p_t(2.0, 3) > 0.05 > one_sided_p_t(2.0, math.inf)
+    assert one_sided_p_t(2.0, 1e6) == pytest.approx(one_sided_p_t(2.0, math.inf), rel=1e-4)
+    assert math.isnan(one_sided_p_t(math.nan, 3)) and one_sided_p_t(math.inf, 3) == 0.0
