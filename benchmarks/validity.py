@@ -6,12 +6,14 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
 
     python benchmarks/validity.py aa --experiment local --n 40 --parallel 5 --cpu-workers 6
     python benchmarks/validity.py aa --control per_horizon --experiment local --n 20
+    python benchmarks/validity.py reseed --experiment local --n 20                # the fully reseeded A/A
     python benchmarks/validity.py no_signal --experiment local --n 20
     python benchmarks/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
     python benchmarks/validity.py calibrate --experiment local --n 8 --seed-base 90000   # the shipped A/A noise
     python benchmarks/validity.py report                                          # table + plot from what ran
 
-Tests: `aa` (the control against its twin: every ship is false), `no_signal` (the default arms in a
+Tests: `aa` (the control against its twin: every ship is false), `reseed` (the control against
+itself trained from another seed altogether, `<control>_reseed`: the noisier null), `no_signal` (the default arms in a
 world whose labels no feature predicts: every ship is false), `per_horizon` (`shared_skip` against
 `per_horizon` in the world built for per-horizon queries: ships are the gate's power). `calibrate`
 runs A/A sweeps of both seed arms on seeds of their own and writes perception/gate/noise/<experiment>.json,
@@ -43,7 +45,7 @@ PLOT = RESULTS / "validity.png"
 NOISE_DIR = Path(__file__).resolve().parents[1] / "perception" / "gate" / "noise"
 TARGETS = {"false_ship": 0.05, "power": 0.8}
 # Seed bases keep every test's seeds apart, and the calibration's apart from all of them.
-SEED_BASE = {"aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "calibrate": 90_000}
+SEED_BASE = {"aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000, "calibrate": 90_000}
 
 
 def wilson(ships: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -59,6 +61,9 @@ def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
     """(sweep flags, extra overrides, control, treatment) of one test."""
     if test in ("aa", "calibrate"):
         return ["--aa", "--control", control], [], control, control + "_twin"
+    if test == "reseed":
+        twin = control + "_reseed"
+        return ["--arms", f"{control},{twin}", "--control", control, "--treatment", twin], [], control, twin
     if test == "no_signal":
         return [], ["data.synthetic_world=no_signal"], "shared", "per_horizon"
     if test == "per_horizon":
@@ -236,7 +241,7 @@ def _plot(rows: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("test", choices=["aa", "no_signal", "per_horizon", "calibrate", "report"])
+    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "calibrate", "report"])
     p.add_argument("--experiment", default="local")
     p.add_argument("--n", type=int, default=40, help="independent sweeps (per control for calibrate)")
     p.add_argument("--control", default="shared", help="aa: the arm twinned")

@@ -7,6 +7,8 @@ the sweep, the gate and the workflow. The MLflow tag `variant` and the run direc
                  separates "a query per horizon" from "pooled context reaches the heads"
     <arm>_twin   the A/A twin of an arm: the same configuration, trunk init and batch order, but
                  another seed for the pool query and the heads (the modules in which real arms differ)
+    <arm>_reseed the fully reseeded A/A twin: the same configuration trained from another seed
+                 altogether (every module's init and the batch order), the noisier null
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Arm:
     attention_pool: str  # model.attention_pool: "shared" | "per_horizon"
     context_to_heads: bool  # Path-A heads read the pooled context (model.shared_context_to_heads for shared)
     twin: bool = False  # model.twin: the A/A twin's own seed for the pool query and heads
+    reseed: bool = False  # trains with seed + RESEED_OFFSET: another init and batch order throughout
 
     def model_fields(self) -> dict[str, object]:
         """The model config fields this arm sets."""
@@ -36,22 +39,26 @@ BASE_ARMS = {a.name: a for a in (
     Arm("shared_skip", "shared", context_to_heads=True),
 )}
 TWIN_SUFFIX = "_twin"
+RESEED_SUFFIX = "_reseed"
+RESEED_OFFSET = 7_919_000  # far from seed + replicate of any real sweep, so a reseeded run shares no seed
 DEFAULT_ARMS = ("shared", "per_horizon")  # the seed study's A/B: six trainings over three folds
 DEFAULT_CONTROL, DEFAULT_TREATMENT = DEFAULT_ARMS
 ATTRIBUTION_CONTROL = "shared_skip"  # with per_horizon as treatment: the lift beyond the context path
 
 
 def arm_names() -> list[str]:
-    return [*BASE_ARMS, *(name + TWIN_SUFFIX for name in BASE_ARMS)]
+    return [*BASE_ARMS, *(name + suffix for suffix in (TWIN_SUFFIX, RESEED_SUFFIX) for name in BASE_ARMS)]
 
 
 def get_arm(name: str) -> Arm:
     """The arm called `name`; a ConfigError listing every arm otherwise."""
-    base = name[: -len(TWIN_SUFFIX)] if name.endswith(TWIN_SUFFIX) else name
+    suffix = next((s for s in (TWIN_SUFFIX, RESEED_SUFFIX) if name.endswith(s)), "")
+    base = name[: len(name) - len(suffix)]
     if base not in BASE_ARMS:
         raise ConfigError(f"arm {name!r} is not an arm of the study: expected one of {arm_names()}")
     arm = BASE_ARMS[base]
-    return Arm(name, arm.attention_pool, arm.context_to_heads, twin=name != base)
+    return Arm(name, arm.attention_pool, arm.context_to_heads, twin=suffix == TWIN_SUFFIX,
+               reseed=suffix == RESEED_SUFFIX)
 
 
 def arm_of_model(attention_pool: str, shared_context_to_heads: bool = False, twin: bool = False) -> str:

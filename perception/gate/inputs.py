@@ -21,7 +21,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT, arm_names
+from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT, RESEED_SUFFIX, arm_names
 from perception.errors import ConfigError, PerceptionError
 
 PREDICTIONS = "predictions/val_final.npz"
@@ -275,12 +275,15 @@ def _agreed_params(chosen: dict[Key, Run], reasons: list[str]) -> dict[str, str]
 
 
 def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
-    """The arms of one replicate share the seed (trunk init and batch order); replicates differ."""
+    """The arms of one replicate share the seed (trunk init and batch order); replicates differ.
+    A reseeded A/A arm (`<arm>_reseed`) trains from another seed by design."""
     by_rep: dict[int, dict[str, list[str]]] = {}
     for k, run in sorted(chosen.items()):
         seed = run.data.params.get("seed")
         if seed is None:
             reasons.append(f"{k[0]} fold {k[1]} (run {run.info.run_id}): param seed is missing")
+            continue
+        if k[0].endswith(RESEED_SUFFIX):
             continue
         by_rep.setdefault(k[2], {}).setdefault(seed, []).append(_label(k))
     for rep, values in sorted(by_rep.items()):

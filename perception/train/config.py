@@ -9,7 +9,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 
 from perception.data.config import DataConfig
-from perception.arms import arm_of_model, get_arm
+from perception.arms import RESEED_OFFSET, arm_of_model, get_arm
 from perception.enums import enum_value
 from perception.model.config import AttentionPoolVariant, ModelConfig
 from perception.paths import MLFLOW_EXPERIMENT
@@ -61,8 +61,8 @@ class TrackingConfig:
 class Config:
     seed: int = 0
     sweep_id: Optional[str] = None  # None: a fresh id
-    # a named model configuration of perception/arms.py (shared, per_horizon, shared_skip, <arm>_twin);
-    # it sets the model fields it names. None: the arm that model.* describes
+    # a named model configuration of perception/arms.py (shared, per_horizon, shared_skip, <arm>_twin,
+    # <arm>_reseed); it sets the model fields it names. None: the arm that model.* describes
     arm: Optional[str] = None
     # replicate r of a (arm, fold) trains with seed + r: every arm of a replicate shares the trunk's
     # init and batch order, replicates differ in both (tag `replicate`, run directory `-r<r>`)
@@ -94,6 +94,8 @@ def apply_arm(cfg: Config) -> str:
         fields = arm.model_fields()
         m.attention_pool = AttentionPoolVariant(fields["attention_pool"])
         m.shared_context_to_heads, m.twin = bool(fields["shared_context_to_heads"]), bool(fields["twin"])
+        if arm.reseed:  # the logged seed says so; the gate exempts reseeded arms from seed agreement
+            cfg.seed = int(cfg.seed) + RESEED_OFFSET
         name = arm.name
     cfg.arm = name
     return name

@@ -300,3 +300,20 @@ def test_a_gate_with_other_settings_than_the_plan_is_exploratory(gate_store, tmp
     assert any("alpha" in d for d in other.summary["differs_from_plan"])
     assert client.get_run(other.summary["gate_run_id"]).data.tags["exploratory"] == "true"
     assert "exploratory" in (tmp_path / "b" / "report.md").read_text()
+
+
+def test_a_reseeded_arm_may_train_from_another_seed_a_twin_may_not(gate_store, tmp_path):
+    """`<arm>_reseed` is the fully reseeded A/A: its seed differs by design; any other arm's must agree."""
+    uri, client = gate_store
+    other_seed = {("shared_reseed", f): {"seed": 7_919_000} for f in range(3)}
+    build_sweep(client, "reseed", SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_reseed": BASE},
+                                            param_override=other_seed))
+    outcome = run_gate("reseed", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r", progress=False,
+                       control="shared", treatment="shared_reseed")
+    assert not outcome.refused and outcome.summary["treatment"] == "shared_reseed"
+    twin_seed = {("shared_twin", f): {"seed": 7_919_000} for f in range(3)}
+    build_sweep(client, "twin-seed", SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_twin": BASE},
+                                               param_override=twin_seed))
+    outcome = run_gate("twin-seed", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "t", progress=False,
+                       control="shared", treatment="shared_twin")
+    assert outcome.refused and any("disagree on seed" in r for r in outcome.reasons)
