@@ -48,6 +48,9 @@ PLOT = RESULTS / "validity.png"
 NOISE_DIR = Path(__file__).resolve().parents[1] / "perception" / "gate" / "noise"
 TARGETS = {"false_ship": 0.05, "power": 0.8}
 POWER_TESTS = ("per_horizon", "ab")  # tests whose treatment is better: a ship is right
+# The gate's test: "t" (Satterthwaite's df for the estimated training variance) or "normal" (before it);
+# a row is only ever counted with rows of the same evidence, and a re-run redoes rows of another.
+EVIDENCE = "t"
 # Seed bases keep every test's seeds apart, and the calibration's apart from all of them.
 SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000, "calibrate": 90_000}
 
@@ -99,7 +102,8 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
            "device": f"cuda:{gpu}" if gpu else "cpu"}
     if report.is_file():
         s = json.loads(report.read_text())
-        row.update(decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
+        row.update(evidence=EVIDENCE if any("df" in r for r in s.get("rules") or []) else "normal",
+                   decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
                    replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
                    delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
                    horizons=s.get("horizons"))
@@ -118,7 +122,8 @@ def run_test(args: argparse.Namespace) -> None:
     seeds = list(range(base, base + args.n))
     controls = ["shared", "per_horizon"] if args.test == "calibrate" else [args.control]
     have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []))
-            for r in done_rows() if r.get("decision")}
+            for r in done_rows() if r.get("decision")
+            and (r.get("evidence", "normal") == EVIDENCE or r["test"] == "calibrate")}  # its deltas are all it keeps
     _, _, a0, _ = design(args.test, args.control)
     todo = [(c, s) for c in controls for s in seeds
             if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra)) not in have]
@@ -189,14 +194,15 @@ def summarize() -> list[dict]:
     for r in done_rows():
         if r.get("decision") and r["test"] != "calibrate":
             key = (r["test"], r["experiment"], r["control"], r["treatment"], r.get("replicates", 1),
-                   r.get("training_noise", "")[:40])
+                   r.get("training_noise", "")[:40], r.get("evidence", "normal"))
             groups.setdefault(key, []).append(r)
     rows = []
-    for (test, experiment, a, b, reps, _), rs in sorted(groups.items()):
+    for (test, experiment, a, b, reps, _, evidence), rs in sorted(groups.items()):
         ships = sum(r["decision"] == f"ship_{b}" for r in rs)
         lo, hi = wilson(ships, len(rs))
         kind = "power" if test in POWER_TESTS else "false_ship"
         rows.append({"test": test, "experiment": experiment, "control": a, "treatment": b, "replicates": reps,
+                     "evidence": evidence,
                      "n": len(rs), "ships": ships, "rate": ships / len(rs), "ci95": [lo, hi],
                      "measures": kind, "target": TARGETS[kind],
                      "by_rule": {rule: sum(r["decision"] == f"ship_{b}" and r.get("rule") == rule for r in rs)
@@ -206,11 +212,11 @@ def summarize() -> list[dict]:
                      "median_sweep_s": float(np.median([r["seconds"] for r in rs]))})
     SUMMARY.write_text(json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()},
                                   indent=2) + "\n")
-    print("| test | experiment | control -> treatment | R | n | ships | rate | Wilson 95% | target |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| test | experiment | control -> treatment | R | evidence | n | ships | rate | Wilson 95% | target |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         op = "<=" if r["measures"] == "false_ship" else ">="
-        print(f"| {r['test']} | {r['experiment']} | {r['control']} -> {r['treatment']} | {r['replicates']} | "
+        print(f"| {r['test']} | {r['experiment']} | {r['control']} -> {r['treatment']} | {r['replicates']} | {r['evidence']} | "
               f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
               f"{op} {r['target']} |")
     _plot(rows)
@@ -225,7 +231,7 @@ def _plot(rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.3 * len(rows)), 4.5))
     x = np.arange(len(rows))
     rates = [r["rate"] for r in rows]
     err = [[r["rate"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["rate"] for r in rows]]
@@ -234,7 +240,7 @@ def _plot(rows: list[dict]) -> None:
     ax.errorbar(x, rates, yerr=err, fmt="none", color="black", capsize=4)
     ax.axhline(TARGETS["false_ship"], color="tab:red", ls="--", lw=1, label="false-ship target 0.05")
     ax.axhline(TARGETS["power"], color="tab:green", ls="--", lw=1, label="power target 0.8")
-    ax.set_xticks(x, [f"{r['test']}\n{r['control']}→{r['treatment']}\n{r['experiment']}, n={r['n']}" for r in rows],
+    ax.set_xticks(x, [f"{r['test']}\n{r['control']}→{r['treatment']}\n{r['experiment']}, {r['evidence']}, n={r['n']}" for r in rows],
                   fontsize=7)
     ax.set_ylabel("share of sweeps that shipped")
     ax.set_ylim(0, 1)
