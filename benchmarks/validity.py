@@ -231,7 +231,7 @@ def _plot(rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.3 * len(rows)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.7 * len(rows)), 4.5))
     x = np.arange(len(rows))
     rates = [r["rate"] for r in rows]
     err = [[r["rate"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["rate"] for r in rows]]

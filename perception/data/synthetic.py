@@ -18,7 +18,10 @@ Worlds with a known answer (`data.synthetic_world`), to measure the gate rather 
   h_max snapshots (it decides the long ones). Each drift totals about the noise over its span. The
   short horizons' query should look at the last fast event, the long ones' at the last slow event:
   one shared query has to split its attention between them, per-horizon queries need not. The
-  expected gate outcome is `ship_per_horizon` against `shared_skip`, if the queries specialise.
+  intended gate outcome is `ship_per_horizon` against `shared_skip`. Measured at the `local` scale
+  (20 sweeps, README "How far to trust a decision"): no lift, although the queries specialise, since
+  about eight slow drifts overlap (only the newest is in the window) and a shared query can attend to
+  both event snapshots at once; the expected outcome there is `keep_shared_skip` or `inconclusive`.
 Books sit on a tick grid with a Markov spread of 1-3 ticks, ten dense levels, lognormal sizes and
 order counts. Vectorised: AR(1) recursions run through scipy.signal.lfilter, regimes and spreads
 from geometric durations.
