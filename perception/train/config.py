@@ -13,6 +13,7 @@ from perception.arms import RESEED_OFFSET, arm_of_model, get_arm
 from perception.enums import enum_value
 from perception.model.config import AttentionPoolVariant, ModelConfig
 from perception.paths import MLFLOW_EXPERIMENT
+from perception.train.precision import Precision
 
 
 class ResumeMode(str, Enum):
@@ -39,6 +40,7 @@ class TrainerConfig:
     # near 0, and at the base rate the queries move ~10 % of their norm in a `local` training, too
     # little to single out a few snapshots of a window (attention stays near uniform)
     query_lr_scale: float = 1.0
+    precision: Precision = Precision.tf32  # fp32 | tf32 | bf16 (perception/train/precision.py)
     max_train_batches: Optional[int] = None  # per epoch; None: every training window
     horizon_weights: Optional[list[float]] = None  # loss weights per horizon; None: equal
     device: Device = Device.auto

@@ -10,6 +10,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 from perception.train.diagnostics import AttentionByLag, AttentionStats
+from perception.train.precision import forward_context
 
 
 @dataclass
@@ -38,7 +39,8 @@ def per_horizon_auc(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray, hor
 
 
 @torch.no_grad()
-def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: torch.device) -> Evaluation:
+def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: torch.device,
+             precision: str = "fp32") -> Evaluation:
     model.eval()
     acc, attn_stats = AttentionByLag(window, model.n_queries), AttentionStats()
     probs, labels, masks, index = [], [], [], []
@@ -46,7 +48,9 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
     for batch in loader.batches(0):
         x, dt = batch.x.to(device), batch.dt.to(device)
         y, mask = batch.y.to(device), batch.mask.to(device)
-        logits, attn = model(x, dt, return_attention=True)
+        with forward_context(precision, device):
+            logits, attn = model(x, dt, return_attention=True)
+        logits = logits.float()
         valid = int(mask.sum())
         if valid:
             loss_sum += float(loss_fn(logits, y, mask)) * valid

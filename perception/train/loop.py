@@ -24,6 +24,7 @@ from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import GradNorms, query_drift, query_names, save_attention_by_lag
 from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
+from perception.train.precision import configure as configure_precision, forward_context
 from perception.train.progress import progress
 from perception.train.run_record import RunRecord, write_config
 from perception.train.runlog import LOG_FILE, RunLog
@@ -178,7 +179,9 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
                 break
             x, dt = batch.x.to(device, non_blocking=True), batch.dt.to(device, non_blocking=True)
             y, mask = batch.y.to(device), batch.mask.to(device)
-            loss = loss_fn(model(x, dt), y, mask)
+            with forward_context(cfg.trainer.precision, device):
+                logits = model(x, dt)
+            loss = loss_fn(logits.float(), y, mask)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"training loss is {loss.item()} at epoch {epoch}, batch {i}")
             optimizer.zero_grad(set_to_none=True)
@@ -196,7 +199,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
             ledger.flush()  # sends anything pending from an outage, when the backoff allows
         bar.close()
         train_time = time.perf_counter() - t0
-        last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device)
+        last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device, cfg.trainer.precision)
         metrics = {f"val_auc_h{h}": v for h, v in last_eval.auc.items()}
         metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=loss_sum / max(loss_n, 1),
                        val_loss=last_eval.loss, samples_per_s=seen / max(train_time, 1e-9))
@@ -221,7 +224,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
 
     # ---- final artifacts ---------------------------------------------------------------------
     if last_eval is None:  # resumed after the last epoch's checkpoint: recompute, deterministically
-        last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device)
+        last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device, cfg.trainer.precision)
         metrics = _last_metrics(ledger)
     artifacts = _write_artifacts(place, last_eval, horizons)
     for rel, artifact_path in artifacts:
@@ -282,9 +285,7 @@ def _set_determinism(cfg: Config, device: torch.device) -> None:
     np.random.seed(int(cfg.seed) % 2**32)
     if cfg.trainer.num_threads:
         torch.set_num_threads(int(cfg.trainer.num_threads))
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    configure_precision(cfg.trainer.precision, device)
 
 
 def finished(run_dir: Path) -> bool:

@@ -21,6 +21,7 @@ CASES = [
     (["arm=bogus"], ["arm 'bogus'", "shared_skip", "shared_twin"]),
     (["trainer.query_lr_scale=0"], ["trainer.query_lr_scale"]),
     (["data.synthetic_world=flat"], ["data.synthetic_world", "no_signal", "per_horizon"]),
+    (["trainer.precision=fp16"], ["trainer.precision", "fp32", "tf32", "bf16"]),
 ]
 
 
