@@ -1,5 +1,6 @@
 """One full training step (forward, masked BCE, backward, AdamW) of PerceptionModel at production size
-(B=64, K=6000, D=128, F=48, H=5) on one GPU: reference ops vs CUDA kernels, with peak memory, the
+(B=64, K=6000, D=128, F=65 as the production data has, H=5) on one GPU: reference ops vs CUDA kernels
+and the kernel path at each trainer.precision (fp32, tf32, bf16), with peak memory, the
 kernels that dominate, and the projected cost of the production study (DESIGN §4 "Scales": 2 variants
 x 3 folds x 30 epochs over 2,000,000 snapshots, window stride 50) on this GPU and on six L40S.
 
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cuda_timing import cuda_median_ms as median_ms  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
+from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
 STUDY = dict(n_snapshots=2_000_000, window_stride=50, n_folds=3, variants=2, epochs=30, eval_batch=64)
@@ -47,7 +49,7 @@ def measure_ceilings() -> dict:
     return dict(copy_gbps=2 * (1 << 29) * 4 / copy_ms / 1e6, fp32_tflops=2 * 8192**3 / mm_ms / 1e9)
 
 
-def build(args, ops: str, variant: str):
+def build(args, ops: str, variant: str, precision: str = "fp32"):
     cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops)
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
     model.set_dt_scale(1.0)
@@ -58,23 +60,30 @@ def build(args, ops: str, variant: str):
     y = (torch.rand(args.batch, len(HORIZONS), generator=g) > 0.5).float().cuda()
     mask = torch.ones(args.batch, len(HORIZONS), dtype=torch.bool).cuda()
 
+    configure_precision(precision, x.device)
+
+    def amp():
+        return forward_context(precision, x.device)
+
     def train_step():
         opt.zero_grad(set_to_none=True)
-        loss = masked_bce(model(x, dt), y, mask)
+        with amp():
+            logits = model(x, dt)
+        loss = masked_bce(logits.float(), y, mask)
         loss.backward()
         opt.step()
 
     def eval_step():
-        with torch.no_grad():
+        with torch.no_grad(), amp():
             model(x, dt)
 
     return model, train_step, eval_step
 
 
-def measure(args, ops: str, variant: str, reps: int, path: str | None = None) -> dict:
+def measure(args, ops: str, variant: str, reps: int, path: str | None = None, precision: str = "fp32") -> dict:
     if path:
         os.environ["PERCEPTION_CFC_PATH"] = path
-    model, train_step, eval_step = build(args, ops, variant)
+    model, train_step, eval_step = build(args, ops, variant, precision)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step_ms = median_ms(train_step, reps)
@@ -83,9 +92,11 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None) ->
     eval_ms = median_ms(eval_step, reps)
     model.train()
     os.environ.pop("PERCEPTION_CFC_PATH", None)
-    label = f"{ops}" + (f" ({path})" if path else "")
+    configure_precision("fp32", torch.device("cuda"))  # the next row starts from plain fp32
+    label = f"{ops}" + (f" ({path})" if path else "") + (f" {precision}" if precision != "fp32" else "")
     print(f"  {variant:12} ops={label:16} step {step_ms:10.2f} ms  eval {eval_ms:9.2f} ms  peak {peak:6.2f} GiB", flush=True)
-    return dict(variant=variant, ops=ops, cfc_path=path, step_ms=step_ms, eval_ms=eval_ms, peak_gib=peak)
+    return dict(variant=variant, ops=ops, cfc_path=path, precision=precision, step_ms=step_ms, eval_ms=eval_ms,
+                peak_gib=peak)
 
 
 def dominant_kernels(args, variant: str, top: int = 8) -> list[dict]:
@@ -116,10 +127,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--window", type=int, default=6000)
-    parser.add_argument("--features", type=int, default=48)
+    parser.add_argument("--features", type=int, default=65)  # the production data's feature count
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ref-reps", type=int, default=2)
+    parser.add_argument("--precisions", default="tf32,bf16", help="kernel-path rows beyond fp32")
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
 
@@ -133,6 +145,8 @@ def main() -> None:
     ]
     portable = measure(args, "cuda", "per_horizon", args.reps, path="portable")
     rows.append(portable)
+    for precision in [p for p in args.precisions.split(",") if p and p != "fp32"]:
+        rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision))
     kernels = dominant_kernels(args, "per_horizon")
 
     ref, fast = rows[0], rows[1]
@@ -145,7 +159,8 @@ def main() -> None:
 
     print(f"\n{'variant':12} {'ops':18} {'step ms':>10} {'eval ms':>10} {'peak GiB':>9}")
     for r in rows:
-        label = r["ops"] + (f" ({r['cfc_path']})" if r["cfc_path"] else "")
+        label = r["ops"] + (f" ({r['cfc_path']})" if r["cfc_path"] else "") + (
+            f" {r['precision']}" if r["precision"] != "fp32" else "")
         print(f"{r['variant']:12} {label:18} {r['step_ms']:10.2f} {r['eval_ms']:10.2f} {r['peak_gib']:9.2f}")
     print(f"\nspeed-up kernels vs reference ops: {speedup:.1f}x (target >= {TARGET_SPEEDUP:.0f}x: "
           f"{'met' if speedup >= TARGET_SPEEDUP else 'missed'}); peak memory {peak:.2f} GiB "
