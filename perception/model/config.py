@@ -50,3 +50,6 @@ class ModelConfig:
     # recompute VSN and Mamba2 activations in backward instead of keeping them: at K = 6000 they are
     # most of the activation memory (benchmarks/model_step.py); costs about one extra trunk forward
     activation_checkpointing: bool = False
+    # torch.compile (static shapes) of the VSN and each Mamba2 block: their width-8 linears, norms and
+    # elementwise glue become a few fused kernels; the custom ops are outside the compiled regions
+    compile_trunk: bool = False

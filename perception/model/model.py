@@ -58,6 +58,9 @@ class PerceptionModel(nn.Module):
         for name, module in (("vsn", self.vsn), ("mamba", self.mamba), ("pool", self.pool), ("cfc", self.cfc), ("head", self.head)):
             module.reset_parameters(module_generator(seed, name + (twin if name in ARM_MODULES else "")))
         self.ln_b.reset_parameters()  # ones / zeros: nothing to draw
+        if getattr(cfg, "compile_trunk", False):
+            for module in (self.vsn, *self.mamba.layers):
+                module.compile(dynamic=False)  # in place: parameter names and checkpoints unchanged
 
     @property
     def trunk_prefixes(self) -> tuple[str, ...]:
