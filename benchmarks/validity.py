@@ -108,7 +108,7 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
                    delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
                    horizons=s.get("horizons"))
     else:
-        row.update(decision=None, error=(done.stderr or done.stdout)[-2000:])
+        row.update(decision=None, error=(done.stdout[-1500:] + "\n" + done.stderr[-1500:]).strip())
     shutil.rmtree(home, ignore_errors=True)  # the outcome is all a validity run keeps
     return row
 
