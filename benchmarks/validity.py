@@ -10,6 +10,7 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
     python benchmarks/validity.py no_signal --experiment local --n 20
     python benchmarks/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
     python benchmarks/validity.py ab --experiment local --n 20                   # power at the study's own effect
+    python benchmarks/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
     python benchmarks/validity.py calibrate --experiment local --n 8 --seed-base 90000   # the shipped A/A noise
     python benchmarks/validity.py report                                          # table + plot from what ran
 
@@ -82,8 +83,9 @@ def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
 
 
 def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: int, extra: list[str],
-              work: Path, gpu: str = "") -> dict:
-    """One sweep; `gpu` names the GPU its trainings run on one after another ("" for CPU lanes)."""
+              work: Path, gpu: str = "", replicates: int = 1) -> dict:
+    """One sweep of `replicates` replicates; `gpu` names the GPU its trainings run on one after another
+    ("" for CPU lanes)."""
     flags, overrides, a, b = design(test, control)
     home = work / f"{test}-{control}-{seed}"
     shutil.rmtree(home, ignore_errors=True)
@@ -92,12 +94,14 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
            "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PERCEPTION_OPS_JIT": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = ["perception-sweep", "local", "--sweep-id", sweep_id, "--cpu-workers", str(cpu_workers), *flags,
+           "--replicates", str(replicates),
            f"experiment={experiment}", f"seed={seed}", f"data.synthetic_seed={seed}", "trainer.progress=false",
            *overrides, *extra]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     report = home / "gate" / sweep_id / "report.json"
     row = {"test": test, "experiment": experiment, "control": a, "treatment": b, "seed": seed,
+           "replicates": replicates,
            "returncode": done.returncode, "seconds": round(time.perf_counter() - t0, 1), "extra": extra,
            "device": f"cuda:{gpu}" if gpu else "cpu"}
     if report.is_file():
@@ -119,15 +123,16 @@ def done_rows() -> list[dict]:
 
 def run_test(args: argparse.Namespace) -> None:
     base = args.seed_base if args.seed_base is not None else SEED_BASE[args.test]
-    seeds = list(range(base, base + args.n))
+    # replicate r trains with seed + r: sweeps R seeds apart share no training seed
+    seeds = list(range(base, base + args.n * args.replicates, args.replicates))
     controls = ["shared", "per_horizon"] if args.test == "calibrate" else [args.control]
-    have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []))
+    have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []), r.get("replicates", 1))
             for r in done_rows() if r.get("decision")
             and (r.get("evidence", "normal") == EVIDENCE or r["test"] == "calibrate")}  # its deltas are all it keeps
     _, _, a0, _ = design(args.test, args.control)
     todo = [(c, s) for c in controls for s in seeds
-            if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra)) not in have]
-    print(f"{args.test} at {args.experiment}: {len(todo)} sweeps to run "
+            if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra), args.replicates) not in have]
+    print(f"{args.test} at {args.experiment}, R = {args.replicates}: {len(todo)} sweeps to run "
           f"({len(controls) * len(seeds) - len(todo)} done earlier)", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="perception-validity-"))
@@ -137,7 +142,7 @@ def run_test(args: argparse.Namespace) -> None:
         for i, (c, s) in enumerate(todo):
             gpu = str(i % args.gpus) if args.gpus else ""
             futures[pool.submit(_guarded, deadline, run_sweep, args.test, c, args.experiment, s, args.cpu_workers,
-                                args.extra, work, gpu)] = (c, s)
+                                args.extra, work, gpu, args.replicates)] = (c, s)
         bar = tqdm(total=len(futures), desc=f"{args.test} sweeps", unit="sweep")
         for f in as_completed(futures):
             row = f.result()
@@ -260,6 +265,7 @@ def main() -> None:
     p.add_argument("--seed-base", type=int, default=None)
     p.add_argument("--parallel", type=int, default=4, help="sweeps at once")
     p.add_argument("--cpu-workers", type=int, default=6, help="trainings at once within a sweep")
+    p.add_argument("--replicates", type=int, default=1, help="replicates per sweep (the gate pools them)")
     p.add_argument("--budget-s", type=float, default=None, help="start no sweep after this many seconds")
     p.add_argument("--gpus", type=int, default=0,
                    help="spread the sweeps over this many GPUs, each sweep's trainings on one (default: CPU lanes)")
