@@ -86,6 +86,14 @@ class PerceptionModel(nn.Module):
                 h = checkpoint(layer, h, use_reentrant=False)
         else:
             h = self.mamba(self.vsn(x)[0])  # (B, K, D)
+        if not torch.is_autocast_enabled(h.device.type):
+            return self._pool_scan_heads(h, dt, return_attention)
+        with torch.autocast(h.device.type, enabled=False):
+            return self._pool_scan_heads(h.float(), dt, return_attention)
+
+    def _pool_scan_heads(self, h: torch.Tensor, dt: torch.Tensor, return_attention: bool):
+        """Always fp32, also under autocast (trainer.precision=bf16): the pool and scan kernels take fp32
+        only, and softmax statistics and a scan over thousands of steps need it."""
         lnb = self.ln_b(h)  # (B, K, D)
         ctx = self.pool(lnb)  # (B, Q, D)
         if self.inv_pool is not None:

@@ -3,8 +3,6 @@ auto takes the CUDA kernels for CUDA tensors when the extension loads, else the 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from perception.enums import enum_value
@@ -54,21 +52,6 @@ def _cfc_kernel_takes(backend: str, x_proj: torch.Tensor, h0: torch.Tensor, *wei
     return fp32 and h0.shape[-1] in KERNEL_WIDTHS and x_proj.shape[-1] == h0.shape[-1]
 
 
-def fp32_under_autocast(op):
-    """Under autocast (trainer.precision=bf16) a hot op still runs in fp32, kernel or reference: its
-    softmax statistics and scans over thousands of steps need it, and the kernels take fp32 only."""
-    @functools.wraps(op)
-    def run(*args, **kwargs) -> torch.Tensor:
-        device = next(a for a in args if isinstance(a, torch.Tensor)).device.type
-        if not torch.is_autocast_enabled(device):
-            return op(*args, **kwargs)
-        with torch.autocast(device, enabled=False):
-            return op(*(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args),
-                      **kwargs)
-    return run
-
-
-@fp32_under_autocast
 def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D)."""
     if use_kernels(backend, lnb, q) and _pool_kernel_takes(backend, lnb, q):
@@ -76,7 +59,6 @@ def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") ->
     return attention_pool_ref(lnb, q)
 
 
-@fp32_under_autocast
 def inverted_pool(lnb: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D) -> inv: (B, D)."""
     if use_kernels(backend, lnb) and _pool_kernel_takes(backend, lnb):
@@ -84,7 +66,6 @@ def inverted_pool(lnb: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     return inverted_pool_ref(lnb)
 
 
-@fp32_under_autocast
 def inv_pool_merge(ctx: torch.Tensor, inv: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """ctx: (B, Q, D), inv: (B, D) -> ctx: (B, Q, D)."""
     if use_kernels(backend, ctx, inv) and _pool_kernel_takes(backend, ctx, inv):
@@ -92,7 +73,6 @@ def inv_pool_merge(ctx: torch.Tensor, inv: torch.Tensor, backend: str = "auto") 
     return inv_pool_merge_ref(ctx, inv)
 
 
-@fp32_under_autocast
 def cfc_scan(
     x_proj: torch.Tensor,
     ts: torch.Tensor,

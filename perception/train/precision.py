@@ -3,8 +3,9 @@
     fp32  IEEE fp32 everywhere (TF32 off)
     tf32  fp32 storage, TF32 tensor-core matmuls on CUDA: the default, and what CUDA runs did before the
           setting existed; on CPU identical to fp32
-    bf16  autocast to bfloat16 around the forward pass: matmuls and elementwise glue in bf16; parameters,
-          optimizer state, the loss and the hot ops (pools and scans, perception/ops) stay fp32
+    bf16  autocast to bfloat16 around the forward pass: the trunk's (VSN, Mamba2) matmuls and glue in
+          bf16; the pools, the CfC scan and the heads run in fp32 (PerceptionModel), as do parameters,
+          optimizer state and the loss
 
 The gate refuses arms trained at different precisions (a run without the param counts as fp32)."""
 
