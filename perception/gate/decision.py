@@ -220,7 +220,7 @@ def satterthwaite_df(se: float, se_training: float, df_training: float) -> float
 
 def one_sided_p_t(t: float, df: float) -> float:
     """P(T_df ≥ t); the normal's where df is infinite; NaN stays NaN."""
-    if not math.isfinite(t) and not math.isinf(t):
+    if math.isnan(t):
         return math.nan
     return float(student_t.sf(t, df)) if math.isfinite(df) else stats.one_sided_p(t)
 

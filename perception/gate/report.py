@@ -123,8 +123,9 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
               "(fold, replicate) cell's lift from training noise over F·R cells (between replicates with R ≥ 2, "
               "else a shipped A/A measurement, else none). The test is a t with Satterthwaite's degrees of "
               "freedom, because the training variance is estimated from few cells (df ∞: not estimated). "
-              "Assumes folds independent, replicates exchangeable and cell lifts roughly normal. DeLong on windows thinned to one per K + h snapshots is reported beside it; the "
-              "i.i.d. DeLong on all windows only exposes how much it overstates.", "",
+              "Assumes folds independent, replicates exchangeable and cell lifts roughly normal. DeLong on "
+              "windows thinned to one per K + h snapshots is reported beside it; the i.i.d. DeLong on all "
+              "windows only exposes how much it overstates.", "",
               "| rule | lift | fired | se (windows, training) | df | lower bound | floor met | p | thinned DeLong p |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in result.rules:

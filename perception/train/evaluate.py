@@ -50,7 +50,6 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
         y, mask = batch.y.to(device), batch.mask.to(device)
         with forward_context(precision, device):
             logits, attn = model(x, dt, return_attention=True)
-        logits = logits.float()
         valid = int(mask.sum())
         if valid:
             loss_sum += float(loss_fn(logits, y, mask)) * valid

@@ -181,7 +181,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
             y, mask = batch.y.to(device), batch.mask.to(device)
             with forward_context(cfg.trainer.precision, device):
                 logits = model(x, dt)
-            loss = loss_fn(logits.float(), y, mask)
+            loss = loss_fn(logits, y, mask)  # fp32 logits: the heads run in fp32 at every precision
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"training loss is {loss.item()} at epoch {epoch}, batch {i}")
             optimizer.zero_grad(set_to_none=True)
