@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import binomtest
 from tqdm import tqdm
 
 RESULTS = Path(os.environ.get("PERCEPTION_VALIDITY_RESULTS", Path(__file__).resolve().parent / "results"))
@@ -56,13 +57,12 @@ EVIDENCE = "t"
 SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000, "calibrate": 90_000}
 
 
-def wilson(ships: int, n: int, z: float = 1.96) -> tuple[float, float]:
+def wilson(ships: int, n: int) -> tuple[float, float]:
+    """The Wilson score 95 % interval of ships / n (scipy's)."""
     if n == 0:
         return (math.nan, math.nan)
-    p = ships / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    ci = binomtest(ships, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return (float(ci.low), float(ci.high))
 
 
 def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
