@@ -46,11 +46,13 @@ RUN if getent passwd 1000 > /dev/null; then userdel --remove "$(getent passwd 10
  && chown -R 1000:1000 /perception-home
 COPY --from=build /wheels /wheels
 COPY --from=build /src/perception/ops/lib /opt/perception-ops-lib
-# torch stays the base image's (it satisfies torch>=2.4). The library and its manifest go into the
+# torch stays the base image's (it satisfies torch>=2.4); the gpu extra adds fla-core (Triton SSD
+# kernels for model.mamba.ssd=fla), whose Triton is the one the base image's torch ships. The library and its manifest go into the
 # installed package as one unit, readable by uid 1000 (the build writes the manifest 0600); the
 # check after USER repeats the loader's own test (same torch, sm_89 and sm_90 built) as uid
 # 1000, so a pod finds a matching library and never needs a compiler.
-RUN pip install /wheels/perception-*.whl \
+RUN wheel="$(echo /wheels/perception-*.whl)" \
+ && pip install "${wheel}[gpu]" \
  && rm -rf /wheels \
  && lib_dir="$(python -c 'from perception.ops import extension; print(extension.LIB_DIR)')" \
  && install -d -m 0755 "$lib_dir" \

@@ -31,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
 from perception.model.config import MambaConfig, VSNConfig  # noqa: E402
+from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
+TRUNK_STAGES = ("vsn", "mamba2")  # under autocast at trainer.precision=bf16
 MEMORY_LIMIT_GIB = 44.0  # an L40S has 48 GiB
 SIZES = {  # (B, K) per device: production on CUDA and meta, a CPU-sized window otherwise
     "cuda": (64, 6000),
@@ -63,6 +65,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute VSN and Mamba2 in backward (the full step and its peak; the per-module rows run without)")
     p.add_argument("--ops", default="auto", choices=["auto", "ref", "cuda"])
+    p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="trainer.precision")
+    p.add_argument("--compile-trunk", action="store_true", help="model.compile_trunk (the first repeat compiles)")
+    p.add_argument("--ssd", default="chunked", choices=["chunked", "fla"], help="model.mamba.ssd")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 3 on cuda, 5 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: benchmarks/results/model_step_<device>.json)")
@@ -81,7 +86,9 @@ def build(args, variant: str, device: torch.device):
     cfg = ModelConfig(
         attention_pool=variant, d_model=args.d_model, vsn=VSNConfig(), mamba=MambaConfig(),
         inverted_pool=args.inverted_pool, ops=args.ops, activation_checkpointing=args.activation_checkpointing,
+        compile_trunk=args.compile_trunk,
     )
+    cfg.mamba.ssd = args.ssd
     model = PerceptionModel(cfg, args.features, HORIZONS, seed=0).to(device)
     g = torch.Generator().manual_seed(1)
     b, k, f, h = args.batch, args.window, args.features, len(HORIZONS)
@@ -111,7 +118,7 @@ def stages(model: PerceptionModel, dt, y, mask) -> list[tuple[str, Callable]]:
     return [
         ("vsn", lambda x: (model.vsn(x)[0],)),
         ("mamba2", lambda h: (model.mamba(h),)),
-        ("ln_b", lambda m: (model.ln_b(m),)),
+        ("ln_b", lambda m: (model.ln_b(m.float()),)),  # fp32 from here on, as in the model
         ("pools", pools),
         ("cfc", cfc),
         ("heads", lambda h_last, ctx: (masked_bce(model.head(h_last, ctx), y, mask),)),
@@ -147,12 +154,12 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_stage(fn, inputs, device):
+def run_stage(fn, inputs, device, precision: str = "fp32"):
     """One module's forward and backward on leaf copies of its inputs -> (outputs, fwd s, bwd s, saved bytes)."""
     leaves = [t.detach().requires_grad_(t.is_floating_point()) for t in inputs]
     sync(device)
     t0 = time.perf_counter()
-    with SavedBytes() as saved:
+    with SavedBytes() as saved, forward_context(precision, device):
         outs = fn(*leaves)
     sync(device)
     t1 = time.perf_counter()
@@ -177,7 +184,8 @@ def bench_variant(args, variant: str, device: torch.device, progress) -> dict:
         inputs = (x,)
         for name, fn in chain:
             progress(f"{variant} repeat {rep + 1}/{reps}: {name}")
-            inputs, f_s, b_s, saved = run_stage(fn, inputs, device)
+            trunk = name in TRUNK_STAGES  # the model runs the rest in fp32 at every precision
+            inputs, f_s, b_s, saved = run_stage(fn, inputs, device, args.precision if trunk else "fp32")
             if rep > 0 or device.type == "meta":
                 per_module[name]["fwd_ms"].append(1e3 * f_s)
                 per_module[name]["bwd_ms"].append(1e3 * b_s)
@@ -190,10 +198,11 @@ def bench_variant(args, variant: str, device: torch.device, progress) -> dict:
             torch.cuda.reset_peak_memory_stats(device)
         sync(device)
         t0 = time.perf_counter()
-        logits = model(x, dt)
+        with forward_context(args.precision, device):
+            logits = model(x, dt)
         sync(device)
         t1 = time.perf_counter()
-        masked_bce(logits, y, mask).backward()
+        masked_bce(logits.float(), y, mask).backward()
         sync(device)
         t2 = time.perf_counter()
         if rep > 0:
@@ -235,7 +244,8 @@ def machine(device: torch.device) -> str:
 def print_table(report: dict) -> None:
     print(f"\nmodel step, {report['machine']}: B={report['batch']} K={report['window']} D={report['d_model']} "
           f"F={report['features']} H={len(HORIZONS)} ops={report['ops']} "
-          f"checkpointing={report['activation_checkpointing']}; medians of {report['repeats']}")
+          f"checkpointing={report['activation_checkpointing']} precision={report.get('precision', 'fp32')} "
+          f"compiled={report.get('compile_trunk', False)} ssd={report.get('ssd', 'chunked')}; medians of {report['repeats']}")
     for r in report["results"]:
         print(f"\n{r['variant']} ({r['params']:,} parameters)")
         print(f"  {'module':<8} {'fwd ms':>10} {'bwd ms':>10} {'saved MiB':>11}")
@@ -289,6 +299,7 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    configure_precision(args.precision, device)
     try:
         from tqdm import tqdm
 
@@ -306,7 +317,8 @@ def main(argv=None) -> int:
     report = {
         "benchmark": "model_step", "device": args.device, "machine": machine(device), "batch": args.batch,
         "window": args.window, "d_model": args.d_model, "features": args.features, "horizons": HORIZONS,
-        "inverted_pool": args.inverted_pool, "activation_checkpointing": args.activation_checkpointing, "ops": args.ops, "repeats": args.repeats, "results": [],
+        "inverted_pool": args.inverted_pool, "activation_checkpointing": args.activation_checkpointing, "ops": args.ops, "repeats": args.repeats,
+        "precision": args.precision, "compile_trunk": args.compile_trunk, "ssd": args.ssd, "results": [],
     }
     for variant in args.variants:
         try:

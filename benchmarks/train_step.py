@@ -1,14 +1,17 @@
 """One full training step (forward, masked BCE, backward, AdamW) of PerceptionModel at production size
 (B=64, K=6000, D=128, F=65 as the production data has, H=5) on one GPU: reference ops vs CUDA kernels
-and the kernel path at each trainer.precision (fp32, tf32, bf16), with peak memory, the
-kernels that dominate, and the projected cost of the production study (DESIGN §4 "Scales": 2 variants
-x 3 folds x 30 epochs over 2,000,000 snapshots, window stride 50) on this GPU and on six L40S.
+and the kernel path at each trainer.precision (fp32, tf32, bf16), with the trunk compiled
+(model.compile_trunk) and with fla-core's SSD (model.mamba.ssd=fla); peak memory, the kernels that
+dominate, and the projected cost of the production study (DESIGN §4 "Scales": 2 variants x 3 folds x 30
+epochs over 2,000,000 snapshots, window stride 50) on this GPU and on six L40S.
 
     PYTHONPATH=. python3 benchmarks/train_step.py [--out benchmarks/results/train_step.json]
 
-The L40S projection scales this GPU's times by the larger of the measured copy-bandwidth and fp32
-GEMM ratios against the L40S datasheet (864 GB/s, 91.6 TFLOP/s fp32), starting from the portable
-kernel path, the one sm_89 runs (it has no thread-block clusters)."""
+The L40S projection starts from the fastest setting on the portable kernel path, the one sm_89 runs (it
+has no thread-block clusters), and is per module: the CfC scan's kernels (timed by the profiler) are a
+chain of K dependent steps bound by on-chip latency, not by DRAM, so they keep this GPU's time times
+CFC_L40S_FACTOR; everything else is bandwidth-bound and scales by the larger of the measured
+copy-bandwidth and fp32 GEMM ratios against the L40S datasheet (864 GB/s, 91.6 TFLOP/s fp32)."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cuda_timing import cuda_median_ms as median_ms  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
+from perception.model.config import MambaConfig  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
@@ -32,8 +36,19 @@ STUDY = dict(n_snapshots=2_000_000, window_stride=50, n_folds=3, variants=2, epo
 L40S = dict(copy_gbps=864.0, fp32_tflops=91.6)  # datasheet
 TARGET_SPEEDUP, MEMORY_LIMIT_GIB = 20.0, 44.0
 TARGET_STEP_MS = 65.0  # the study in about an hour on six L40S: 4x the 266 ms fp32 kernel step at F = 65 (H200)
+# The CfC scan's per-step latency on an L40S relative to this GPU: each of its K steps waits on the last
+# (a block-wide reduction and an h-dependent matvec in shared memory), so SM clock and on-chip latency set
+# it; the L40S clocks higher (2.52 vs 1.98 GHz boost) and the kernel is the same, so 1.0; the pessimistic
+# projection doubles it.
+CFC_L40S_FACTOR, CFC_L40S_PESSIMISTIC = 1.0, 2.0
 
 
+def fla_available() -> bool:
+    try:
+        import fla.ops.simple_gla.chunk  # noqa: F401
+    except Exception:
+        return False
+    return True
 
 
 def measure_ceilings() -> dict:
@@ -50,8 +65,9 @@ def measure_ceilings() -> dict:
     return dict(copy_gbps=2 * (1 << 29) * 4 / copy_ms / 1e6, fp32_tflops=2 * 8192**3 / mm_ms / 1e9)
 
 
-def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False):
-    cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled)
+def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False, ssd: str = "chunked"):
+    cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled,
+                      mamba=MambaConfig(ssd=ssd))
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
     model.set_dt_scale(1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -81,16 +97,24 @@ def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool 
     return model, train_step, eval_step
 
 
+def label(row: dict) -> str:
+    return (row["ops"] + (f" ({row['cfc_path']})" if row["cfc_path"] else "")
+            + (f" {row['precision']}" if row["precision"] != "fp32" else "") + (" compiled" if row["compiled"] else "")
+            + (" fla" if row["ssd"] == "fla" else "") + (" [profiled]" if "kernels" in row else ""))
+
+
 def measure(args, ops: str, variant: str, reps: int, path: str | None = None, precision: str = "fp32",
-            compiled: bool = False) -> dict:
+            compiled: bool = False, ssd: str = "chunked", profile: bool = False) -> dict:
+    """Median step and eval time and peak memory; with `profile`, also the CUDA time of every kernel
+    over one step and one eval, and the CfC scan's share of each."""
     if path:
         os.environ["PERCEPTION_CFC_PATH"] = path
-    model, train_step, eval_step = build(args, ops, variant, precision, compiled)
-    if compiled:  # compile outside the timed region: the first step and the first eval
-        train_step()
-        model.eval()
-        eval_step()
-        model.train()
+    torch._dynamo.reset()  # every row compiles afresh, never into the recompile limit
+    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd)
+    train_step()  # warm-up: autotuning, compilation, allocator
+    model.eval()
+    eval_step()
+    model.train()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     step_ms = median_ms(train_step, reps)
@@ -98,26 +122,31 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None, pr
     model.eval()
     eval_ms = median_ms(eval_step, reps)
     model.train()
+    row = dict(variant=variant, ops=ops, cfc_path=path, precision=precision, compiled=compiled, ssd=ssd,
+               step_ms=step_ms, eval_ms=eval_ms, peak_gib=peak)
+    if profile:
+        row["kernels"], row["cfc_step_ms"] = kernel_times(train_step)
+        model.eval()
+        _, row["cfc_eval_ms"] = kernel_times(eval_step)
+        model.train()
     os.environ.pop("PERCEPTION_CFC_PATH", None)
     configure_precision("fp32", torch.device("cuda"))  # the next row starts from plain fp32
-    label = f"{ops}" + (f" ({path})" if path else "") + (f" {precision}" if precision != "fp32" else "") + (
-        " compiled" if compiled else "")
-    print(f"  {variant:12} ops={label:16} step {step_ms:10.2f} ms  eval {eval_ms:9.2f} ms  peak {peak:6.2f} GiB", flush=True)
-    return dict(variant=variant, ops=ops, cfc_path=path, precision=precision, compiled=compiled, step_ms=step_ms,
-                eval_ms=eval_ms, peak_gib=peak)
+    del model
+    torch.cuda.empty_cache()
+    print(f"  {variant:12} {label(row):32} step {step_ms:10.2f} ms  eval {eval_ms:9.2f} ms  peak {peak:6.2f} GiB", flush=True)
+    return row
 
 
-def dominant_kernels(args, variant: str, top: int = 8) -> list[dict]:
-    """CUDA time per kernel name over one kernel-path training step."""
-    _, train_step, _ = build(args, "cuda", variant)
-    train_step()
-    torch.cuda.synchronize()
+def kernel_times(fn, top: int = 10) -> tuple[list[dict], float]:
+    """CUDA time per kernel name over one call of `fn` (the top ones), and the CfC scan kernels' total ms."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        train_step()
+        fn()
         torch.cuda.synchronize()
     events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events) or 1.0
-    return [dict(name=e.key[:90], ms=e.device_time_total / 1e3, share=e.device_time_total / total) for e in events[:top]]
+    cfc_ms = sum(e.device_time_total for e in events if "cfc_scan" in e.key) / 1e3
+    return [dict(name=e.key[:90], ms=e.device_time_total / 1e3, share=e.device_time_total / total)
+            for e in events[:top]], cfc_ms
 
 
 def project(step_ms: float, eval_ms: float, batch: int, window: int) -> dict:
@@ -128,7 +157,15 @@ def project(step_ms: float, eval_ms: float, batch: int, window: int) -> dict:
     val_w = n_windows - train_w
     run_s = s["epochs"] * (math.ceil(train_w / batch) * step_ms + math.ceil(val_w / s["eval_batch"]) * eval_ms) / 1e3
     runs = s["variants"] * s["n_folds"]
-    return dict(n_windows=n_windows, run_hours=run_s / 3600, gpu_hours=runs * run_s / 3600, runs=runs)
+    return dict(n_windows=n_windows, run_hours=run_s / 3600, gpu_hours=runs * run_s / 3600, runs=runs,
+                step_ms=step_ms, eval_ms=eval_ms)
+
+
+def l40s_projection(portable: dict, scale: float, cfc_factor: float, batch: int, window: int) -> dict:
+    """Per module: the CfC scan at `cfc_factor` times its time here, the rest at `scale` times."""
+    step = (portable["step_ms"] - portable["cfc_step_ms"]) * scale + portable["cfc_step_ms"] * cfc_factor
+    evl = (portable["eval_ms"] - portable["cfc_eval_ms"]) * scale + portable["cfc_eval_ms"] * cfc_factor
+    return dict(**project(step, evl, batch, window), cfc_factor=cfc_factor, bandwidth_factor=scale)
 
 
 def main() -> None:
@@ -139,10 +176,13 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ref-reps", type=int, default=2)
-    parser.add_argument("--precisions", default="tf32,bf16", help="kernel-path rows beyond fp32")
-    parser.add_argument("--no-compile", action="store_true", help="skip the model.compile_trunk rows")
+    parser.add_argument("--precisions", default="tf32,bf16", help="eager kernel-path rows beyond fp32")
+    parser.add_argument("--compiled", default="tf32,bf16", help="precisions of the model.compile_trunk rows ('' for none)")
+    parser.add_argument("--fla", default="tf32,bf16",
+                        help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)")
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
+    listed = lambda text: [p for p in text.split(",") if p]  # noqa: E731
 
     gpu = torch.cuda.get_device_name()
     print(f"training step, B={args.batch} K={args.window} D={args.d_model} F={args.features} on {gpu}", flush=True)
@@ -152,51 +192,64 @@ def main() -> None:
         measure(args, "cuda", "per_horizon", args.reps),
         measure(args, "cuda", "shared", args.reps),
     ]
-    portable = measure(args, "cuda", "per_horizon", args.reps, path="portable")
-    rows.append(portable)
-    for precision in [p for p in args.precisions.split(",") if p and p != "fp32"]:
+    for precision in [p for p in listed(args.precisions) if p != "fp32"]:
         rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision))
-    if not args.no_compile:
-        for precision in ["fp32", *[p for p in args.precisions.split(",") if p and p != "fp32"]]:
-            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True))
-    kernels = dominant_kernels(args, "per_horizon")
+    for precision in listed(args.compiled):
+        rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True))
+    if fla_available():
+        for precision in listed(args.fla):
+            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, ssd="fla"))
+    elif listed(args.fla):
+        print("  (no fla-core here: the model.mamba.ssd=fla rows are skipped)")
 
-    ref, fast = rows[0], rows[1]
-    speedup = ref["step_ms"] / fast["step_ms"]
-    here = project(fast["step_ms"], fast["eval_ms"], args.batch, args.window)
-    here_ref = project(ref["step_ms"], ref["eval_ms"], args.batch, args.window)
+    best = min((r for r in rows if r["ops"] == "cuda"), key=lambda r: r["step_ms"])
+    fast = measure(args, "cuda", "per_horizon", args.reps, precision=best["precision"], compiled=best["compiled"],
+                   ssd=best["ssd"], profile=True)  # the fastest setting again, under the profiler
+    portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", precision=best["precision"],
+                       compiled=best["compiled"], ssd=best["ssd"], profile=True)
+    rows += [fast, portable]
+
+    ref, fp32 = rows[0], rows[1]
+    speedup = ref["step_ms"] / fp32["step_ms"]
+    here = project(best["step_ms"], best["eval_ms"], args.batch, args.window)
+    here_fp32 = project(fp32["step_ms"], fp32["eval_ms"], args.batch, args.window)
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
-    l40s = project(portable["step_ms"] * scale, portable["eval_ms"] * scale, args.batch, args.window)
+    l40s = l40s_projection(portable, scale, CFC_L40S_FACTOR, args.batch, args.window)
+    l40s_pessimistic = l40s_projection(portable, scale, CFC_L40S_PESSIMISTIC, args.batch, args.window)
     peak = max(r["peak_gib"] for r in rows)
 
-    print(f"\n{'variant':12} {'ops':27} {'step ms':>10} {'eval ms':>10} {'peak GiB':>9}")
+    print(f"\n{'variant':12} {'ops':34} {'step ms':>10} {'eval ms':>10} {'peak GiB':>9}")
     for r in rows:
-        label = r["ops"] + (f" ({r['cfc_path']})" if r["cfc_path"] else "") + (
-            f" {r['precision']}" if r["precision"] != "fp32" else "") + (" compiled" if r["compiled"] else "")
-        print(f"{r['variant']:12} {label:27} {r['step_ms']:10.2f} {r['eval_ms']:10.2f} {r['peak_gib']:9.2f}")
-    print(f"\nspeed-up kernels vs reference ops: {speedup:.1f}x (target >= {TARGET_SPEEDUP:.0f}x: "
+        print(f"{r['variant']:12} {label(r):34} {r['step_ms']:10.2f} {r['eval_ms']:10.2f} {r['peak_gib']:9.2f}")
+    print(f"\nspeed-up fp32 kernels vs reference ops: {speedup:.1f}x (target >= {TARGET_SPEEDUP:.0f}x: "
           f"{'met' if speedup >= TARGET_SPEEDUP else 'missed'}); peak memory {peak:.2f} GiB "
           f"(limit {MEMORY_LIMIT_GIB:.0f} GiB: {'fits' if peak <= MEMORY_LIMIT_GIB else 'exceeds'})")
-    best = min((r for r in rows if r["ops"] == "cuda" and r["cfc_path"] is None), key=lambda r: r["step_ms"])
-    print(f"fastest kernel-path step: {best['step_ms']:.1f} ms at {best['precision']}"
-          f"{', compiled' if best['compiled'] else ''}, peak {best['peak_gib']:.2f} GiB (target <= {TARGET_STEP_MS:.0f} ms: "
+    print(f"fastest kernel-path step: {best['step_ms']:.1f} ms ({label(best)}), {fp32['step_ms'] / best['step_ms']:.1f}x "
+          f"the fp32 kernel step, peak {best['peak_gib']:.2f} GiB (target <= {TARGET_STEP_MS:.0f} ms: "
           f"{'met' if best['step_ms'] <= TARGET_STEP_MS else 'missed'})")
-    print("what dominates the kernel-path step (CUDA time):")
-    for k in kernels:
+    print(f"what dominates that step (CUDA time; the CfC scan {fast['cfc_step_ms']:.1f} ms):")
+    for k in fast["kernels"]:
         print(f"  {k['ms']:9.2f} ms {100 * k['share']:5.1f}%  {k['name']}")
     print(f"\nceilings here: copy {ceilings['copy_gbps']:.0f} GB/s, fp32 GEMM {ceilings['fp32_tflops']:.1f} TFLOP/s; "
-          f"L40S/this-GPU time factor {scale:.2f}")
+          f"L40S/this-GPU time factor {scale:.2f} (all but the CfC scan), CfC scan factor {CFC_L40S_FACTOR:.1f}")
+    print(f"portable path at that setting: step {portable['step_ms']:.1f} ms of which CfC {portable['cfc_step_ms']:.1f} ms; "
+          f"eval {portable['eval_ms']:.1f} ms of which CfC {portable['cfc_eval_ms']:.1f} ms")
     print(f"production study ({here['runs']} runs x {STUDY['epochs']} epochs, {here['n_windows']} windows):")
-    print(f"  one {gpu}, kernels:        {here['gpu_hours']:8.1f} GPU-h, wall {here['gpu_hours']:8.1f} h")
-    print(f"  one {gpu}, reference ops:  {here_ref['gpu_hours']:8.1f} GPU-h, wall {here_ref['gpu_hours']:8.1f} h")
-    print(f"  six L40S (portable path):   {l40s['gpu_hours']:8.1f} GPU-h, wall {l40s['run_hours']:8.1f} h (one run per GPU)")
+    print(f"  one {gpu}, fastest setting: {here['gpu_hours']:8.1f} GPU-h")
+    print(f"  one {gpu}, fp32 kernels:    {here_fp32['gpu_hours']:8.1f} GPU-h")
+    print(f"  six L40S (portable path):   step {l40s['step_ms']:.0f} ms, eval {l40s['eval_ms']:.0f} ms: "
+          f"{l40s['gpu_hours']:6.1f} GPU-h, wall {l40s['run_hours']:5.2f} h (one run per GPU)")
+    print(f"  six L40S, CfC at {CFC_L40S_PESSIMISTIC:.0f}x:        step {l40s_pessimistic['step_ms']:.0f} ms: "
+          f"wall {l40s_pessimistic['run_hours']:5.2f} h")
 
     result = dict(
         machine=dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda),
         config=dict(batch=args.batch, window=args.window, d_model=args.d_model, features=args.features, horizons=HORIZONS),
-        rows=rows, speedup=speedup, target_speedup=TARGET_SPEEDUP, fastest=best, target_step_ms=TARGET_STEP_MS, peak_gib=peak, memory_limit_gib=MEMORY_LIMIT_GIB,
-        dominant_kernels=kernels, ceilings=ceilings, l40s_datasheet=L40S, l40s_time_factor=scale,
-        study=STUDY, projection=dict(this_gpu_kernels=here, this_gpu_reference=here_ref, six_l40s=l40s),
+        rows=rows, speedup=speedup, target_speedup=TARGET_SPEEDUP, fastest=best, target_step_ms=TARGET_STEP_MS,
+        peak_gib=peak, memory_limit_gib=MEMORY_LIMIT_GIB, dominant_kernels=fast["kernels"], ceilings=ceilings,
+        l40s_datasheet=L40S, l40s_time_factor=scale, study=STUDY,
+        projection=dict(this_gpu_fastest=here, this_gpu_fp32=here_fp32, six_l40s=l40s,
+                        six_l40s_pessimistic_cfc=l40s_pessimistic),
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

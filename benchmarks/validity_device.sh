@@ -6,20 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1; shift
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-# The package from this tree, as an install lays it out (conf/ and workflows/ inside it), and its commands.
-ln -sfn ../conf perception/conf && ln -sfn ../workflows perception/workflows
-mkdir -p /tmp/site/bin
-while read -r name module; do
-  printf '#!/bin/sh\nexec python3 -m %s "$@"\n' "$module" > "/tmp/site/bin/$name" && chmod +x "/tmp/site/bin/$name"
-done <<'COMMANDS'
-perception-sweep perception.sweep.cli
-perception-train perception.train.cli
-perception-data perception.train.data_cli
-perception-gate perception.gate.cli
-COMMANDS
-export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
-perception-sweep --help >/dev/null || { echo "perception-sweep does not start"; exit 1; }
+source benchmarks/device_setup.sh || exit 1
 mkdir -p "$out"
 [ -f benchmarks/results/validity_runs.jsonl ] && cp benchmarks/results/validity_runs.jsonl "$out/"
 export PERCEPTION_VALIDITY_RESULTS=$out

@@ -32,7 +32,7 @@ GPU_UTILIZATION = "system/gpu_0_utilization_percentage"  # a training pod has on
 AGREED_PARAMS = ("data_hash", "git_sha", "trainer.epochs", "data.n_folds",
                  "data.window", "data.window_stride", "data.horizons")
 # Absent in runs made before the field existed: they read as this value (DESIGN §6).
-DEFAULTED_PARAMS = {"trainer.precision": "fp32"}
+DEFAULTED_PARAMS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
 # Per-epoch learning-signal diagnostics (DESIGN §6); runs made before them read "not measured".
 DIAGNOSTICS = ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
                "query_divergence", "attention_entropy_ratio", "query_drift")

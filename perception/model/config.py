@@ -17,6 +17,11 @@ class OpsBackend(str, Enum):
     cuda = "cuda"
 
 
+class SSDBackend(str, Enum):
+    chunked = "chunked"  # the chunked SSD in PyTorch (any device; deterministic)
+    fla = "fla"  # fla-core's Triton kernels (CUDA; saves q, k, v, g only): perception/model/ssd_fla.py
+
+
 @dataclass
 class VSNConfig:
     d_var: int = 8  # per-variable width; a TFT VSN at width D would hold [B, K, F, D]
@@ -30,6 +35,7 @@ class MambaConfig:
     expand: int = 2
     d_conv: int = 4
     chunk: int = 128  # the chunk's [chunk x chunk] decay matrices dominate activation memory
+    ssd: SSDBackend = SSDBackend.chunked
 
 
 @dataclass

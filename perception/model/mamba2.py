@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perception.enums import as_enum
 from perception.errors import ConfigError
+from perception.model.config import SSDBackend
 from perception.model.init import init_linear, uniform_
 
 
@@ -92,8 +94,14 @@ def ssd_scan_sequential(
 class Mamba2Mixer(nn.Module):
     """in_proj -> [z, xBC, dt]; causal depthwise conv + SiLU on xBC; SSD; gated RMSNorm; out_proj."""
 
-    def __init__(self, d_model: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int):
+    def __init__(self, d_model: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int,
+                 ssd: str = "chunked"):
         super().__init__()
+        self.ssd = as_enum(SSDBackend, ssd, "model.mamba.ssd")
+        if self.ssd is SSDBackend.fla:
+            from perception.model.ssd_fla import require_fla
+
+            require_fla()
         d_inner = expand * d_model
         if d_inner % headdim:
             raise ConfigError(
@@ -139,14 +147,20 @@ class Mamba2Mixer(nn.Module):
         x, B, C = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, K, heads)
         A = -torch.exp(self.A_log)  # (heads,)
-        y = ssd_scan(x.reshape(b, k, self.n_heads, self.headdim), dt, A, B, C, self.D, self.chunk)
+        x = x.reshape(b, k, self.n_heads, self.headdim)
+        if self.ssd is SSDBackend.fla:
+            from perception.model.ssd_fla import ssd_scan_fla
+
+            y = ssd_scan_fla(x, dt, A, B, C, self.D)
+        else:
+            y = ssd_scan(x, dt, A, B, C, self.D, self.chunk)
         y = y.reshape(b, k, self.d_inner) * F.silu(z)
         y = F.rms_norm(y, (self.d_inner,), self.norm_weight, eps=1e-5)
         return self.out_proj(y)
 
 
 class Mamba2Block(nn.Module):
-    def __init__(self, d_model: int, **mixer_kwargs: int):
+    def __init__(self, d_model: int, **mixer_kwargs):
         super().__init__()
         self.norm = nn.RMSNorm(d_model, eps=1e-5)
         self.mixer = Mamba2Mixer(d_model, **mixer_kwargs)
@@ -162,10 +176,11 @@ class Mamba2Block(nn.Module):
 class Mamba2(nn.Module):
     """L pre-norm residual Mamba2 blocks: (B, K, D) -> (B, K, D)."""
 
-    def __init__(self, d_model: int, n_layers: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int):
+    def __init__(self, d_model: int, n_layers: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int,
+                 ssd: str = "chunked"):
         super().__init__()
         self.layers = nn.ModuleList(
-            Mamba2Block(d_model, d_state=d_state, headdim=headdim, expand=expand, d_conv=d_conv, chunk=chunk)
+            Mamba2Block(d_model, d_state=d_state, headdim=headdim, expand=expand, d_conv=d_conv, chunk=chunk, ssd=ssd)
             for _ in range(n_layers)
         )
 

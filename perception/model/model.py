@@ -43,7 +43,8 @@ class PerceptionModel(nn.Module):
 
         with torch.random.fork_rng(devices=[]):  # module constructors must not move the global RNG
             self.vsn = VSN(self.n_features, int(cfg.vsn.d_var), d)
-            self.mamba = Mamba2(d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk))
+            self.mamba = Mamba2(d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk),
+                                getattr(m, "ssd", "chunked"))
             self.ln_b = nn.LayerNorm(d)
             self.pool = AttentionPool(self.n_queries, d, per_horizon, backend)
             self.inv_pool = InvertedPool(backend) if cfg.inverted_pool else None

@@ -56,7 +56,7 @@ def test_missing_predictions(gate_store, tmp_path):
 
 @pytest.mark.parametrize("param,value", [("data_hash", "0ther"), ("seed", "1"), ("git_sha", "fff"),
                                          ("trainer.epochs", "3"), ("data.n_folds", "4"),
-                                         ("trainer.precision", "bf16")])
+                                         ("trainer.precision", "bf16"), ("model.mamba.ssd", "fla")])
 def test_runs_that_disagree_are_refused(gate_store, tmp_path, param, value):
     spec = SweepSpec(mu_a=BASE, mu_b=BASE, param_override={("per_horizon", 0): {param: value}})
     outcome, _ = refused(gate_store, tmp_path, f"mismatch-{param}", spec)

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
+#   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
+#   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
+# Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$1 mode=$2
+mkdir -p "$out"
+source benchmarks/device_setup.sh || exit 1
+export PERCEPTION_RESULTS=$out
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+python3 -c "import torch, triton, fla; print('torch', torch.__version__, 'triton', triton.__version__, 'fla', fla.__version__)"
+SECONDS=0
+python3 -m perception.ops.build > "$out/build.log" 2>&1 || { tail -20 "$out/build.log"; exit 1; }
+echo "build: ${SECONDS} s"
+status=0
+if [ "$mode" = speed ]; then
+  timeout 420 python3 benchmarks/train_step.py --out "$out/train_step.json" --compiled bf16 --fla tf32,bf16 \
+    2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
+  echo "train_step: ${SECONDS} s"
+  timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
+  status=$(( status ? status : PIPESTATUS[0] ))
+  echo "tests: ${SECONDS} s"
+else
+  timeout 200 python3 benchmarks/model_step.py --device cuda --variants per_horizon --precision bf16 --compile-trunk \
+    --ssd fla --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
+  echo "model_step: ${SECONDS} s"
+  timeout 200 python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
+    --settings tf32 bf16 tf32+compiled bf16+compiled bf16+compiled+fla tf32+compiled+fla 2>&1 | tr '\r' '\n' | tail -16
+  echo "quality local: ${SECONDS} s"
+  timeout 240 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
+    --settings bf16+compiled+fla tf32+compiled+fla --tag precision_quality_production_short -- \
+    data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 2>&1 | tr '\r' '\n' | tail -12
+  echo "quality production-K: ${SECONDS} s"
+fi
+exit "$status"
