@@ -68,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="trainer.precision")
     p.add_argument("--compile-trunk", action="store_true", help="model.compile_trunk (the first repeat compiles)")
     p.add_argument("--ssd", default="chunked", choices=["chunked", "fla"], help="model.mamba.ssd")
+    p.add_argument("--chunk", type=int, default=MambaConfig().chunk, help="model.mamba.chunk")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 3 on cuda, 5 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: benchmarks/results/model_step_<device>.json)")
@@ -88,7 +89,7 @@ def build(args, variant: str, device: torch.device):
         inverted_pool=args.inverted_pool, ops=args.ops, activation_checkpointing=args.activation_checkpointing,
         compile_trunk=args.compile_trunk,
     )
-    cfg.mamba.ssd = args.ssd
+    cfg.mamba.ssd, cfg.mamba.chunk = args.ssd, args.chunk
     model = PerceptionModel(cfg, args.features, HORIZONS, seed=0).to(device)
     g = torch.Generator().manual_seed(1)
     b, k, f, h = args.batch, args.window, args.features, len(HORIZONS)
@@ -245,7 +246,7 @@ def print_table(report: dict) -> None:
     print(f"\nmodel step, {report['machine']}: B={report['batch']} K={report['window']} D={report['d_model']} "
           f"F={report['features']} H={len(HORIZONS)} ops={report['ops']} "
           f"checkpointing={report['activation_checkpointing']} precision={report.get('precision', 'fp32')} "
-          f"compiled={report.get('compile_trunk', False)} ssd={report.get('ssd', 'chunked')}; medians of {report['repeats']}")
+          f"compiled={report.get('compile_trunk', False)} ssd={report.get('ssd', 'chunked')} chunk={report.get('chunk', 128)}; medians of {report['repeats']}")
     for r in report["results"]:
         print(f"\n{r['variant']} ({r['params']:,} parameters)")
         print(f"  {'module':<8} {'fwd ms':>10} {'bwd ms':>10} {'saved MiB':>11}")
@@ -318,7 +319,7 @@ def main(argv=None) -> int:
         "benchmark": "model_step", "device": args.device, "machine": machine(device), "batch": args.batch,
         "window": args.window, "d_model": args.d_model, "features": args.features, "horizons": HORIZONS,
         "inverted_pool": args.inverted_pool, "activation_checkpointing": args.activation_checkpointing, "ops": args.ops, "repeats": args.repeats,
-        "precision": args.precision, "compile_trunk": args.compile_trunk, "ssd": args.ssd, "results": [],
+        "precision": args.precision, "compile_trunk": args.compile_trunk, "ssd": args.ssd, "chunk": args.chunk, "results": [],
     }
     for variant in args.variants:
         try:

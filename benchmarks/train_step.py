@@ -41,14 +41,19 @@ TARGET_STEP_MS = 65.0  # the study in about an hour on six L40S: 4x the 266 ms f
 # it; the L40S clocks higher (2.52 vs 1.98 GHz boost) and the kernel is the same, so 1.0; the pessimistic
 # projection doubles it.
 CFC_L40S_FACTOR, CFC_L40S_PESSIMISTIC = 1.0, 2.0
+DEFAULT_CHUNK = MambaConfig().chunk
 
 
-def fla_available() -> bool:
+def fla_refusal() -> str | None:
+    """Why model.mamba.ssd=fla cannot train here, or None."""
+    from perception.errors import ConfigError
+    from perception.model.ssd_fla import require_fla
+
     try:
-        import fla.ops.simple_gla.chunk  # noqa: F401
-    except Exception:
-        return False
-    return True
+        require_fla()
+    except ConfigError as exc:
+        return str(exc)
+    return None
 
 
 def measure_ceilings() -> dict:
@@ -65,9 +70,10 @@ def measure_ceilings() -> dict:
     return dict(copy_gbps=2 * (1 << 29) * 4 / copy_ms / 1e6, fp32_tflops=2 * 8192**3 / mm_ms / 1e9)
 
 
-def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False, ssd: str = "chunked"):
-    cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled,
-                      mamba=MambaConfig(ssd=ssd))
+def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False, ssd: str = "chunked",
+          chunk: int | None = None):
+    mamba = MambaConfig(ssd=ssd) if chunk is None else MambaConfig(ssd=ssd, chunk=chunk)
+    cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled, mamba=mamba)
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
     model.set_dt_scale(1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -100,17 +106,19 @@ def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool 
 def label(row: dict) -> str:
     return (row["ops"] + (f" ({row['cfc_path']})" if row["cfc_path"] else "")
             + (f" {row['precision']}" if row["precision"] != "fp32" else "") + (" compiled" if row["compiled"] else "")
-            + (" fla" if row["ssd"] == "fla" else "") + (" [profiled]" if "kernels" in row else ""))
+            + (" fla" if row["ssd"] == "fla" else "") + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
+            + (" [profiled]" if "kernels" in row else ""))
 
 
 def measure(args, ops: str, variant: str, reps: int, path: str | None = None, precision: str = "fp32",
-            compiled: bool = False, ssd: str = "chunked", profile: bool = False) -> dict:
+            compiled: bool = False, ssd: str = "chunked", profile: bool = False, chunk: int | None = None) -> dict:
     """Median step and eval time and peak memory; with `profile`, also the CUDA time of every kernel
     over one step and one eval, and the CfC scan's share of each."""
     if path:
         os.environ["PERCEPTION_CFC_PATH"] = path
     torch._dynamo.reset()  # every row compiles afresh, never into the recompile limit
-    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd)
+    chunk = chunk or DEFAULT_CHUNK
+    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd, chunk)
     train_step()  # warm-up: autotuning, compilation, allocator
     model.eval()
     eval_step()
@@ -122,7 +130,7 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None, pr
     model.eval()
     eval_ms = median_ms(eval_step, reps)
     model.train()
-    row = dict(variant=variant, ops=ops, cfc_path=path, precision=precision, compiled=compiled, ssd=ssd,
+    row = dict(variant=variant, ops=ops, cfc_path=path, precision=precision, compiled=compiled, ssd=ssd, chunk=chunk,
                step_ms=step_ms, eval_ms=eval_ms, peak_gib=peak)
     if profile:
         row["kernels"], row["cfc_step_ms"] = kernel_times(train_step)
@@ -178,6 +186,7 @@ def main() -> None:
     parser.add_argument("--ref-reps", type=int, default=2)
     parser.add_argument("--precisions", default="tf32,bf16", help="eager kernel-path rows beyond fp32")
     parser.add_argument("--compiled", default="tf32,bf16", help="precisions of the model.compile_trunk rows ('' for none)")
+    parser.add_argument("--chunks", default="", help="further model.mamba.chunk values for the compiled rows, e.g. 64,32")
     parser.add_argument("--fla", default="tf32,bf16",
                         help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)")
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
@@ -195,18 +204,19 @@ def main() -> None:
     for precision in [p for p in listed(args.precisions) if p != "fp32"]:
         rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision))
     for precision in listed(args.compiled):
-        rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True))
-    if fla_available():
+        for chunk in [DEFAULT_CHUNK, *map(int, listed(args.chunks))]:
+            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk))
+    refusal = fla_refusal() if listed(args.fla) else None
+    if refusal is None:
         for precision in listed(args.fla):
             rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, ssd="fla"))
-    elif listed(args.fla):
-        print("  (no fla-core here: the model.mamba.ssd=fla rows are skipped)")
+    else:
+        print(f"  (model.mamba.ssd=fla rows skipped: {refusal})")
 
     best = min((r for r in rows if r["ops"] == "cuda"), key=lambda r: r["step_ms"])
-    fast = measure(args, "cuda", "per_horizon", args.reps, precision=best["precision"], compiled=best["compiled"],
-                   ssd=best["ssd"], profile=True)  # the fastest setting again, under the profiler
-    portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", precision=best["precision"],
-                       compiled=best["compiled"], ssd=best["ssd"], profile=True)
+    setting = dict(precision=best["precision"], compiled=best["compiled"], ssd=best["ssd"], chunk=best["chunk"])
+    fast = measure(args, "cuda", "per_horizon", args.reps, profile=True, **setting)  # again, under the profiler
+    portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", profile=True, **setting)
     rows += [fast, portable]
 
     ref, fp32 = rows[0], rows[1]

@@ -16,22 +16,22 @@ python3 -m perception.ops.build > "$out/build.log" 2>&1 || { tail -20 "$out/buil
 echo "build: ${SECONDS} s"
 status=0
 if [ "$mode" = speed ]; then
-  timeout 420 python3 benchmarks/train_step.py --out "$out/train_step.json" --compiled bf16 --fla tf32,bf16 \
+  timeout 400 python3 benchmarks/train_step.py --out "$out/train_step.json" --compiled bf16 --chunks 64,32 --fla bf16 \
     2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
   echo "train_step: ${SECONDS} s"
-  timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
+  timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
   status=$(( status ? status : PIPESTATUS[0] ))
   echo "tests: ${SECONDS} s"
 else
   timeout 200 python3 benchmarks/model_step.py --device cuda --variants per_horizon --precision bf16 --compile-trunk \
-    --ssd fla --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
+    --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
   timeout 200 python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
-    --settings tf32 bf16 tf32+compiled bf16+compiled bf16+compiled+fla tf32+compiled+fla 2>&1 | tr '\r' '\n' | tail -16
+    --settings tf32 bf16 tf32+compiled bf16+compiled 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
   timeout 240 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
-    --settings bf16+compiled+fla tf32+compiled+fla --tag precision_quality_production_short -- \
-    data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 2>&1 | tr '\r' '\n' | tail -12
+    --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \
+    data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 model.mamba.chunk="${CHUNK:-64}" 2>&1 | tr '\r' '\n' | tail -12
   echo "quality production-K: ${SECONDS} s"
 fi
 exit "$status"

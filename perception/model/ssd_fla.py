@@ -24,14 +24,31 @@ FLA_REQUIREMENT = "fla-core==0.6.0"  # internal entry points below are pinned to
 
 
 def require_fla() -> None:
-    """Raise a ConfigError naming the key when fla-core or Triton cannot be imported."""
+    """Raise a ConfigError naming the key when fla-core or Triton cannot be imported, or when this
+    machine's GPU and Triton miscompile fla's backward."""
     try:
         import fla.ops.simple_gla.chunk  # noqa: F401
+        import triton
     except Exception as exc:  # ImportError, or Triton failing to find a driver
         raise ConfigError(
             f"model.mamba.ssd=fla needs {FLA_REQUIREMENT} and Triton on a CUDA machine "
             f"(pip install 'perception[gpu]'); importing it failed: {exc}. Use model.mamba.ssd=chunked."
         ) from None
+    if hopper_miscompiles(triton.__version__):
+        raise ConfigError(
+            f"model.mamba.ssd=fla: Triton {triton.__version__} miscompiles fla-core's gated backward "
+            f"(chunk_bwd_dqkwg at d_state 64) on Hopper GPUs such as this "
+            f"{torch.cuda.get_device_name()} (fla-org/flash-linear-attention#640; fixed in Triton 3.7.1). "
+            f"Use model.mamba.ssd=chunked on this GPU, or Triton >= 3.7.1."
+        )
+
+
+def hopper_miscompiles(triton_version: str) -> bool:
+    """True on an sm_90 GPU with 3.4.0 <= Triton < 3.7.1, where fla-core itself refuses the backward."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return False
+    parts = tuple(int(p) for p in triton_version.split("+")[0].split(".")[:3] if p.isdigit())
+    return (3, 4, 0) <= parts < (3, 7, 1)
 
 
 def _cumsum(g: torch.Tensor, reverse: bool = False, scale: float | None = None) -> torch.Tensor:

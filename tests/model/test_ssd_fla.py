@@ -13,7 +13,7 @@ from perception.errors import ConfigError
 from perception.model import ModelConfig, PerceptionModel
 from perception.model.config import MambaConfig
 from perception.model.mamba2 import Mamba2Block, ssd_scan, ssd_scan_sequential
-from perception.model.ssd_fla import ssd_scan_fla
+from perception.model.ssd_fla import hopper_miscompiles, require_fla, ssd_scan_fla
 
 
 def _inputs(b=2, k=200, h=4, p=16, n=32, device="cpu", seed=0):
@@ -42,27 +42,58 @@ def test_the_fla_scan_refuses_cpu_tensors():
         ssd_scan_fla(*[t.float() for t in _inputs(k=8)])
 
 
+def _fla_refusal() -> str | None:
+    try:
+        require_fla()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 @pytest.fixture
 def fla():
-    pytest.importorskip("fla.ops.simple_gla.chunk", reason="model.mamba.ssd=fla needs fla-core")
+    refusal = _fla_refusal()
+    if refusal is not None:
+        pytest.skip(refusal)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_hopper_with_a_triton_that_miscompiles_fla_is_refused_before_training():
+    triton = pytest.importorskip("triton")
+    pytest.importorskip("fla.ops.simple_gla.chunk")
+    refusal = _fla_refusal()
+    if hopper_miscompiles(triton.__version__):
+        assert refusal is not None and "fla-org/flash-linear-attention#640" in refusal
+        with pytest.raises(ConfigError, match="model.mamba.ssd=fla: Triton"):
+            PerceptionModel(ModelConfig(mamba=MambaConfig(ssd="fla")), n_features=4, horizons=[2], seed=0)
+    else:
+        assert refusal is None
 
 
 @pytest.mark.parametrize("k", [200, 256, 1000])
-@pytest.mark.usefixtures("fla")
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_fla_scan_equals_the_recurrence_and_its_gradients_the_chunked_ones(k):
+def test_the_fla_scan_equals_the_recurrence(k):
+    pytest.importorskip("fla.ops.simple_gla.chunk", reason="model.mamba.ssd=fla needs fla-core")
     inputs = _inputs(k=k, device="cuda")
     want = ssd_scan_sequential(*inputs)  # fp64
-    leaves32 = [t.float().requires_grad_() for t in inputs]
-    got = ssd_scan_fla(*leaves32)
+    got = ssd_scan_fla(*[t.float() for t in inputs])
     # fla's dots on fp32 inputs run in TF32 (Triton's default): about 1e-3 relative
     assert (got.double() - want).abs().max() / want.abs().max() < 5e-3
 
-    grad = torch.randn_like(want)
+
+@pytest.mark.parametrize("k", [200, 1000])
+@pytest.mark.usefixtures("fla")
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_fla_scan_gradients_equal_the_chunked_ones(k):
+    inputs = _inputs(k=k, device="cuda")
+    leaves32 = [t.float().requires_grad_() for t in inputs]
     leaves64 = [t.clone().requires_grad_() for t in inputs]
+    grad = torch.randn(inputs[0].shape, dtype=torch.float64, device="cuda")
     ssd_scan(*leaves64, chunk=64).backward(grad)
-    got.backward(grad.float())
+    ssd_scan_fla(*leaves32).backward(grad.float())
     for name, a, b in zip(("x", "dt", "A", "B", "C", "D"), leaves32, leaves64):
         scale = b.grad.abs().max().item()
         err = (a.grad.double() - b.grad).abs().max().item()
