@@ -23,13 +23,13 @@ if [ "$mode" = speed ]; then
   status=$(( status ? status : PIPESTATUS[0] ))
   echo "tests: ${SECONDS} s"
 else
-  timeout 200 python3 benchmarks/model_step.py --device cuda --variants per_horizon --precision bf16 --compile-trunk \
+  timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
-  timeout 200 python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
+  timeout 180 python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
     --settings tf32 bf16 tf32+compiled bf16+compiled 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
-  timeout 240 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
+  timeout 210 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
     --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \
     data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 model.mamba.chunk="${CHUNK:-64}" 2>&1 | tr '\r' '\n' | tail -12
   echo "quality production-K: ${SECONDS} s"
