@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cuda_timing import cuda_median_ms as median_ms  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
 from perception.model.config import MambaConfig  # noqa: E402
+from perception.model.ssd_fla import fla_refusal  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
@@ -42,18 +43,6 @@ TARGET_STEP_MS = 65.0  # the study in about an hour on six L40S: 4x the 266 ms f
 # projection doubles it.
 CFC_L40S_FACTOR, CFC_L40S_PESSIMISTIC = 1.0, 2.0
 DEFAULT_CHUNK = MambaConfig().chunk
-
-
-def fla_refusal() -> str | None:
-    """Why model.mamba.ssd=fla cannot train here, or None."""
-    from perception.errors import ConfigError
-    from perception.model.ssd_fla import require_fla
-
-    try:
-        require_fla()
-    except ConfigError as exc:
-        return str(exc)
-    return None
 
 
 def measure_ceilings() -> dict:

@@ -43,6 +43,15 @@ def require_fla() -> None:
         )
 
 
+def fla_refusal() -> str | None:
+    """Why model.mamba.ssd=fla cannot train here (require_fla's message), or None."""
+    try:
+        require_fla()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def hopper_miscompiles(triton_version: str) -> bool:
     """True on an sm_90 GPU with 3.4.0 <= Triton < 3.7.1, where fla-core itself refuses the backward."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:

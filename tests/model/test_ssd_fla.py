@@ -13,7 +13,7 @@ from perception.errors import ConfigError
 from perception.model import ModelConfig, PerceptionModel
 from perception.model.config import MambaConfig
 from perception.model.mamba2 import Mamba2Block, ssd_scan, ssd_scan_sequential
-from perception.model.ssd_fla import hopper_miscompiles, require_fla, ssd_scan_fla
+from perception.model.ssd_fla import fla_refusal, hopper_miscompiles, ssd_scan_fla
 
 
 def _inputs(b=2, k=200, h=4, p=16, n=32, device="cpu", seed=0):
@@ -42,17 +42,9 @@ def test_the_fla_scan_refuses_cpu_tensors():
         ssd_scan_fla(*[t.float() for t in _inputs(k=8)])
 
 
-def _fla_refusal() -> str | None:
-    try:
-        require_fla()
-    except ConfigError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.fixture
 def fla():
-    refusal = _fla_refusal()
+    refusal = fla_refusal()
     if refusal is not None:
         pytest.skip(refusal)
 
@@ -62,7 +54,7 @@ def fla():
 def test_hopper_with_a_triton_that_miscompiles_fla_is_refused_before_training():
     triton = pytest.importorskip("triton")
     pytest.importorskip("fla.ops.simple_gla.chunk")
-    refusal = _fla_refusal()
+    refusal = fla_refusal()
     if hopper_miscompiles(triton.__version__):
         assert refusal is not None and "fla-org/flash-linear-attention#640" in refusal
         with pytest.raises(ConfigError, match="model.mamba.ssd=fla: Triton"):
