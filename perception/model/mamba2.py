@@ -15,6 +15,7 @@ from perception.enums import as_enum
 from perception.errors import ConfigError
 from perception.model.config import SSDBackend
 from perception.model.init import init_linear, uniform_
+from perception.model.ssd_fla import require_fla, ssd_scan_fla
 
 
 def segment_sums(a: torch.Tensor) -> torch.Tensor:
@@ -99,8 +100,6 @@ class Mamba2Mixer(nn.Module):
         super().__init__()
         self.ssd = as_enum(SSDBackend, ssd, "model.mamba.ssd")
         if self.ssd is SSDBackend.fla:
-            from perception.model.ssd_fla import require_fla
-
             require_fla()
         d_inner = expand * d_model
         if d_inner % headdim:
@@ -149,8 +148,6 @@ class Mamba2Mixer(nn.Module):
         A = -torch.exp(self.A_log)  # (heads,)
         x = x.reshape(b, k, self.n_heads, self.headdim)
         if self.ssd is SSDBackend.fla:
-            from perception.model.ssd_fla import ssd_scan_fla
-
             y = ssd_scan_fla(x, dt, A, B, C, self.D)
         else:
             y = ssd_scan(x, dt, A, B, C, self.D, self.chunk)
