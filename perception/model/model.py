@@ -60,7 +60,8 @@ class PerceptionModel(nn.Module):
             module.reset_parameters(module_generator(seed, name + (twin if name in ARM_MODULES else "")))
         self.ln_b.reset_parameters()  # ones / zeros: nothing to draw
         if getattr(cfg, "compile_trunk", False):
-            for module in (self.vsn, *self.mamba.layers):
+            self.vsn.compile_regions()
+            for module in self.mamba.layers:
                 module.compile(dynamic=False)  # in place: parameter names and checkpoints unchanged
 
     @property

@@ -64,6 +64,17 @@ class GRN(nn.Module):
         return self.norm(self.skip(a) + h)
 
 
+def embed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x: (B, K, F), w, b: (F, d_v) -> (B, K, F, d_v): Linear(1 -> d_v) per variable."""
+    return x.unsqueeze(-1) * w + b
+
+
+def select(logits: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: (B, K, F), xi: (B, K, F, d_v) -> the weighted variables (B, K, F * d_v) and v (B, K, F)."""
+    v = torch.softmax(logits, dim=-1)
+    return (v.unsqueeze(-1) * xi).flatten(-2), v
+
+
 class VSN(nn.Module):
     """x: (B, K, F) -> (B, K, D), plus the selection weights v: (B, K, F)."""
 
@@ -75,6 +86,17 @@ class VSN(nn.Module):
         self.var_grn = GroupedGRN(n_features, d_var)
         self.select_grn = GRN(n_features * d_var, d_model, n_features)
         self.out = nn.Linear(n_features * d_var, d_model)
+        self._embed, self._select = embed, select
+
+    def compile_regions(self) -> None:
+        """torch.compile (static shapes) in four regions: embed, the variable GRNs, the selection GRN and the
+        weighting. One region for the whole VSN returned wrong gradients at production size on an H200
+        (torch 2.11 Inductor; B=4, K=6000: the selection GRN's and the embedding's gradients off by 1e2-1e5
+        relative, right at K=600); the four regions match eager (benchmarks/compile_check.py)."""
+        self._embed = torch.compile(embed, dynamic=False)
+        self._select = torch.compile(select, dynamic=False)
+        self.var_grn.compile(dynamic=False)  # in place: parameter names and checkpoints unchanged
+        self.select_grn.compile(dynamic=False)
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         uniform_(self.embed_w, 1.0, gen)  # fan_in 1
@@ -84,8 +106,7 @@ class VSN(nn.Module):
         init_linear(self.out, gen)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        e = x.unsqueeze(-1) * self.embed_w + self.embed_b  # (B, K, F, d_v)
+        e = self._embed(x, self.embed_w, self.embed_b)  # (B, K, F, d_v)
         xi = self.var_grn(e)  # (B, K, F, d_v)
-        v = torch.softmax(self.select_grn(e.flatten(-2)), dim=-1)  # (B, K, F)
-        selected = (v.unsqueeze(-1) * xi).flatten(-2)  # (B, K, F * d_v)
+        selected, v = self._select(self.select_grn(e.flatten(-2)), xi)  # (B, K, F * d_v), (B, K, F)
         return self.out(selected), v

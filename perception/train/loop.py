@@ -30,7 +30,7 @@ from perception.train.run_record import RunRecord, write_config
 from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
-from perception.train.validate import check_before_work, check_trunk_compile, resolve_device
+from perception.train.validate import check_before_work, resolve_device
 
 DONE_FILE = "done.json"
 
@@ -100,7 +100,6 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     from perception.model.checkpoint import load_model, load_trunk, save_model
 
     device = resolve_device(cfg.trainer.device)
-    check_trunk_compile(bool(getattr(cfg.model, "compile_trunk", False)), device)
     _set_determinism(cfg, device)
 
     # ---- data ------------------------------------------------------------------------------

@@ -70,24 +70,6 @@ def resolve_device(device) -> torch.device:
     return torch.device(name)
 
 
-# Measured on an H200 (torch 2.11, Triton 3.6): the compiled VSN's backward is wrong at production size
-# (input gradient off by 1e5 relative; eager and CPU-compiled agree to 1e-6), and production-K runs
-# trained compiled lose 0.03-0.22 AUC against fp32 (benchmarks/results/compile_check_h200.txt,
-# precision_quality_production_short_compiled.json). CPU compilation matches eager.
-COMPILE_ON_CUDA_REFUSAL = (
-    "model.compile_trunk=true is refused on CUDA: the compiled VSN's gradients were measured wrong at "
-    "production size on an H200 (torch 2.11), and runs trained that way lost up to 0.22 validation AUC; "
-    "`pytest -m cuda tests/model/test_compile_trunk.py` is the check to pass before lifting this. "
-    "Use model.compile_trunk=false on CUDA."
-)
-
-
-def check_trunk_compile(compile_trunk: bool, device: torch.device) -> None:
-    """A ConfigError for a compiled trunk on CUDA (COMPILE_ON_CUDA_REFUSAL); CPU compilation is exact."""
-    if compile_trunk and device.type == "cuda":
-        raise ConfigError(COMPILE_ON_CUDA_REFUSAL)
-
-
 def _positive(key: str, value) -> None:
     if not (isinstance(value, int) and value >= 1):
         raise ConfigError(f"{key}={value}: expected a positive integer")

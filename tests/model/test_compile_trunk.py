@@ -74,13 +74,3 @@ def test_the_compiled_trunk_matches_eager_at_production_size_on_cuda(chunk):
             report.append(f"{name} {what}: max rel error {rel:.2e}")
     print("\n".join(report))
     assert all(float(line.rsplit(" ", 1)[1]) < 1e-3 for line in report), "\n".join(report)
-
-
-def test_a_compiled_trunk_is_refused_on_cuda_and_allowed_on_cpu():
-    from perception.errors import ConfigError
-    from perception.train.validate import check_trunk_compile
-
-    with pytest.raises(ConfigError, match=r"model.compile_trunk=true is refused on CUDA: the compiled VSN's gradients"):
-        check_trunk_compile(True, torch.device("cuda"))
-    check_trunk_compile(True, torch.device("cpu"))  # exact on CPU (the test above)
-    check_trunk_compile(False, torch.device("cuda"))
