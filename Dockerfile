@@ -44,6 +44,13 @@ RUN if getent passwd 1000 > /dev/null; then userdel --remove "$(getent passwd 10
  && useradd --uid 1000 --user-group --create-home --home-dir /home/perception --shell /bin/bash perception \
  && mkdir -p /perception-home/cache /perception-home/runs \
  && chown -R 1000:1000 /perception-home
+# Triton (the compiled trunk that experiment=production trains with, and fla-core) builds a small C
+# launcher per kernel at run time with the host C compiler, and the runtime base image has none; nvcc
+# stays out. The base image's Ubuntu release pins the versions.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
 COPY --from=build /src/perception/ops/lib /opt/perception-ops-lib
 # torch stays the base image's (it satisfies torch>=2.4); the gpu extra adds fla-core (Triton SSD

@@ -1,5 +1,6 @@
 """The image definitions: hadolint-clean, and the training image keeps its contract with the
-cluster (prebuilt kernels, no compiler at run time, uid 1000, perception-train entrypoint)."""
+cluster (prebuilt kernels, no nvcc at run time, a host C compiler for Triton, uid 1000,
+perception-train entrypoint)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,17 @@ def test_runtime_stage_carries_the_library_and_no_compiler():
     assert checks and min(checks) > user_at
     assert "{'8.9', '9.0'} <= set(m['archs']" in runs
     assert "! command -v nvcc" in runs
+
+
+def test_runtime_stage_has_the_c_compiler_triton_launches_kernels_with():
+    """torch.compile's Triton kernels (experiment=production compiles the trunk) and fla-core's need a host
+    C compiler at run time; the pytorch runtime base image has none (pytorch/pytorch#116696)."""
+    _, runtime = stages(REPO / "Dockerfile")
+    user_at = runtime.index(("USER", "1000:1000"))
+    installs = [i for i, (ins, args) in enumerate(runtime)
+                if ins == "RUN" and re.search(r"apt-get install -y --no-install-recommends [^&]*\bgcc\b", args)]
+    assert installs and max(installs) < user_at  # as root, before the pods' user
+    assert "rm -rf /var/lib/apt/lists/*" in runtime[installs[0]][1]
 
 
 def test_runtime_contract_with_the_cluster():
