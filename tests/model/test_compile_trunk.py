@@ -42,35 +42,14 @@ def test_the_compiled_trunk_matches_eager_without_graph_breaks():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("chunk", [64, 128])
 def test_the_compiled_trunk_matches_eager_at_production_size_on_cuda(chunk):
-    """Production widths and K (B small): each compiled module against its eager twin, in training
-    (with gradients) and in evaluation (no_grad), fp32 without TF32."""
+    """Production widths and K (B small): each module of a compile_trunk model against its eager twin, in
+    training (output, input and parameter gradients) and in evaluation, fp32 without TF32."""
+    from benchmarks.compile_check import TOLERANCE, check
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    cfg = dict(d_model=128, ops="ref", mamba=MambaConfig(chunk=chunk))
-    eager = PerceptionModel(ModelConfig(**cfg), n_features=65, horizons=[30, 6000], seed=0).cuda()
-    compiled = PerceptionModel(ModelConfig(**cfg, compile_trunk=True), n_features=65, horizons=[30, 6000], seed=0).cuda()
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(4, 6000, 65, generator=g).cuda()
-    h_in = torch.randn(4, 6000, 128, generator=g).cuda()
-    report = []
-    for name, inp, get in (("vsn", x, lambda m: m.vsn), ("mamba0", h_in, lambda m: m.mamba.layers[0])):
-        outs = {}
-        for label, model in (("eager", eager), ("compiled", compiled)):
-            module = get(model)
-            module.zero_grad(set_to_none=True)
-            leaf = inp.clone().requires_grad_()
-            out = module(leaf)
-            out = out[0] if isinstance(out, tuple) else out
-            out.square().mean().backward()
-            with torch.no_grad():
-                ev = module(inp)
-                ev = ev[0] if isinstance(ev, tuple) else ev
-            grads = [p.grad for _, p in sorted(module.named_parameters())]
-            outs[label] = (out.detach(), leaf.grad, ev, *grads)
-        names = ["train out", "input grad", "eval out"] + [f"grad {n}" for n, _ in sorted(get(eager).named_parameters())]
-        for i, what in enumerate(names):
-            a, b = outs["compiled"][i], outs["eager"][i]
-            rel = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-            report.append(f"{name} {what}: max rel error {rel:.2e}")
+    errors = check("model", batch=4, window=6000, features=65, chunk=chunk, modules=["vsn", "mamba0"])
+    report = [f"{module} {what}: max rel error {e:.2e}" for module, found in errors.items() for what, e in found.items()]
     print("\n".join(report))
-    assert all(float(line.rsplit(" ", 1)[1]) < 1e-3 for line in report), "\n".join(report)
+    assert len(report) > 6  # outputs and gradients of both modules were compared
+    assert all(e < TOLERANCE for found in errors.values() for e in found.values()), "\n".join(report)
