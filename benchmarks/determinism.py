@@ -20,33 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perception.atomic import atomic_write_text  # noqa: E402
 
-HORIZONS = [30, 100, 300, 1000, 6000]
-
 
 def train_and_hash(setting: str, ops: str, batch: int, window: int, features: int, steps: int) -> str:
-    """One process's work: `steps` AdamW steps on one fixed batch; sha256 over every parameter's bytes."""
-    from perception.model import ModelConfig, PerceptionModel, masked_bce
-    from perception.model.config import MambaConfig
-    from perception.train.precision import configure, forward_context
+    """One process's work: `steps` of train_step.py's training step on its one fixed batch (shared pool,
+    chunk 64); sha256 over every parameter's bytes."""
+    from benchmarks.train_step import build
 
     precision, _, compiled = setting.partition("+")
-    device = torch.device("cuda")
-    cfg = ModelConfig(d_model=128, ops=ops, compile_trunk=compiled == "compiled", mamba=MambaConfig(chunk=64))
-    model = PerceptionModel(cfg, n_features=features, horizons=HORIZONS, seed=0).to(device)
-    model.set_dt_scale(1.0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(batch, window, features, generator=g).to(device)
-    dt = torch.exp(0.5 * torch.randn(batch, window, generator=g)).to(device)
-    y = (torch.rand(batch, len(HORIZONS), generator=g) > 0.5).float().to(device)
-    mask = torch.ones(batch, len(HORIZONS), dtype=torch.bool, device=device)
-    configure(precision, device)
+    shape = argparse.Namespace(batch=batch, window=window, features=features, d_model=128)
+    model, train_step, _ = build(shape, ops, "shared", precision, compiled == "compiled", chunk=64)
     for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        with forward_context(precision, device):
-            logits = model(x, dt)
-        masked_bce(logits.float(), y, mask).backward()
-        opt.step()
+        train_step()
     digest = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
         digest.update(name.encode())
