@@ -2,6 +2,7 @@
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
+#   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,12 @@ if [ "$mode" = speed ]; then
   timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
   status=$(( status ? status : PIPESTATUS[0] ))
   echo "tests: ${SECONDS} s"
+elif [ "$mode" = fusion ]; then
+  timeout 300 python3 benchmarks/trunk_fusion.py --precisions "${PRECISIONS:-bf16}" --out "$out/trunk_fusion.json" 2>&1 \
+    | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/trunk_fusion.log" | tail -20 || status=1
+  echo "trunk_fusion: ${SECONDS} s"
+  timeout 150 python3 benchmarks/compile_check.py --ways model --out "$out/compile_check.json" 2>&1 | tail -30 || status=1
+  echo "compile_check: ${SECONDS} s"
 else
   timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14

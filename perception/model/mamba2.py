@@ -92,6 +92,24 @@ def ssd_scan_sequential(
     return torch.stack(ys, dim=1)
 
 
+def causal_conv(xbc: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """xbc: (B, K, C) -> (B, K, C): the causal depthwise convolution as ATen's conv1d over (B, C, K)."""
+    return conv(xbc.transpose(1, 2))[..., : xbc.shape[1]].transpose(1, 2)
+
+
+def causal_conv_shifted(xbc: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """The same convolution as d_conv shifted multiply-adds in (B, K, C): compiled, Inductor fuses it with
+    the split, SiLU and SSD prologue around it, where ATen's depthwise kernels stay separate passes.
+    y[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - d + 1 + j, c]; weights in x's dtype, as conv1d under autocast."""
+    k, d = xbc.shape[1], conv.kernel_size[0]
+    w, bias = conv.weight[:, 0].to(xbc.dtype), conv.bias.to(xbc.dtype)  # (C, d), (C,)
+    padded = F.pad(xbc, (0, 0, d - 1, 0))  # (B, K + d - 1, C), zeros before t = 0
+    out = bias + padded[:, :k] * w[:, 0]
+    for j in range(1, d):
+        out = out + padded[:, j:j + k] * w[:, j]
+    return out
+
+
 class Mamba2Mixer(nn.Module):
     """in_proj -> [z, xBC, dt]; causal depthwise conv + SiLU on xBC; SSD; gated RMSNorm; out_proj."""
 
@@ -118,6 +136,7 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.n_heads))
         self.norm_weight = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+        self._conv = causal_conv
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         """As the reference Mamba2: dt log-uniform in [1e-3, 0.1] (through an inverse softplus),
@@ -142,7 +161,7 @@ class Mamba2Mixer(nn.Module):
         z, xbc, dt = self.in_proj(u).split(
             [self.d_inner, self.d_inner + 2 * self.d_state, self.n_heads], dim=-1
         )
-        xbc = F.silu(self.conv(xbc.transpose(1, 2))[..., :k].transpose(1, 2))  # causal: (B, K, conv_dim)
+        xbc = F.silu(self._conv(xbc, self.conv))  # (B, K, conv_dim)
         x, B, C = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, K, heads)
         A = -torch.exp(self.A_log)  # (heads,)
@@ -165,6 +184,12 @@ class Mamba2Block(nn.Module):
     def reset_parameters(self, gen: torch.Generator) -> None:
         self.norm.reset_parameters()
         self.mixer.reset_parameters(gen)
+
+    def compile_fused(self) -> None:
+        """torch.compile (static shapes, in place: parameter names unchanged) with the convolution in its
+        shifted form, which Inductor fuses."""
+        self.mixer._conv = causal_conv_shifted
+        self.compile(dynamic=False)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         return u + self.mixer(self.norm(u))

@@ -61,8 +61,8 @@ class PerceptionModel(nn.Module):
         self.ln_b.reset_parameters()  # ones / zeros: nothing to draw
         if getattr(cfg, "compile_trunk", False):
             self.vsn.compile_regions()
-            for module in self.mamba.layers:
-                module.compile(dynamic=False)  # in place: parameter names and checkpoints unchanged
+            for block in self.mamba.layers:
+                block.compile_fused()
 
     @property
     def trunk_prefixes(self) -> tuple[str, ...]:

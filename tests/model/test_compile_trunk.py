@@ -9,6 +9,8 @@ from torch._dynamo.utils import counters
 
 from perception.model import ModelConfig, PerceptionModel
 from perception.model.config import MambaConfig
+from perception.model.mamba2 import causal_conv, causal_conv_shifted
+from perception.model.vsn import grouped_linear, grouped_linear_pointwise
 
 
 def _model(compiled: bool) -> PerceptionModel:
@@ -16,6 +18,21 @@ def _model(compiled: bool) -> PerceptionModel:
     model = PerceptionModel(cfg, n_features=6, horizons=[2, 5], seed=0)
     model.set_dt_scale(1.0)
     return model
+
+
+def test_the_fused_forms_equal_the_eager_forms():
+    """What compile_trunk traces instead of eager's einsum and conv1d computes the same function, here in fp64."""
+    g = torch.Generator().manual_seed(0)
+    a, w, b = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((3, 7, 5, 8), (5, 16, 8), (5, 16)))
+    torch.testing.assert_close(grouped_linear_pointwise(a, w, b), grouped_linear(a, w, b), rtol=1e-12, atol=1e-12)
+    conv = torch.nn.Conv1d(6, 6, 4, groups=6, padding=3).double()
+    xbc = torch.randn(2, 9, 6, generator=g, dtype=torch.float64)
+    assert causal_conv_shifted(xbc, conv).shape == (2, 9, 6)
+    torch.testing.assert_close(causal_conv_shifted(xbc, conv), causal_conv(xbc, conv), rtol=1e-12, atol=1e-12)
+    # causal: the output at t reads nothing after t
+    later = xbc.clone()
+    later[:, 5:] += 1.0
+    torch.testing.assert_close(causal_conv_shifted(later, conv)[:, :5], causal_conv_shifted(xbc, conv)[:, :5])
 
 
 def test_the_compiled_trunk_matches_eager_without_graph_breaks():
