@@ -1,8 +1,7 @@
 """Memory-aware variable selection network (TFT-style, DESIGN §3).
 
 Every scalar feature j gets its own width-d_v embedding and GRN, batched over variables with
-grouped weights [F, ...] (one batched GEMM per layer, or fused multiply-adds when compiled; no loop over
-features). A TFT VSN at width D would
+grouped weights [F, ...] (one einsum per layer, no loop over features). A TFT VSN at width D would
 hold [B, K, F, D] tensors (9 GB each at production size); at d_v = 8 they are D/d_v times smaller."""
 
 from __future__ import annotations
@@ -14,22 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from perception.model.init import init_linear, uniform_
-
-
-def grouped_linear(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a: (..., F, i), w: (F, o, i), b: (F, o) -> (..., F, o): one Linear(i -> o) per variable, as one
-    batched GEMM (eager's form)."""
-    return torch.einsum("...fi,foi->...fo", a, w) + b
-
-
-def grouped_linear_pointwise(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same as `grouped_linear`, written as i broadcast multiply-adds. Compiled, Inductor fuses them with
-    the GRN's ELU, GLU and LayerNorm into a few bandwidth-bound kernels; the GEMM form's inner size
-    d_v = 8 leaves its batched GEMMs far from the bandwidth roofline."""
-    out = b + a[..., 0:1] * w[..., 0]  # (..., F, o)
-    for i in range(1, a.shape[-1]):
-        out = out + a[..., i:i + 1] * w[..., i]
-    return out
 
 
 class GroupedGRN(nn.Module):
@@ -44,12 +27,6 @@ class GroupedGRN(nn.Module):
         self.fc2_b = nn.Parameter(torch.empty(n_vars, 2 * d))
         self.ln_w = nn.Parameter(torch.ones(n_vars, d))
         self.ln_b = nn.Parameter(torch.zeros(n_vars, d))
-        self._linear = grouped_linear
-
-    def compile_fused(self) -> None:
-        """torch.compile (static shapes, in place) with the linears in their pointwise form."""
-        self._linear = grouped_linear_pointwise
-        self.compile(dynamic=False)
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         d = self.fc1_w.shape[-1]
@@ -60,8 +37,8 @@ class GroupedGRN(nn.Module):
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         """a: (..., F, d) -> (..., F, d)."""
-        h = self._linear(a, self.fc1_w, self.fc1_b)  # (..., F, d)
-        h = self._linear(F.elu(h), self.fc2_w, self.fc2_b)  # (..., F, 2d)
+        h = torch.einsum("...fi,foi->...fo", a, self.fc1_w) + self.fc1_b  # (..., F, d)
+        h = torch.einsum("...fi,foi->...fo", F.elu(h), self.fc2_w) + self.fc2_b  # (..., F, 2d)
         h = F.glu(h, dim=-1)  # (..., F, d)
         out = F.layer_norm(a + h, a.shape[-1:])
         return out * self.ln_w + self.ln_b
@@ -113,12 +90,12 @@ class VSN(nn.Module):
 
     def compile_regions(self) -> None:
         """torch.compile (static shapes) in four regions: embed, the variable GRNs, the selection GRN and the
-        weighting, the variable GRNs' linears in their pointwise form (`grouped_linear_pointwise`). One region for the whole VSN returned wrong gradients at production size on an H200
+        weighting. One region for the whole VSN returned wrong gradients at production size on an H200
         (torch 2.11 Inductor; B=4, K=6000: the selection GRN's and the embedding's gradients off by 1e2-1e5
         relative, right at K=600); the four regions match eager (benchmarks/compile_check.py)."""
         self._embed = torch.compile(embed, dynamic=False)
         self._select = torch.compile(select, dynamic=False)
-        self.var_grn.compile_fused()  # in place: parameter names and checkpoints unchanged
+        self.var_grn.compile(dynamic=False)  # in place: parameter names and checkpoints unchanged
         self.select_grn.compile(dynamic=False)
 
     def reset_parameters(self, gen: torch.Generator) -> None:
