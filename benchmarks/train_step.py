@@ -175,7 +175,7 @@ def main() -> None:
     parser.add_argument("--ref-reps", type=int, default=2)
     parser.add_argument("--precisions", default="tf32,bf16", help="eager kernel-path rows beyond fp32")
     parser.add_argument("--compiled", default="tf32,bf16", help="precisions of the model.compile_trunk rows ('' for none)")
-    parser.add_argument("--chunks", default="", help="further model.mamba.chunk values for the compiled rows, e.g. 64,32")
+    parser.add_argument("--chunks", default=str(DEFAULT_CHUNK), help="model.mamba.chunk values of the compiled rows, e.g. 128,64")
     parser.add_argument("--fla", default="tf32,bf16",
                         help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)")
     parser.add_argument("--project", default="", help="profile and project the fastest row at this precision "
@@ -195,7 +195,7 @@ def main() -> None:
     for precision in [p for p in listed(args.precisions) if p != "fp32"]:
         rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision))
     for precision in listed(args.compiled):
-        for chunk in [DEFAULT_CHUNK, *map(int, listed(args.chunks))]:
+        for chunk in map(int, listed(args.chunks)):
             rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk))
     refusal = fla_refusal() if listed(args.fla) else None
     if refusal is None:

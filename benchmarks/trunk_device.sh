@@ -17,10 +17,16 @@ python3 -m perception.ops.build > "$out/build.log" 2>&1 || { tail -20 "$out/buil
 echo "build: ${SECONDS} s"
 status=0
 if [ "$mode" = speed ]; then
-  timeout 400 python3 benchmarks/train_step.py --out "$out/train_step.json" --compiled tf32,bf16 --chunks 64 --fla bf16 \
+  # the CfC kernels' tests and table first (they changed most), then the step, then every other CUDA test
+  timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_cuda_cfc.py 2>&1 | tee "$out/cuda_tests_cfc.log" | tail -4
+  status=${PIPESTATUS[0]}
+  timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
+  echo "cfc: ${SECONDS} s"
+  timeout 400 python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
+    --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" \
     2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
   echo "train_step: ${SECONDS} s"
-  timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
+  timeout "${TEST_S:-300}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
   status=$(( status ? status : PIPESTATUS[0] ))
   echo "tests: ${SECONDS} s"
 elif [ "$mode" = fusion ]; then

@@ -3,14 +3,17 @@
 // Layout. Batch rows are independent through time, so each row is owned by NCTA thread blocks and no
 // grid-wide sync is ever needed. W_rec and W_out hold 80k fp32 values (320 KiB): more than one SM keeps.
 //  - sm_90 (NCTA = 2, a thread-block cluster): rank r owns units u in [r·D/2, (r+1)·D/2) and hidden
-//    channels d in the same range, i.e. W_rec's rows for its u (in registers) and W_out's 4·D/2 rows for
-//    its d (128 KiB fp32 in shared memory). Each step exchanges z and h halves through distributed shared
-//    memory with two cluster barriers. Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
+//    channels d in the same range, i.e. W_rec's rows for its u and W_out's 4·D/2 rows for its d (128 KiB
+//    fp32), all in registers: each thread keeps the one W_out row (forward) or column slice (backward) it
+//    multiplies, so a step reads no weights from shared memory, whose bandwidth bounded the matvec when
+//    W_out lived there. Each step exchanges z and h halves through distributed shared memory with two
+//    cluster barriers. Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
 //  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers, W_out read from L2
 //    each step (slower, same arithmetic order up to the split of the sums).
 // Backward stores nothing extra from the forward: z and the gate pre-activations are recomputed from h_seq
 // by two GEMMs outside (cfc_autograd.py), and the weight gradients are GEMMs over the per-step gradients
 // this kernel writes, so no atomics: every output element has exactly one writer and every sum a fixed order.
+// Every matvec sums in four interleaved partial sums (fixed order), so no thread waits on one long FMA chain.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -37,6 +40,24 @@ __device__ __forceinline__ float tanh_acc(float x) {
   return copysignf(-e / (e + 2.0f), x);
 }
 __device__ __forceinline__ float sigmoid_acc(float x) { return 0.5f * tanh_acc(0.5f * x) + 0.5f; }
+
+// sum_i w[i]·v[i] over N values (N % 4 == 0), v in shared memory (float4), w a register array or a
+// strided pointer: four partial sums, added as (s0 + s1) + (s2 + s3). A register array needs the loop
+// fully unrolled (UNROLL = N / 4); reads from memory unroll less, so their loads do not pile up in registers.
+template <int N, int UNROLL = N / 4, typename W>
+__device__ __forceinline__ float dot4(const W& w, const float* __restrict__ v, float init) {
+  const float4* v4 = reinterpret_cast<const float4*>(v);
+  float s0 = init, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll UNROLL
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 x = v4[i];
+    s0 = fmaf(w(4 * i), x.x, s0);
+    s1 = fmaf(w(4 * i + 1), x.y, s1);
+    s2 = fmaf(w(4 * i + 2), x.z, s2);
+    s3 = fmaf(w(4 * i + 3), x.w, s3);
+  }
+  return (s0 + s1) + (s2 + s3);
+}
 
 constexpr float kLecunA = 1.7159f;
 constexpr float kLecunB = 0.666f;
@@ -75,10 +96,11 @@ struct Shape {
   static constexpr int JPT = JL / T;          // forward W_out·z: outputs per thread
   static constexpr int C2 = JL / 2;           // backward W_outᵀ·dg: rows per split (2 splits)
   static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
-  static constexpr bool kSmemW = NCTA > 1;    // W_out slice in shared memory
-  static constexpr int fwd_smem_floats = 2 * D + T + JL + (kSmemW ? D * JL : 0);
-  static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2 + (kSmemW ? D * JL : 0);
+  static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
+  static constexpr int fwd_smem_floats = 2 * D + T + JL;
+  static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2;
   static_assert(CA % 4 == 0 && C2 % 4 == 0 && C4 % 4 == 0 && JPT >= 1, "unsupported D");
+  static_assert(!kRegW || (JPT == 1 && C2 == D), "the register slice is one W_out row (forward), D rows (backward)");
   // global row of W_out for the block's local row jl (gate-major: jl = gate·DL + channel)
   __device__ static int jg(int jl, int d0) { return (jl / DL) * D + d0 + jl % DL; }
 };
@@ -91,7 +113,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
     const float* __restrict__ ts,       // (B, K)
     const float* __restrict__ h0,       // (B, D)
     const float* __restrict__ w_rec,    // (D, D)  [u][c]
-    const float* __restrict__ w_out,    // (4D, D) [j][u]   (cluster path: staged into shared memory)
+    const float* __restrict__ w_out,    // (4D, D) [j][u]   (cluster path: into registers)
     const float* __restrict__ w_out_t,  // (D, 4D) [u][j]   (portable path: read from L2 each step)
     const float* __restrict__ b_out,    // (4D)
     float* __restrict__ h_seq,          // (B, K, D)
@@ -102,22 +124,20 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
   float* z = h + D;                            // (D) full z, replicated
   float* red = z + D;                          // (SA, DL) partial sums of W_rec·h
   float* g = red + S::T;                       // (JL) this block's gate pre-activations
-  float* wo = g + S::JL;                       // (D, JL) W_out slice, transposed
 
   const int tid = threadIdx.x;
   const unsigned rank = Cta<NCTA>::rank();
   const int b = blockIdx.x / NCTA;
   const int d0 = rank * S::DL;  // first owned channel == first owned unit
 
-  const float* W;  // [u][jl], row stride JL
-  if constexpr (S::kSmemW) {
-    for (int i = tid; i < S::JL * D; i += S::T) {  // i = jl·D + u: coalesced reads of W_out rows
-      const int jl = i / D, u = i % D;
-      wo[u * S::JL + jl] = w_out[S::jg(jl, d0) * D + u];
+  float wo[S::kRegW ? D : 1];  // cluster path: W_out[jg(tid)][0..D), the one row this thread multiplies
+  if constexpr (S::kRegW) {
+    const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(S::jg(tid, d0)) * D);
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) {
+      const float4 v = row4[i];
+      wo[4 * i] = v.x, wo[4 * i + 1] = v.y, wo[4 * i + 2] = v.z, wo[4 * i + 3] = v.w;
     }
-    W = wo;
-  } else {
-    W = w_out_t;
   }
   const int oa = tid % S::DL, sa = tid / S::DL;  // forward W_rec·h: output unit, split
   float wr[S::CA];
@@ -141,19 +161,8 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       if (tid < S::DL) xp_next = xrow[static_cast<size_t>(t + 1) * D + d0 + tid];
       ts_next = tsrow[t + 1];
     }
-    {  // z = lecun_tanh(x_proj + W_rec·h) for the owned units
-      const float4* h4 = reinterpret_cast<const float4*>(h + sa * S::CA);
-      float acc = 0.f;
-#pragma unroll
-      for (int i = 0; i < S::CA / 4; ++i) {
-        const float4 v = h4[i];
-        acc = fmaf(wr[4 * i], v.x, acc);
-        acc = fmaf(wr[4 * i + 1], v.y, acc);
-        acc = fmaf(wr[4 * i + 2], v.z, acc);
-        acc = fmaf(wr[4 * i + 3], v.w, acc);
-      }
-      red[sa * S::DL + oa] = acc;
-    }
+    // z = lecun_tanh(x_proj + W_rec·h) for the owned units
+    red[sa * S::DL + oa] = dot4<S::CA>([&](int i) { return wr[i]; }, h + sa * S::CA, 0.f);
     __syncthreads();
     if (tid < S::DL) {
       float pre = xp;
@@ -164,7 +173,10 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(z, r)[d0 + tid] = zz;
     }
     Cta<NCTA>::sync();  // z complete in every block
-    {  // g = W_out·z + b_out for the owned rows
+    if constexpr (S::kRegW) {  // g = W_out·z + b_out for the owned row (JPT = 1)
+      g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias[0]);
+    } else {  // g = W_out·z + b_out for the owned rows, W_out read from L2 (coalesced over the rows)
+      const float* W = w_out_t;  // [u][jl], row stride JL = 4D
       float acc[S::JPT];
 #pragma unroll
       for (int k = 0; k < S::JPT; ++k) acc[k] = bias[k];
@@ -218,24 +230,18 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
   float* dp = dg + S::JL;                       // (DL) d_pre of the owned units
   float* xbuf = dp + S::DL;                     // (2·NCTA, DL) partials of W_outᵀ·dg for owned units
   float* ybuf = xbuf + 2 * NCTA * S::DL;        // (2·NCTA, DL) partials of W_recᵀ·d_pre for owned channels
-  float* wo = ybuf + 2 * NCTA * S::DL;          // (JL, D) W_out slice, row-major
 
   const int tid = threadIdx.x;
   const unsigned rank = Cta<NCTA>::rank();
   const int b = blockIdx.x / NCTA;
   const int d0 = rank * S::DL;
 
-  const float* W;  // [jl][u], row stride D
-  if constexpr (S::kSmemW) {
-    for (int i = tid; i < S::JL * D; i += S::T) {
-      const int jl = i / D, u = i % D;
-      wo[i] = w_out[S::jg(jl, d0) * D + u];
-    }
-    W = wo;
-  } else {
-    W = w_out;
-  }
   const int ob = tid % D, sb = tid / D;  // backward matvecs: output (unit or channel), split (0, 1)
+  float wo[S::kRegW ? S::C2 : 1];  // cluster path: W_out[jg(sb·C2 + i)][ob], i < C2 (reads coalesced over ob)
+  if constexpr (S::kRegW) {
+#pragma unroll
+    for (int i = 0; i < S::C2; ++i) wo[i] = w_out[static_cast<size_t>(S::jg(sb * S::C2 + i, d0)) * D + ob];
+  }
   float wr[S::C4];
 #pragma unroll
   for (int i = 0; i < S::C4; ++i) wr[i] = w_rec[(d0 + sb * S::C4 + i) * D + ob];
@@ -277,16 +283,12 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     }
     __syncthreads();
     {  // partial dz[u] = Σ_{owned rows j} W_out[j, u]·dg[j], sent to the block that owns u
-      const float4* dg4 = reinterpret_cast<const float4*>(dg + sb * S::C2);
-      const float* w = W + (sb * S::C2) * D + ob;
-      float acc = 0.f;
-#pragma unroll 8
-      for (int i = 0; i < S::C2 / 4; ++i) {
-        const float4 v = dg4[i];
-        acc = fmaf(w[(4 * i) * D], v.x, acc);
-        acc = fmaf(w[(4 * i + 1) * D], v.y, acc);
-        acc = fmaf(w[(4 * i + 2) * D], v.z, acc);
-        acc = fmaf(w[(4 * i + 3) * D], v.w, acc);
+      float acc;
+      if constexpr (S::kRegW) {
+        acc = dot4<S::C2>([&](int i) { return wo[i]; }, dg + sb * S::C2, 0.f);
+      } else {  // W_out read from L2, coalesced over ob
+        const float* w = w_out + (sb * S::C2) * D + ob;  // [j][u], row stride D
+        acc = dot4<S::C2, 8>([&](int i) { return w[i * D]; }, dg + sb * S::C2, 0.f);
       }
       const int owner = ob / S::DL;
       Cta<NCTA>::map(xbuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
@@ -303,16 +305,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     }
     __syncthreads();
     {  // partial dh[d] = Σ_{owned units u} W_rec[u, d]·d_pre[u], sent to the block that owns d
-      const float4* dp4 = reinterpret_cast<const float4*>(dp + sb * S::C4);
-      float acc = 0.f;
-#pragma unroll
-      for (int i = 0; i < S::C4 / 4; ++i) {
-        const float4 v = dp4[i];
-        acc = fmaf(wr[4 * i], v.x, acc);
-        acc = fmaf(wr[4 * i + 1], v.y, acc);
-        acc = fmaf(wr[4 * i + 2], v.z, acc);
-        acc = fmaf(wr[4 * i + 3], v.w, acc);
-      }
+      const float acc = dot4<S::C4>([&](int i) { return wr[i]; }, dp + sb * S::C4, 0.f);
       const int owner = ob / S::DL;
       Cta<NCTA>::map(ybuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
