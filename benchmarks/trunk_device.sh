@@ -40,7 +40,7 @@ else
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
   timeout 180 python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
-    --settings tf32 bf16 tf32+compiled bf16+compiled 2>&1 | tr '\r' '\n' | tail -16
+    --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
   timeout 210 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
     --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \
