@@ -1,9 +1,10 @@
 """Two rewrites of the compiled trunk for Inductor to fuse, before and after, at production size on one GPU:
 one Mamba2 block compiled with ATen's depthwise conv1d (before) or the shifted multiply-adds that the model
 compiles (after, `causal_conv_shifted`), and the VSN in its four compiled regions with the variable GRNs'
-linears as the model's batched GEMMs (before) or as pointwise multiply-adds (after, the candidate
-`grouped_linear_pointwise` below; measured slower, so the model keeps the GEMMs). Forward + backward GPU
-time (medians), peak memory, and the largest relative error of outputs and gradients against eager fp32.
+linears as the model's batched GEMMs (before) or in a candidate form below: pointwise multiply-adds
+(`grouped_linear_pointwise`, measured slower) or one dense block-diagonal GEMM (`grouped_linear_block_diag`).
+Forward + backward GPU time (medians), peak memory, and the largest relative error of outputs and
+gradients against eager fp32.
 
     PYTHONPATH=. python3 benchmarks/trunk_fusion.py [--precisions tf32,bf16] [--out benchmarks/results/trunk_fusion.json]
 """
@@ -34,26 +35,37 @@ def grouped_linear_pointwise(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) 
     return out
 
 
-class PointwiseGroupedGRN(torch.nn.Module):
-    """GroupedGRN's forward with `grouped_linear_pointwise`, over the same parameters."""
+def grouped_linear_block_diag(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The same linear as one dense GEMM over all variables, (..., F·i) @ block_diag(w)ᵀ: F times the
+    FLOPs, on tensor cores, with no permutes around a batched GEMM of inner size i."""
+    f, o, _ = w.shape
+    dense = torch.block_diag(*w.unbind(0))  # (F·o, F·i)
+    return (a.flatten(-2) @ dense.t()).unflatten(-1, (f, o)) + b
 
-    def __init__(self, grn: torch.nn.Module):
+
+class CandidateGroupedGRN(torch.nn.Module):
+    """GroupedGRN's forward with another form of its linears, over the same parameters."""
+
+    def __init__(self, grn: torch.nn.Module, linear):
         super().__init__()
-        self.grn = grn
+        self.grn, self.linear = grn, linear
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         g = self.grn
-        h = grouped_linear_pointwise(a, g.fc1_w, g.fc1_b)
-        h = torch.nn.functional.glu(grouped_linear_pointwise(torch.nn.functional.elu(h), g.fc2_w, g.fc2_b), dim=-1)
+        h = self.linear(a, g.fc1_w, g.fc1_b)
+        h = torch.nn.functional.glu(self.linear(torch.nn.functional.elu(h), g.fc2_w, g.fc2_b), dim=-1)
         out = torch.nn.functional.layer_norm(a + h, a.shape[-1:])
         return out * g.ln_w + g.ln_b
+
+
+VSN_CANDIDATES = {"pointwise": grouped_linear_pointwise, "block_diag": grouped_linear_block_diag}
 
 
 def vsn_module(features: int, d_model: int, form: str) -> torch.nn.Module:
     vsn = VSN(features, 8, d_model)
     vsn.reset_parameters(torch.Generator().manual_seed(0))
-    if form == "after":
-        vsn.var_grn = PointwiseGroupedGRN(vsn.var_grn)  # parameter names gain "grn.": compared by position
+    if form in VSN_CANDIDATES:  # parameter names gain "grn.": compared by position
+        vsn.var_grn = CandidateGroupedGRN(vsn.var_grn, VSN_CANDIDATES[form])
     if form != "eager":
         vsn.compile_regions()
     return vsn.cuda()
@@ -110,6 +122,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--precisions", default="tf32,bf16")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--modules", default="vsn,mamba2", help="of vsn, mamba2")
+    parser.add_argument("--vsn-forms", default="pointwise,block_diag", help="VSN candidates beside 'before'")
     parser.add_argument("--out", default="benchmarks/results/trunk_fusion.json")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(1)
@@ -117,16 +131,17 @@ def main() -> None:
     x = torch.randn(b, k, args.features, generator=g).cuda()
     h = torch.randn(b, k, d, generator=g).cuda()
     grad = (torch.randn(b, k, d, generator=g) / (b * k) ** 0.5).cuda()
-    modules = {"vsn": (lambda form: vsn_module(args.features, d, form), x),
-               "mamba2 block": (lambda form: mamba_module(d, args.chunk, form), h)}
+    modules = {"vsn": (lambda form: vsn_module(args.features, d, form), x, ["before", *args.vsn_forms.split(",")]),
+               "mamba2 block": (lambda form: mamba_module(d, args.chunk, form), h, ["before", "after"])}
+    modules = {name: m for name, m in modules.items() if name.split()[0] in args.modules.split(",")}
     gpu = torch.cuda.get_device_name()
     print(f"compiled trunk forms, B={b} K={k} F={args.features} D={d} chunk {args.chunk}, fwd+bwd, on {gpu} "
           f"(torch {torch.__version__}); medians of {args.reps}", flush=True)
     rows = []
-    for name, (make, inp) in modules.items():
+    for name, (make, inp, forms) in modules.items():
         _, _, ref = run(make("eager"), inp, grad, "fp32", 1)
         for precision in [p for p in args.precisions.split(",") if p]:
-            for form in ("before", "after"):
+            for form in forms:
                 ms, peak, got = run(make(form), inp, grad, precision, args.reps)
                 row = dict(module=name, precision=precision, form=form, fwd_bwd_ms=ms, peak_gib=peak,
                            max_rel_error_vs_eager_fp32=max_rel(got, ref))
@@ -134,13 +149,12 @@ def main() -> None:
                 print(f"  {name:13} {precision:5} {form:7} {ms:8.2f} ms  peak {peak:6.2f} GiB  "
                       f"max rel err {row['max_rel_error_vs_eager_fp32']:.2e}", flush=True)
                 torch.cuda.empty_cache()
-    print(f"\n{'module':13} {'precision':9} {'before ms':>10} {'after ms':>9} {'saved':>7}")
-    for name in modules:
-        for precision in dict.fromkeys(r["precision"] for r in rows):
-            before, after = (next(r for r in rows if (r["module"], r["precision"], r["form"]) == (name, precision, f))
-                             for f in ("before", "after"))
-            print(f"{name:13} {precision:9} {before['fwd_bwd_ms']:10.2f} {after['fwd_bwd_ms']:9.2f} "
-                  f"{before['fwd_bwd_ms'] - after['fwd_bwd_ms']:7.2f}")
+    print(f"\n{'module':13} {'precision':9} {'form':11} {'ms':>8} {'saved':>7}")
+    for r in rows:
+        before = next(b for b in rows if (b["module"], b["precision"], b["form"]) == (r["module"], r["precision"], "before"))
+        if r is not before:
+            print(f"{r['module']:13} {r['precision']:9} {r['form']:11} {r['fwd_bwd_ms']:8.2f} "
+                  f"{before['fwd_bwd_ms'] - r['fwd_bwd_ms']:7.2f}")
     out = dict(machine=dict(gpu=gpu, torch=torch.__version__), config=vars(args), rows=rows)
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
