@@ -1,8 +1,9 @@
 """Two rewrites of the compiled trunk for Inductor to fuse, before and after, at production size on one GPU:
 one Mamba2 block compiled with ATen's depthwise conv1d (before) or the shifted multiply-adds that the model
 compiles (after, `causal_conv_shifted`), and the VSN in its four compiled regions with the variable GRNs'
-linears as the model's batched GEMMs (before) or in a candidate form below: pointwise multiply-adds
-(`grouped_linear_pointwise`, measured slower) or one dense block-diagonal GEMM (`grouped_linear_block_diag`).
+linears as eager's batched GEMMs (before) or in another form: one dense block-diagonal GEMM (what the model
+compiles, `grouped_linear_block_diag`; "after", measured as "block_diag" before the model took it) or
+pointwise multiply-adds (the candidate below, measured slower).
 Forward + backward GPU time (medians), peak memory, and the largest relative error of outputs and
 gradients against eager fp32.
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cuda_timing import cuda_median_ms  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.model.mamba2 import Mamba2Block, causal_conv  # noqa: E402
-from perception.model.vsn import VSN  # noqa: E402
+from perception.model.vsn import VSN, grouped_linear  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
 
@@ -35,20 +36,15 @@ def grouped_linear_pointwise(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) 
     return out
 
 
-def grouped_linear_block_diag(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The same linear as one dense GEMM over all variables, (..., F·i) @ block_diag(w)ᵀ: F times the
-    FLOPs, on tensor cores, with no permutes around a batched GEMM of inner size i."""
-    f, o, _ = w.shape
-    dense = torch.block_diag(*w.unbind(0))  # (F·o, F·i)
-    return (a.flatten(-2) @ dense.t()).unflatten(-1, (f, o)) + b
-
-
 class CandidateGroupedGRN(torch.nn.Module):
     """GroupedGRN's forward with another form of its linears, over the same parameters."""
 
     def __init__(self, grn: torch.nn.Module, linear):
         super().__init__()
         self.grn, self.linear = grn, linear
+
+    def compile_fused(self) -> None:  # what VSN.compile_regions calls
+        self.compile(dynamic=False)
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         g = self.grn
@@ -58,7 +54,7 @@ class CandidateGroupedGRN(torch.nn.Module):
         return out * g.ln_w + g.ln_b
 
 
-VSN_CANDIDATES = {"pointwise": grouped_linear_pointwise, "block_diag": grouped_linear_block_diag}
+VSN_CANDIDATES = {"pointwise": grouped_linear_pointwise}
 
 
 def vsn_module(features: int, d_model: int, form: str) -> torch.nn.Module:
@@ -68,6 +64,8 @@ def vsn_module(features: int, d_model: int, form: str) -> torch.nn.Module:
         vsn.var_grn = CandidateGroupedGRN(vsn.var_grn, VSN_CANDIDATES[form])
     if form != "eager":
         vsn.compile_regions()
+    if form == "before":
+        vsn.var_grn._linear = grouped_linear  # read at trace time: the batched GEMMs, compiled
     return vsn.cuda()
 
 
@@ -123,7 +121,7 @@ def main() -> None:
     parser.add_argument("--precisions", default="tf32,bf16")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--modules", default="vsn,mamba2", help="of vsn, mamba2")
-    parser.add_argument("--vsn-forms", default="pointwise,block_diag", help="VSN candidates beside 'before'")
+    parser.add_argument("--vsn-forms", default="after,pointwise", help="VSN forms beside 'before': after (the model's), pointwise")
     parser.add_argument("--out", default="benchmarks/results/trunk_fusion.json")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(1)

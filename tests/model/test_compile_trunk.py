@@ -10,6 +10,7 @@ from torch._dynamo.utils import counters
 from perception.model import ModelConfig, PerceptionModel
 from perception.model.config import MambaConfig
 from perception.model.mamba2 import causal_conv, causal_conv_shifted
+from perception.model.vsn import grouped_linear, grouped_linear_block_diag
 
 
 def _model(compiled: bool) -> PerceptionModel:
@@ -19,9 +20,11 @@ def _model(compiled: bool) -> PerceptionModel:
     return model
 
 
-def test_the_shifted_conv_equals_conv1d():
-    """What compile_trunk traces instead of eager's conv1d computes the same causal convolution, here in fp64."""
+def test_the_compiled_forms_equal_the_eager_forms():
+    """What compile_trunk traces instead of eager's einsum and conv1d computes the same function, here in fp64."""
     g = torch.Generator().manual_seed(0)
+    a, w, b = (torch.randn(*s, generator=g, dtype=torch.float64) for s in ((3, 7, 5, 8), (5, 16, 8), (5, 16)))
+    torch.testing.assert_close(grouped_linear_block_diag(a, w, b), grouped_linear(a, w, b), rtol=1e-12, atol=1e-12)
     conv = torch.nn.Conv1d(6, 6, 4, groups=6, padding=3).double()
     xbc = torch.randn(2, 9, 6, generator=g, dtype=torch.float64)
     assert causal_conv_shifted(xbc, conv).shape == (2, 9, 6)
