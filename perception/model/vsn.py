@@ -2,8 +2,8 @@
 
 Every scalar feature j gets its own width-d_v embedding and GRN, batched over variables with
 grouped weights [F, ...] (a batched GEMM per layer, or one block-diagonal GEMM when compiled; no loop
-over features). A TFT VSN at width D would
-hold [B, K, F, D] tensors (9 GB each at production size); at d_v = 8 they are D/d_v times smaller."""
+over features). A TFT VSN at width D would hold [B, K, F, D] tensors (9 GB each at production size); at
+d_v = 8 they are D/d_v times smaller."""
 
 from __future__ import annotations
 
@@ -112,10 +112,11 @@ class VSN(nn.Module):
         self._embed, self._select = embed, select
 
     def compile_regions(self) -> None:
-        """torch.compile (static shapes) in four regions: embed, the variable GRNs, the selection GRN and the
-        weighting, the variable GRNs' linears as one block-diagonal GEMM each. One region for the whole VSN returned wrong gradients at production size on an H200
-        (torch 2.11 Inductor; B=4, K=6000: the selection GRN's and the embedding's gradients off by 1e2-1e5
-        relative, right at K=600); the four regions match eager (benchmarks/compile_check.py)."""
+        """torch.compile (static shapes) in four regions: embed, the variable GRNs (their linears as one
+        block-diagonal GEMM each), the selection GRN and the weighting. One region for the whole VSN returned
+        wrong gradients at production size on an H200 (torch 2.11 Inductor; B=4, K=6000: the selection GRN's
+        and the embedding's gradients off by 1e2-1e5 relative, right at K=600); the four regions match eager
+        (benchmarks/compile_check.py)."""
         self._embed = torch.compile(embed, dynamic=False)
         self._select = torch.compile(select, dynamic=False)
         self.var_grn.compile_fused()  # in place: parameter names and checkpoints unchanged
