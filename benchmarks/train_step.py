@@ -178,8 +178,8 @@ def main() -> None:
     parser.add_argument("--chunks", default=str(DEFAULT_CHUNK), help="model.mamba.chunk values of the compiled rows, e.g. 128,64")
     parser.add_argument("--fla", default="tf32,bf16",
                         help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)")
-    parser.add_argument("--project", default="", help="profile and project the fastest row at this precision "
-                        "(default: the fastest row of all)")
+    parser.add_argument("--project", default="", help="profile and project the fastest row at each of these "
+                        "precisions, e.g. tf32,bf16 (default: the fastest row of all)")
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
     listed = lambda text: [p for p in text.split(",") if p]  # noqa: E731
@@ -204,19 +204,27 @@ def main() -> None:
     else:
         print(f"  (model.mamba.ssd=fla rows skipped: {refusal})")
 
-    best = min((r for r in rows if r["ops"] == "cuda" and args.project in ("", r["precision"])), key=lambda r: r["step_ms"])
-    setting = dict(precision=best["precision"], compiled=best["compiled"], ssd=best["ssd"], chunk=best["chunk"])
-    fast = measure(args, "cuda", "per_horizon", args.reps, profile=True, **setting)  # again, under the profiler
-    portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", profile=True, **setting)
-    rows += [fast, portable]
+    kernel_rows = [r for r in rows if r["ops"] == "cuda"]
+    scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
+    by_precision = {}
+    for precision in listed(args.project) or [""]:
+        best = min((r for r in kernel_rows if precision in ("", r["precision"])), key=lambda r: r["step_ms"])
+        setting = dict(precision=best["precision"], compiled=best["compiled"], ssd=best["ssd"], chunk=best["chunk"])
+        fast = measure(args, "cuda", "per_horizon", args.reps, profile=True, **setting)  # again, under the profiler
+        portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", profile=True, **setting)
+        rows += [fast, portable]
+        by_precision[best["precision"]] = dict(
+            best=best, fast=fast, portable=portable, this_gpu=project(best["step_ms"], best["eval_ms"], args.batch, args.window),
+            six_l40s=l40s_projection(portable, scale, CFC_L40S_FACTOR, args.batch, args.window),
+            six_l40s_pessimistic_cfc=l40s_projection(portable, scale, CFC_L40S_PESSIMISTIC, args.batch, args.window))
+    # the headline is the fastest of the projected settings
+    head = min(by_precision.values(), key=lambda p: p["best"]["step_ms"])
+    best, fast, portable, here = head["best"], head["fast"], head["portable"], head["this_gpu"]
+    l40s, l40s_pessimistic = head["six_l40s"], head["six_l40s_pessimistic_cfc"]
 
     ref, fp32 = rows[0], rows[1]
     speedup = ref["step_ms"] / fp32["step_ms"]
-    here = project(best["step_ms"], best["eval_ms"], args.batch, args.window)
     here_fp32 = project(fp32["step_ms"], fp32["eval_ms"], args.batch, args.window)
-    scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
-    l40s = l40s_projection(portable, scale, CFC_L40S_FACTOR, args.batch, args.window)
-    l40s_pessimistic = l40s_projection(portable, scale, CFC_L40S_PESSIMISTIC, args.batch, args.window)
     peak = max(r["peak_gib"] for r in rows)
 
     print(f"\n{'variant':12} {'ops':34} {'step ms':>10} {'eval ms':>10} {'peak GiB':>9}")
@@ -242,6 +250,10 @@ def main() -> None:
           f"{l40s['gpu_hours']:6.1f} GPU-h, wall {l40s['run_hours']:5.2f} h (one run per GPU)")
     print(f"  six L40S, CfC at {CFC_L40S_PESSIMISTIC:.0f}x:        step {l40s_pessimistic['step_ms']:.0f} ms: "
           f"wall {l40s_pessimistic['run_hours']:5.2f} h")
+    for precision, p in by_precision.items():
+        print(f"  at {precision} ({label(p['best'])}): step {p['best']['step_ms']:.1f} ms here; six L40S step "
+              f"{p['six_l40s']['step_ms']:.0f} ms, wall {p['six_l40s']['run_hours']:.2f} h "
+              f"({p['six_l40s_pessimistic_cfc']['run_hours']:.2f} h at CfC x{CFC_L40S_PESSIMISTIC:.0f})")
 
     result = dict(
         machine=dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda),
@@ -251,6 +263,8 @@ def main() -> None:
         l40s_datasheet=L40S, l40s_time_factor=scale, study=STUDY,
         projection=dict(this_gpu_fastest=here, this_gpu_fp32=here_fp32, six_l40s=l40s,
                         six_l40s_pessimistic_cfc=l40s_pessimistic),
+        projection_by_precision={k: {n: v for n, v in p.items() if n not in ("fast", "portable")}
+                                 for k, p in by_precision.items()},
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
