@@ -20,8 +20,10 @@ echo "build: ${SECONDS} s"
 status=0
 if [ "$mode" = speed ]; then
   # the CfC kernels' tests and table first (they changed most), then the step, then every other CUDA test
-  timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_cuda_cfc.py 2>&1 | tee "$out/cuda_tests_cfc.log" | tail -4
+  timeout 150 python3 -m pytest -x -q -m cuda -p no:cacheprovider tests/ops/test_cuda_cfc.py 2>&1 | tee "$out/cuda_tests_cfc.log" | tail -4
   status=${PIPESTATUS[0]}
+  [ "$status" = 0 ] || exit "$status"  # a wrong or hanging kernel: no benchmark of it
+  echo "cfc tests: ${SECONDS} s"
   timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
   echo "cfc: ${SECONDS} s"
   timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \

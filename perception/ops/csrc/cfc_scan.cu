@@ -67,8 +67,9 @@ constexpr float kLecunB = 0.666f;
 // A step's values move between the blocks one way: the producer stores into the peer's shared memory and
 // arrives (release, cluster scope) on the peer's mbarrier for that buffer; the consumer waits (acquire) on
 // its own. So a block waits only for the data it reads, not for the whole cluster as a barrier would. Each
-// buffer's barrier completes once per step (parity t & 1); the recurrence itself orders its reuse: a block
-// refills a peer's buffer only after it has received what the peer produced from that buffer's last contents.
+// buffer's barrier completes once per step (parity: the number of steps taken, mod 2); the recurrence itself
+// orders the buffers' reuse: a block refills a peer's buffer only after it has received what the peer
+// produced from that buffer's last contents.
 template <int NCTA>
 struct Cta;
 
@@ -344,7 +345,8 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     }
     __syncthreads();
     if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
-      Cta<NCTA>::wait(&x_ready, t & 1);  // only these threads read the peer's partials
+      Cta<NCTA>::wait(&x_ready, (K - 1 - t) & 1);  // only these threads read the peer's partials;
+      // the parity counts steps taken (K − 1 − t), not t
       float dz = 0.f;
 #pragma unroll
       for (int k = 0; k < 2 * NCTA; ++k) dz += xbuf[k * S::DL + tid];
@@ -360,7 +362,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     }
     __syncthreads();
     if (tid < S::DL) {
-      Cta<NCTA>::wait(&y_ready, t & 1);
+      Cta<NCTA>::wait(&y_ready, (K - 1 - t) & 1);
       float dh = 0.f;
 #pragma unroll
       for (int k = 0; k < 2 * NCTA; ++k) dh += ybuf[k * S::DL + tid];
