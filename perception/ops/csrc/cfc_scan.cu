@@ -78,7 +78,7 @@ struct Cta<1> {
   __device__ static unsigned rank() { return 0; }
   __device__ static void sync() { __syncthreads(); }
   __device__ static void init(uint64_t*, unsigned) {}
-  __device__ static void put(float* buf, int i, float v, unsigned, unsigned, uint64_t*) { buf[i] = v; }
+  __device__ static void put(float* buf, int i, float v, unsigned, unsigned, uint64_t*, unsigned) { buf[i] = v; }
   __device__ static void wait(uint64_t*, unsigned) {}
 };
 
@@ -92,16 +92,23 @@ struct Cta<2> {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(remote_arrivals) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  // buf[i] = v in block `owner` (this block is `self`); a store into the peer also arrives on its `bar`.
-  __device__ static void put(float* buf, int i, float v, unsigned owner, unsigned self, uint64_t* bar) {
+  // buf[i] = v in block `owner` (this block is `self`). The calling lanes are `lanes` (all of them call);
+  // those storing into the same peer arrive there once, with their count, after a warp barrier that
+  // orders their stores before the leader's release, so a step costs one remote arrival per warp.
+  __device__ static void put(float* buf, int i, float v, unsigned owner, unsigned self, uint64_t* bar, unsigned lanes) {
+    const unsigned group = __match_any_sync(lanes, owner);  // the calling lanes with this owner
     if (owner == self) {
       buf[i] = v;
       return;
     }
     cg::this_cluster().map_shared_rank(buf, owner)[i] = v;
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(owner));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
+    __syncwarp(group);
+    if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(group) - 1)) {
+      unsigned remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(owner));
+      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0], %1;" ::"r"(remote), "r"(__popc(group))
+                   : "memory");
+    }
   }
   // The peer's stores for the phase of this parity are visible to the calling thread.
   __device__ static void wait(uint64_t* bar, unsigned parity) {
@@ -120,7 +127,7 @@ struct Cta<2> {
   __device__ static unsigned rank() { __trap(); return 0; }
   __device__ static void sync() { __trap(); }
   __device__ static void init(uint64_t*, unsigned) { __trap(); }
-  __device__ static void put(float*, int, float, unsigned, unsigned, uint64_t*) { __trap(); }
+  __device__ static void put(float*, int, float, unsigned, unsigned, uint64_t*, unsigned) { __trap(); }
   __device__ static void wait(uint64_t*, unsigned) { __trap(); }
 #endif
 };
@@ -136,6 +143,8 @@ struct Shape {
   static constexpr int C2 = JL / 2;           // backward W_outᵀ·dg: rows per split (2 splits)
   static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
   static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
+  // the lanes of a warp among the DL threads (tid < DL) that produce z and h (DL < 32: warp 0's first DL)
+  static constexpr unsigned kProducerLanes = DL >= 32 ? 0xffffffffu : (1u << DL) - 1u;
   static constexpr int fwd_smem_floats = 2 * D + T + JL;
   static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2;
   static_assert(CA % 4 == 0 && C2 % 4 == 0 && C4 % 4 == 0 && JPT >= 1, "unsupported D");
@@ -216,7 +225,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       for (int s = 0; s < S::SA; ++s) pre += red[s * S::DL + tid];
       const float zz = kLecunA * tanh_acc(kLecunB * pre);
 #pragma unroll
-      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::put(z, d0 + tid, zz, r, rank, &z_ready);
+      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::put(z, d0 + tid, zz, r, rank, &z_ready, S::kProducerLanes);
     }
     __syncthreads();  // the owned half of z
     if constexpr (S::kRegW) {  // g = W_out·z + b_out for the owned row (JPT = 1): owned units first
@@ -251,7 +260,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
       hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
 #pragma unroll
-      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::put(h, d0 + tid, hn, r, rank, &h_ready);
+      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::put(h, d0 + tid, hn, r, rank, &h_ready, S::kProducerLanes);
     }
     __syncthreads();  // the owned half of h; also orders red/g reuse by the next step
   }
@@ -341,7 +350,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
         const float* w = w_out + (sb * S::C2) * D + ob;  // [j][u], row stride D
         acc = dot4<S::C2, 8>([&](int i) { return w[i * D]; }, dg + sb * S::C2, 0.f);
       }
-      Cta<NCTA>::put(xbuf, (rank * 2 + sb) * S::DL + ob % S::DL, acc, ob / S::DL, rank, &x_ready);
+      Cta<NCTA>::put(xbuf, (rank * 2 + sb) * S::DL + ob % S::DL, acc, ob / S::DL, rank, &x_ready, 0xffffffffu);
     }
     __syncthreads();
     if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
@@ -358,7 +367,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     __syncthreads();
     {  // partial dh[d] = Σ_{owned units u} W_rec[u, d]·d_pre[u], sent to the block that owns d
       const float acc = dot4<S::C4>([&](int i) { return wr[i]; }, dp + sb * S::C4, 0.f);
-      Cta<NCTA>::put(ybuf, (rank * 2 + sb) * S::DL + ob % S::DL, acc, ob / S::DL, rank, &y_ready);
+      Cta<NCTA>::put(ybuf, (rank * 2 + sb) * S::DL + ob % S::DL, acc, ob / S::DL, rank, &y_ready, 0xffffffffu);
     }
     __syncthreads();
     if (tid < S::DL) {
