@@ -6,9 +6,8 @@
 //    channels d in the same range, i.e. W_rec's rows for its u and W_out's 4·D/2 rows for its d (128 KiB
 //    fp32), all in registers: each thread keeps the one W_out row (forward) or column slice (backward) it
 //    multiplies, so a step reads no weights from shared memory, whose bandwidth bounded the matvec when
-//    W_out lived there. Each step exchanges z and h halves through distributed shared memory, each half
-//    signalled by mbarrier arrivals (no cluster-wide barrier inside the loop). Exact fp32 weights; 2·B
-//    blocks (128 of 132 SMs at B = 64).
+//    W_out lived there. Each step exchanges z and h halves through distributed shared memory with two
+//    cluster barriers. Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
 //  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers, W_out read from L2
 //    each step (slower, same arithmetic order up to the split of the sums).
 // Backward stores nothing extra from the forward: z and the gate pre-activations are recomputed from h_seq
@@ -64,71 +63,26 @@ constexpr float kLecunA = 1.7159f;
 constexpr float kLecunB = 0.666f;
 
 // The blocks that share one batch row: NCTA = 1 is a plain block, NCTA = 2 a cluster on sm_90.
-// A step's values move between the blocks one way: the producer stores into the peer's shared memory and
-// arrives (release, cluster scope) on the peer's mbarrier for that buffer; the consumer waits (acquire) on
-// its own. So a block waits only for the data it reads, not for the whole cluster as a barrier would. Each
-// buffer's barrier completes once per step (parity: the number of steps taken, mod 2); the recurrence itself
-// orders the buffers' reuse: a block refills a peer's buffer only after it has received what the peer
-// produced from that buffer's last contents.
 template <int NCTA>
 struct Cta;
 
 template <>
 struct Cta<1> {
   __device__ static unsigned rank() { return 0; }
+  __device__ static float* map(float* p, unsigned) { return p; }
   __device__ static void sync() { __syncthreads(); }
-  __device__ static void init(uint64_t*, unsigned) {}
-  __device__ static void put(float* buf, int i, float v, unsigned, unsigned, uint64_t*, unsigned) { buf[i] = v; }
-  __device__ static void wait(uint64_t*, unsigned) {}
 };
 
 template <>
 struct Cta<2> {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __device__ static unsigned rank() { return cg::this_cluster().block_rank(); }
+  __device__ static float* map(float* p, unsigned r) { return cg::this_cluster().map_shared_rank(p, r); }
   __device__ static void sync() { cg::this_cluster().sync(); }
-  // Before the first sync(): that barrier publishes the initialised mbarriers to the peer.
-  __device__ static void init(uint64_t* bar, unsigned remote_arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(remote_arrivals) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  // buf[i] = v in block `owner` (this block is `self`). The calling lanes are `lanes` (all of them call);
-  // those storing into the same peer arrive there once, with their count, after a warp barrier that
-  // orders their stores before the leader's release, so a step costs one remote arrival per warp.
-  __device__ static void put(float* buf, int i, float v, unsigned owner, unsigned self, uint64_t* bar, unsigned lanes) {
-    const unsigned group = __match_any_sync(lanes, owner);  // the calling lanes with this owner
-    if (owner == self) {
-      buf[i] = v;
-      return;
-    }
-    cg::this_cluster().map_shared_rank(buf, owner)[i] = v;
-    __syncwarp(group);
-    if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(group) - 1)) {
-      unsigned remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(owner));
-      asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0], %1;" ::"r"(remote), "r"(__popc(group))
-                   : "memory");
-    }
-  }
-  // The peer's stores for the phase of this parity are visible to the calling thread.
-  __device__ static void wait(uint64_t* bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done) {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done)
-          : "r"(smem_addr(bar)), "r"(parity)
-          : "memory");
-    }
-  }
-  __device__ static unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 #else
   __device__ static unsigned rank() { __trap(); return 0; }
+  __device__ static float* map(float* p, unsigned) { __trap(); return p; }
   __device__ static void sync() { __trap(); }
-  __device__ static void init(uint64_t*, unsigned) { __trap(); }
-  __device__ static void put(float*, int, float, unsigned, unsigned, uint64_t*, unsigned) { __trap(); }
-  __device__ static void wait(uint64_t*, unsigned) { __trap(); }
 #endif
 };
 
@@ -143,8 +97,6 @@ struct Shape {
   static constexpr int C2 = JL / 2;           // backward W_outᵀ·dg: rows per split (2 splits)
   static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
   static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
-  // the lanes of a warp among the DL threads (tid < DL) that produce z and h (DL < 32: warp 0's first DL)
-  static constexpr unsigned kProducerLanes = DL >= 32 ? 0xffffffffu : (1u << DL) - 1u;
   static constexpr int fwd_smem_floats = 2 * D + T + JL;
   static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2;
   static_assert(CA % 4 == 0 && C2 % 4 == 0 && C4 % 4 == 0 && JPT >= 1, "unsupported D");
@@ -178,19 +130,16 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
   const int b = blockIdx.x / NCTA;
   const int d0 = rank * S::DL;  // first owned channel == first owned unit
 
-  // cluster path: the W_out row this thread multiplies, rotated to start at the owned units (wo[i] is unit
-  // (d0 + i) mod D), so the owned half of z can be used before the peer's half has arrived
-  float wo[S::kRegW ? D : 1];
+  float wo[S::kRegW ? D : 1];  // cluster path: W_out[jg(tid)][0..D), the one row this thread multiplies
   if constexpr (S::kRegW) {
     const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(S::jg(tid, d0)) * D);
 #pragma unroll
     for (int i = 0; i < D / 4; ++i) {
-      const float4 v = row4[(d0 / 4 + i) % (D / 4)];
+      const float4 v = row4[i];
       wo[4 * i] = v.x, wo[4 * i + 1] = v.y, wo[4 * i + 2] = v.z, wo[4 * i + 3] = v.w;
     }
   }
   const int oa = tid % S::DL, sa = tid / S::DL;  // forward W_rec·h: output unit, split
-  const bool split_remote = sa * S::CA < d0 || sa * S::CA >= d0 + S::DL;  // its channels of h come from the peer
   float wr[S::CA];
 #pragma unroll
   for (int i = 0; i < S::CA; ++i) wr[i] = w_rec[(d0 + oa) * D + sa * S::CA + i];
@@ -198,9 +147,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
 #pragma unroll
   for (int k = 0; k < S::JPT; ++k) bias[k] = b_out[S::jg(tid + k * S::T, d0)];
   for (int i = tid; i < D; i += S::T) h[i] = h0[b * D + i];
-  __shared__ uint64_t z_ready, h_ready;  // the peer's halves of z and h have arrived (cluster path)
-  if (tid == 0) Cta<NCTA>::init(&z_ready, S::DL * (NCTA - 1)), Cta<NCTA>::init(&h_ready, S::DL * (NCTA - 1));
-  Cta<NCTA>::sync();  // every block of the row has started, staged its weights and initialised its barriers
+  Cta<NCTA>::sync();  // every block of the row has started and staged its weights
 
   const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
   const float* tsrow = ts + static_cast<size_t>(b) * K;
@@ -214,9 +161,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       if (tid < S::DL) xp_next = xrow[static_cast<size_t>(t + 1) * D + d0 + tid];
       ts_next = tsrow[t + 1];
     }
-    // z = lecun_tanh(x_proj + W_rec·h) for the owned units; h_{t-1}'s owned half is visible since the
-    // last __syncthreads, the peer's half once its arrivals for step t − 1 are in
-    if (t > 0 && split_remote) Cta<NCTA>::wait(&h_ready, (t - 1) & 1);
+    // z = lecun_tanh(x_proj + W_rec·h) for the owned units
     red[sa * S::DL + oa] = dot4<S::CA>([&](int i) { return wr[i]; }, h + sa * S::CA, 0.f);
     __syncthreads();
     if (tid < S::DL) {
@@ -225,13 +170,11 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       for (int s = 0; s < S::SA; ++s) pre += red[s * S::DL + tid];
       const float zz = kLecunA * tanh_acc(kLecunB * pre);
 #pragma unroll
-      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::put(z, d0 + tid, zz, r, rank, &z_ready, S::kProducerLanes);
+      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(z, r)[d0 + tid] = zz;
     }
-    __syncthreads();  // the owned half of z
-    if constexpr (S::kRegW) {  // g = W_out·z + b_out for the owned row (JPT = 1): owned units first
-      const float own = dot4<S::DL>([&](int u) { return wo[u]; }, z + d0, bias[0]);
-      Cta<NCTA>::wait(&z_ready, t & 1);
-      g[tid] = own + dot4<S::DL>([&](int u) { return wo[S::DL + u]; }, z + (d0 + S::DL) % D, 0.f);
+    Cta<NCTA>::sync();  // z complete in every block
+    if constexpr (S::kRegW) {  // g = W_out·z + b_out for the owned row (JPT = 1)
+      g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias[0]);
     } else {  // g = W_out·z + b_out for the owned rows, W_out read from L2 (coalesced over the rows)
       const float* W = w_out_t;  // [u][jl], row stride JL = 4D
       float acc[S::JPT];
@@ -260,11 +203,10 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
       hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
 #pragma unroll
-      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::put(h, d0 + tid, hn, r, rank, &h_ready, S::kProducerLanes);
+      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(h, r)[d0 + tid] = hn;
     }
-    __syncthreads();  // the owned half of h; also orders red/g reuse by the next step
+    Cta<NCTA>::sync();  // h complete in every block; also orders z/red/g reuse by the next step
   }
-  Cta<NCTA>::sync();  // no block leaves while its peer may still address its shared memory
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -304,8 +246,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
 #pragma unroll
   for (int i = 0; i < S::C4; ++i) wr[i] = w_rec[(d0 + sb * S::C4 + i) * D + ob];
   float carry = 0.f;  // ∂L/∂h_t through h_{t+1}, for channel d0 + tid (tid < DL)
-  __shared__ uint64_t x_ready, y_ready;  // the peer's partials in xbuf and ybuf have arrived (cluster path)
-  if (tid == 0) Cta<NCTA>::init(&x_ready, 2 * S::DL * (NCTA - 1)), Cta<NCTA>::init(&y_ready, 2 * S::DL * (NCTA - 1));
   Cta<NCTA>::sync();
 
   const size_t row = static_cast<size_t>(b) * K;
@@ -350,12 +290,11 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
         const float* w = w_out + (sb * S::C2) * D + ob;  // [j][u], row stride D
         acc = dot4<S::C2, 8>([&](int i) { return w[i * D]; }, dg + sb * S::C2, 0.f);
       }
-      Cta<NCTA>::put(xbuf, (rank * 2 + sb) * S::DL + ob % S::DL, acc, ob / S::DL, rank, &x_ready, 0xffffffffu);
+      const int owner = ob / S::DL;
+      Cta<NCTA>::map(xbuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
-    __syncthreads();
+    Cta<NCTA>::sync();
     if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
-      Cta<NCTA>::wait(&x_ready, (K - 1 - t) & 1);  // only these threads read the peer's partials;
-      // the parity counts steps taken (K − 1 − t), not t
       float dz = 0.f;
 #pragma unroll
       for (int k = 0; k < 2 * NCTA; ++k) dz += xbuf[k * S::DL + tid];
@@ -367,11 +306,11 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     __syncthreads();
     {  // partial dh[d] = Σ_{owned units u} W_rec[u, d]·d_pre[u], sent to the block that owns d
       const float acc = dot4<S::C4>([&](int i) { return wr[i]; }, dp + sb * S::C4, 0.f);
-      Cta<NCTA>::put(ybuf, (rank * 2 + sb) * S::DL + ob % S::DL, acc, ob / S::DL, rank, &y_ready, 0xffffffffu);
+      const int owner = ob / S::DL;
+      Cta<NCTA>::map(ybuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
-    __syncthreads();
+    Cta<NCTA>::sync();
     if (tid < S::DL) {
-      Cta<NCTA>::wait(&y_ready, (K - 1 - t) & 1);
       float dh = 0.f;
 #pragma unroll
       for (int k = 0; k < 2 * NCTA; ++k) dh += ybuf[k * S::DL + tid];
@@ -379,7 +318,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     }
   }
   if (tid < S::DL) d_h0[static_cast<size_t>(b) * D + d0 + tid] = carry;
-  Cta<NCTA>::sync();  // no block leaves while its peer may still address its shared memory
 }
 
 // ---------------------------------------------------------------------------------------------------
