@@ -6,12 +6,19 @@ setting against the seed-to-seed spread of fp32 runs, all made by the installed 
     python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --settings bf16+compiled+fla \\
         --parallel 4 --tag production_short -- data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40
 
-fp32 trains at seeds s .. s+N-1; every other setting at seed s (the same data, init and batch order as
-fp32's first run). A setting is a '+'-joined list: a precision (fp32, tf32, bf16), `compiled`
-(model.compile_trunk=true) and `fla` (model.mamba.ssd=fla). It holds at a horizon when its AUC differs
-from the same-seed fp32 run's by no more than the fp32 runs' seed-to-seed standard deviation there: what
-the setting changes is smaller than what a new seed changes. Whether it lies inside the fp32 runs'
-[min, max] is recorded too. Writes JSON and a plot to benchmarks/results/."""
+fp32 trains at seeds s .. s+N-1; every other setting at seeds s .. s+M-1 (--setting-seeds M <= N, default
+1), each with the same data, init and batch order as the fp32 run of its seed. A setting is a '+'-joined
+list: a precision (fp32, tf32, bf16), `compiled` (model.compile_trunk=true) and `fla` (model.mamba.ssd=fla).
+
+The margin at a horizon is the fp32 runs' seed-to-seed standard deviation there: what a new seed changes.
+With M = 1 a setting holds at a horizon when its AUC differs from the same-seed fp32 run's by no more than
+the margin. One pair is a weak test: a different summation order alone can send a training run down
+another path, and at small scale that moves a same-seed difference by a seed's worth. With M >= 2 the
+verdict is an equivalence test on the M paired differences (setting − fp32, same seed): `holds` when their
+mean's 90% t-interval lies inside ±margin (two one-sided tests at 5%), `differs` when it lies outside,
+`inconclusive` otherwise; a setting holds when every horizon holds and differs when any horizon differs.
+Whether the setting's AUC lies inside the fp32 runs' [min, max] is recorded too. Writes JSON and a plot
+to benchmarks/results/."""
 
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -70,6 +78,22 @@ def train_one(setting: str, seed: int, args, work: Path) -> dict:
     return row
 
 
+def equivalence(deltas: list[float], margin: float, level: float = 0.90) -> dict:
+    """Mean paired difference, its two-sided `level` t-interval and the verdict against ±margin."""
+    from scipy.stats import t as student_t
+
+    n, mean = len(deltas), statistics.mean(deltas)
+    half = student_t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(deltas) / n**0.5
+    low, high = mean - half, mean + half
+    if -margin <= low and high <= margin:
+        verdict = "holds"
+    elif high < -margin or low > margin:
+        verdict = "differs"
+    else:
+        verdict = "inconclusive"
+    return dict(n=n, mean_delta=mean, interval=[low, high], level=level, verdict=verdict)
+
+
 def summarise(rows: list[dict], base_seed: int) -> dict:
     fp32 = [r for r in rows if r["setting"] == "fp32" and "auc" in r]
     if len(fp32) < 2:
@@ -78,40 +102,66 @@ def summarise(rows: list[dict], base_seed: int) -> dict:
     spread = {h: dict(min=min(r["auc"][h] for r in fp32), max=max(r["auc"][h] for r in fp32),
                       mean=statistics.mean(r["auc"][h] for r in fp32), sd=statistics.stdev(r["auc"][h] for r in fp32))
               for h in horizons}
-    same_seed = next((r for r in fp32 if r["seed"] == base_seed), None)
-    if same_seed is None:
+    fp32_by_seed = {r["seed"]: r for r in fp32}
+    if base_seed not in fp32_by_seed:
         raise SystemExit(f"the fp32 run of seed {base_seed} did not finish: no same-seed comparison")
-    settings = {}
+    runs = defaultdict(list)  # setting -> its finished runs that have a same-seed fp32 run
     for r in rows:
-        if r["setting"] == "fp32" or "auc" not in r:
-            continue
+        if r["setting"] != "fp32" and "auc" in r and r["seed"] in fp32_by_seed:
+            runs[r["setting"]].append(r)
+    settings = {}
+    for name, its in runs.items():
+        its = sorted(its, key=lambda r: r["seed"])
+        first = next((r for r in its if r["seed"] == base_seed), its[0])
         per_h = {}
         for h in horizons:
-            auc = r["auc"][h]
-            delta = auc - same_seed["auc"][h]
-            per_h[h] = dict(auc=auc, delta_same_seed=delta, within_sd=abs(delta) <= spread[h]["sd"],
-                            inside_range=spread[h]["min"] <= auc <= spread[h]["max"])
-        settings[r["setting"]] = dict(per_horizon=per_h, holds=all(v["within_sd"] for v in per_h.values()),
-                                      samples_per_s=r.get("samples_per_s"))
+            deltas = [r["auc"][h] - fp32_by_seed[r["seed"]]["auc"][h] for r in its]
+            auc = statistics.mean(r["auc"][h] for r in its)
+            cell = dict(auc=auc, delta_same_seed=first["auc"][h] - fp32_by_seed[first["seed"]]["auc"][h],
+                        deltas={str(r["seed"]): d for r, d in zip(its, deltas)},
+                        within_sd=all(abs(d) <= spread[h]["sd"] for d in deltas),
+                        inside_range=spread[h]["min"] <= auc <= spread[h]["max"])
+            if len(its) >= 2:
+                cell["equivalence"] = equivalence(deltas, spread[h]["sd"])
+            per_h[h] = cell
+        if len(its) >= 2:
+            verdicts = [v["equivalence"]["verdict"] for v in per_h.values()]
+            verdict = "differs" if "differs" in verdicts else "holds" if set(verdicts) == {"holds"} else "inconclusive"
+        else:
+            verdict = "holds" if all(v["within_sd"] for v in per_h.values()) else "differs"
+        settings[name] = dict(per_horizon=per_h, seeds=[r["seed"] for r in its], verdict=verdict,
+                              holds=verdict == "holds", samples_per_s=statistics.mean(
+                                  r["samples_per_s"] for r in its if r.get("samples_per_s")) if any(
+                                  r.get("samples_per_s") for r in its) else None)
     return dict(horizons=horizons, fp32_spread=spread, fp32_runs=len(fp32), settings=settings)
 
 
 def print_table(summary: dict) -> None:
     hs = summary["horizons"]
     print(f"\nfinal validation AUC per horizon; fp32 over {summary['fp32_runs']} seeds: mean [min, max] (sd)")
-    w = 25
+    w = 29 if any(len(st["seeds"]) > 1 for st in summary["settings"].values()) else 25
     print(f"{'':22}" + "".join(f"{'h' + h:>{w}}" for h in hs))
     s = summary["fp32_spread"]
     print(f"{'fp32 seeds':22}" + "".join(f"{s[h]['mean']:.4f} [{s[h]['min']:.4f}, {s[h]['max']:.4f}]".rjust(w) for h in hs))
     print(f"{'fp32 seed sd':22}" + "".join(f"{s[h]['sd']:{w}.4f}" for h in hs))
+    paired = False
     for name, st in summary["settings"].items():
         cells = []
         for h in hs:
             v = st["per_horizon"][h]
-            mark = " " if v["within_sd"] else "!"
-            cells.append(f"{v['auc']:.4f} ({v['delta_same_seed']:+.4f}){mark}".rjust(w))
-        print(f"{name:22}" + "".join(cells) + f"   {'holds' if st['holds'] else 'differs by more than a seed'}")
-    print("(in brackets: the difference to the fp32 run of the same seed; '!': larger than the fp32 seed sd)")
+            if "equivalence" in v:
+                paired, e = True, v["equivalence"]
+                mark = {"holds": " ", "differs": "!", "inconclusive": "?"}[e["verdict"]]
+                cells.append(f"{e['mean_delta']:+.4f} [{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]{mark}".rjust(w))
+            else:
+                mark = " " if v["within_sd"] else "!"
+                cells.append(f"{v['auc']:.4f} ({v['delta_same_seed']:+.4f}){mark}".rjust(w))
+        label = f"{name} ({len(st['seeds'])} seeds)" if len(st["seeds"]) > 1 else name
+        print(f"{label:22}" + "".join(cells) + f"   {st['verdict']}")
+    if paired:
+        print("(paired rows: mean difference to the same-seed fp32 runs [90% t-interval]; ' ': inside ±fp32 seed sd, "
+              "'!': outside, '?': straddles it)")
+    print("(single rows: AUC (difference to the fp32 run of the same seed); '!': larger than the fp32 seed sd)")
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
@@ -127,7 +177,9 @@ def plot(summary: dict, path: Path, title: str) -> None:
     ax.fill_between(xs, [s[h]["min"] for h in hs], [s[h]["max"] for h in hs], alpha=0.25, label="fp32 seeds: min-max")
     ax.plot(xs, [s[h]["mean"] for h in hs], "k--", lw=1, label="fp32 mean")
     for name, st in summary["settings"].items():
-        ax.plot(xs, [st["per_horizon"][h]["auc"] for h in hs], "o-", ms=4, lw=1, label=name)
+        n = len(st["seeds"])
+        ax.plot(xs, [st["per_horizon"][h]["auc"] for h in hs], "o-", ms=4, lw=1,
+                label=f"{name} (mean of {n} seeds)" if n > 1 else name)
     ax.set_xticks(list(xs), [f"h{h}" for h in hs])
     ax.set_ylabel("final validation AUC")
     ax.set_title(title)
@@ -142,6 +194,8 @@ def main() -> int:
     p.add_argument("--experiment", default="local")
     p.add_argument("--fp32-seeds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0, help="the first fp32 seed, and every other setting's")
+    p.add_argument("--setting-seeds", type=int, default=1, help="seeds per setting (<= --fp32-seeds); >= 2 gives "
+                   "the paired equivalence verdict")
     p.add_argument("--settings", nargs="+", default=["tf32", "bf16", "tf32+compiled", "bf16+compiled"])
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -150,9 +204,13 @@ def main() -> int:
     args = p.parse_args()
     for s in args.settings:
         overrides_of(s)
+    if not 1 <= args.setting_seeds <= args.fp32_seeds:
+        raise SystemExit(f"--setting-seeds {args.setting_seeds}: expected 1 .. --fp32-seeds ({args.fp32_seeds}), "
+                         "each setting's run is paired with the fp32 run of its seed")
     if shutil.which("perception-train") is None:
         raise SystemExit("perception-train is not on PATH: install the package (pip install -e .)")
-    jobs = [("fp32", args.seed + i) for i in range(args.fp32_seeds)] + [(s, args.seed) for s in args.settings]
+    jobs = [("fp32", args.seed + i) for i in range(args.fp32_seeds)]
+    jobs += [(s, args.seed + i) for s in args.settings for i in range(args.setting_seeds)]
     work = Path(tempfile.mkdtemp(prefix="precision-quality-"))
     rows = []
     from tqdm import tqdm

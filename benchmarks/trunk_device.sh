@@ -4,6 +4,7 @@
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS as train_step.py's flags; TEST_S=0 skips the
 #     CUDA tests beyond the CfC's)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
+#     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
@@ -45,8 +46,8 @@ else
   timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
-  timeout 180 python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
-    --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
+  timeout "${LOCAL_S:-180}" python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
+    --setting-seeds "${SETTING_SEEDS:-1}" --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
   timeout 210 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
     --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \

@@ -1,0 +1,98 @@
+"""benchmarks/precision_quality.py's verdicts: the single same-seed comparison, and the paired equivalence
+test over several seeds per setting; end to end through the installed perception-train on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scipy.stats import t as student_t
+
+from benchmarks.precision_quality import equivalence, summarise
+
+ROOT = Path(__file__).resolve().parents[2]
+FP32 = {0: 0.750, 1: 0.770, 2: 0.740, 3: 0.760}  # h10 AUC by seed: sd 0.0129
+
+
+def rows(setting: str, deltas: dict[int, float]) -> list[dict]:
+    return [dict(setting=setting, seed=s, auc={"10": FP32[s] + d}) for s, d in deltas.items()]
+
+
+def fp32_rows() -> list[dict]:
+    return rows("fp32", {s: 0.0 for s in FP32})
+
+
+def test_the_interval_is_the_t_interval_of_the_paired_differences():
+    deltas = [0.004, -0.002, 0.007]
+    e = equivalence(deltas, margin=0.05)
+    half = student_t.ppf(0.95, 2) * statistics.stdev(deltas) / math.sqrt(3)
+    assert e["n"] == 3 and e["level"] == 0.90
+    assert e["mean_delta"] == pytest.approx(0.003)
+    assert e["interval"] == pytest.approx([0.003 - half, 0.003 + half])
+    assert e["verdict"] == "holds"
+
+
+@pytest.mark.parametrize(("deltas", "verdict"), [
+    ([0.001, -0.001, 0.002], "holds"),          # well inside ±0.01
+    ([-0.030, -0.031, -0.029], "differs"),      # well below -0.01
+    ([0.001, 0.015, -0.004], "inconclusive"),   # the interval straddles +0.01
+])
+def test_equivalence_verdicts(deltas, verdict):
+    assert equivalence(deltas, margin=0.01)["verdict"] == verdict
+
+
+def test_several_seeds_per_setting_are_paired_with_fp32_by_seed():
+    sd = statistics.stdev(FP32.values())
+    out = summarise(fp32_rows() + rows("tf32", {0: 0.001, 1: -0.001, 2: 0.0005})
+                    + rows("bf16", {0: 0.040, 1: 0.038, 2: 0.041}), base_seed=0)
+    tf32, bf16 = out["settings"]["tf32"], out["settings"]["bf16"]
+    assert out["fp32_spread"]["10"]["sd"] == pytest.approx(sd)
+    assert tf32["seeds"] == [0, 1, 2]
+    assert tf32["per_horizon"]["10"]["deltas"] == pytest.approx({"0": 0.001, "1": -0.001, "2": 0.0005})
+    assert tf32["per_horizon"]["10"]["auc"] == pytest.approx(statistics.mean(FP32[s] for s in (0, 1, 2)) + 0.0005 / 3)
+    assert tf32["verdict"] == "holds" and tf32["holds"]
+    assert bf16["verdict"] == "differs" and not bf16["holds"]
+
+
+def test_one_seed_keeps_the_same_seed_rule():
+    sd = statistics.stdev(FP32.values())
+    out = summarise(fp32_rows() + rows("small", {0: 0.5 * sd}) + rows("large", {0: 1.5 * sd}), base_seed=0)
+    assert out["settings"]["small"]["verdict"] == "holds"
+    assert out["settings"]["large"]["verdict"] == "differs"
+    assert "equivalence" not in out["settings"]["small"]["per_horizon"]["10"]
+
+
+def test_a_setting_run_without_its_fp32_pair_is_left_out():
+    out = summarise(rows("fp32", {0: 0.0, 1: 0.0}) + rows("tf32", {0: 0.001, 3: 0.2}), base_seed=0)
+    assert out["settings"]["tf32"]["seeds"] == [0]
+
+
+def test_more_setting_seeds_than_fp32_seeds_is_refused():
+    done = subprocess.run([sys.executable, "benchmarks/precision_quality.py", "--fp32-seeds", "2", "--setting-seeds", "3",
+                           "--settings", "tf32"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "--setting-seeds 3: expected 1 .. --fp32-seeds (2)" in done.stderr
+
+
+@pytest.mark.slow
+def test_paired_verdict_end_to_end_on_cpu(tmp_path):
+    """On CPU tf32 is fp32 bit for bit, so every paired difference is 0 and the verdict must be `holds`."""
+    env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path)}
+    done = subprocess.run([sys.executable, "benchmarks/precision_quality.py", "--experiment", "ci", "--device", "cpu",
+                           "--fp32-seeds", "3", "--setting-seeds", "2", "--settings", "tf32", "--parallel", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "precision_quality_ci.json").read_text())
+    tf32 = result["settings"]["tf32"]
+    assert tf32["seeds"] == [0, 1] and len(result["runs"]) == 5
+    for h, cell in tf32["per_horizon"].items():
+        assert cell["deltas"] == {"0": 0.0, "1": 0.0}, h
+        assert cell["equivalence"]["verdict"] == "holds", h
+    assert tf32["verdict"] == "holds"
+    assert (tmp_path / "precision_quality_ci.png").stat().st_size > 0
