@@ -59,13 +59,28 @@ def measure_ceilings() -> dict:
     return dict(copy_gbps=2 * (1 << 29) * 4 / copy_ms / 1e6, fp32_tflops=2 * 8192**3 / mm_ms / 1e9)
 
 
+def graphed(fn, warm_up_with=None, warmup: int = 3):
+    """`fn` captured once as a CUDA graph, after `warm_up_with` (default `fn`) ran on a side stream, as in
+    PyTorch's whole-network capture; returns the graph's replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            (warm_up_with or fn)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False, ssd: str = "chunked",
-          chunk: int | None = None):
+          chunk: int | None = None, graph: bool = False):
     mamba = MambaConfig(ssd=ssd) if chunk is None else MambaConfig(ssd=ssd, chunk=chunk)
     cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled, mamba=mamba)
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
     model.set_dt_scale(1.0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=graph)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(args.batch, args.window, args.features, generator=g).cuda()
     dt = torch.exp(0.5 * torch.randn(args.batch, args.window, generator=g)).cuda()
@@ -77,37 +92,54 @@ def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool 
     def amp():
         return forward_context(precision, x.device)
 
-    def train_step():
-        opt.zero_grad(set_to_none=True)
+    def forward_backward_step():
         with amp():
             logits = model(x, dt)
         loss = masked_bce(logits.float(), y, mask)
         loss.backward()
         opt.step()
 
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        forward_backward_step()
+
     def eval_step():
         with torch.no_grad(), amp():
             model(x, dt)
 
-    return model, train_step, eval_step
+    if not graph:
+        return model, train_step, eval_step
+
+    def warm_up():
+        train_step()
+        opt.zero_grad(set_to_none=True)  # the capture allocates the gradients; each replay overwrites them
+
+    replay_train = graphed(forward_backward_step, warm_up_with=warm_up)
+    model.eval()
+    replay_eval = graphed(eval_step)
+    model.train()
+    return model, replay_train, replay_eval
 
 
 def label(row: dict) -> str:
     return (row["ops"] + (f" ({row['cfc_path']})" if row["cfc_path"] else "")
             + (f" {row['precision']}" if row["precision"] != "fp32" else "") + (" compiled" if row["compiled"] else "")
             + (" fla" if row["ssd"] == "fla" else "") + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
+            + (" CUDA graph" if row.get("graph") else "")
             + (" [profiled]" if "kernels" in row else ""))
 
 
 def measure(args, ops: str, variant: str, reps: int, path: str | None = None, precision: str = "fp32",
-            compiled: bool = False, ssd: str = "chunked", profile: bool = False, chunk: int | None = None) -> dict:
+            compiled: bool = False, ssd: str = "chunked", profile: bool = False, chunk: int | None = None,
+            graph: bool = False) -> dict:
     """Median step and eval time and peak memory; with `profile`, also the CUDA time of every kernel
-    over one step and one eval, and the CfC scan's share of each."""
+    over one step and one eval, the CfC scan's share of each, and the step's GPU time in kernels (the
+    rest of the step the GPU waits for the host). `graph`: the step and the eval replayed as CUDA graphs."""
     if path:
         os.environ["PERCEPTION_CFC_PATH"] = path
     torch._dynamo.reset()  # every row compiles afresh, never into the recompile limit
     chunk = chunk or DEFAULT_CHUNK
-    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd, chunk)
+    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd, chunk, graph)
     train_step()  # warm-up: autotuning, compilation, allocator
     model.eval()
     eval_step()
@@ -120,11 +152,11 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None, pr
     eval_ms = median_ms(eval_step, reps)
     model.train()
     row = dict(variant=variant, ops=ops, cfc_path=path, precision=precision, compiled=compiled, ssd=ssd, chunk=chunk,
-               step_ms=step_ms, eval_ms=eval_ms, peak_gib=peak)
+               graph=graph, step_ms=step_ms, eval_ms=eval_ms, peak_gib=peak)
     if profile:
-        row["kernels"], row["cfc_step_ms"] = kernel_times(train_step)
+        row["kernels"], row["cfc_step_ms"], row["gpu_step_ms"] = kernel_times(train_step)
         model.eval()
-        _, row["cfc_eval_ms"] = kernel_times(eval_step)
+        _, row["cfc_eval_ms"], row["gpu_eval_ms"] = kernel_times(eval_step)
         model.train()
     os.environ.pop("PERCEPTION_CFC_PATH", None)
     configure_precision("fp32", torch.device("cuda"))  # the next row starts from plain fp32
@@ -134,8 +166,9 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None, pr
     return row
 
 
-def kernel_times(fn, top: int = 10) -> tuple[list[dict], float]:
-    """CUDA time per kernel name over one call of `fn` (the top ones), and the CfC scan kernels' total ms."""
+def kernel_times(fn, top: int = 10) -> tuple[list[dict], float, float]:
+    """CUDA time per kernel name over one call of `fn` (the top ones), the CfC scan kernels' total ms and
+    the GPU time of all of them."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -143,7 +176,7 @@ def kernel_times(fn, top: int = 10) -> tuple[list[dict], float]:
     total = sum(e.device_time_total for e in events) or 1.0
     cfc_ms = sum(e.device_time_total for e in events if "cfc_scan" in e.key) / 1e3
     return [dict(name=e.key[:90], ms=e.device_time_total / 1e3, share=e.device_time_total / total)
-            for e in events[:top]], cfc_ms
+            for e in events[:top]], cfc_ms, total / 1e3
 
 
 def project(step_ms: float, eval_ms: float, batch: int, window: int) -> dict:
@@ -180,6 +213,9 @@ def main() -> None:
                         help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)")
     parser.add_argument("--project", default="", help="profile and project the fastest row at each of these "
                         "precisions, e.g. tf32,bf16 (default: the fastest row of all)")
+    parser.add_argument("--graph", default="", help="precisions of compiled rows replayed as one CUDA graph per "
+                        "step ('' for none): how much of the step is host launch time; the trainer does not capture "
+                        "graphs, so these rows are never the headline or projected")
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
     listed = lambda text: [p for p in text.split(",") if p]  # noqa: E731
@@ -197,6 +233,10 @@ def main() -> None:
     for precision in listed(args.compiled):
         for chunk in map(int, listed(args.chunks)):
             rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk))
+    for precision in listed(args.graph):
+        for chunk in map(int, listed(args.chunks)):
+            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk,
+                                graph=True))
     refusal = fla_refusal() if listed(args.fla) else None
     if refusal is None:
         for precision in listed(args.fla):
@@ -204,7 +244,7 @@ def main() -> None:
     else:
         print(f"  (model.mamba.ssd=fla rows skipped: {refusal})")
 
-    kernel_rows = [r for r in rows if r["ops"] == "cuda"]
+    kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
     by_precision = {}
     for precision in listed(args.project) or [""]:
@@ -236,7 +276,8 @@ def main() -> None:
     print(f"fastest kernel-path step: {best['step_ms']:.1f} ms ({label(best)}), {fp32['step_ms'] / best['step_ms']:.1f}x "
           f"the fp32 kernel step, peak {best['peak_gib']:.2f} GiB (target <= {TARGET_STEP_MS:.0f} ms: "
           f"{'met' if best['step_ms'] <= TARGET_STEP_MS else 'missed'})")
-    print(f"what dominates that step (CUDA time; the CfC scan {fast['cfc_step_ms']:.1f} ms):")
+    print(f"what dominates that step (CUDA time {fast['gpu_step_ms']:.1f} ms of {fast['step_ms']:.1f}, the rest the GPU "
+          f"waits for the host; the CfC scan {fast['cfc_step_ms']:.1f} ms):")
     for k in fast["kernels"]:
         print(f"  {k['ms']:9.2f} ms {100 * k['share']:5.1f}%  {k['name']}")
     print(f"\nceilings here: copy {ceilings['copy_gbps']:.0f} GB/s, fp32 GEMM {ceilings['fp32_tflops']:.1f} TFLOP/s; "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
-#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS as train_step.py's flags; TEST_S=0 skips the
+#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TEST_S=0 skips the
 #     CUDA tests beyond the CfC's)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
@@ -28,7 +28,7 @@ if [ "$mode" = speed ]; then
   timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
   echo "cfc: ${SECONDS} s"
   timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
-    --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" \
+    --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
     2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
   echo "train_step: ${SECONDS} s"
   if [ "${TEST_S:-300}" != 0 ]; then  # TEST_S=0: leave every other CUDA test to a later call
