@@ -28,19 +28,28 @@ def cuda_median_ms(fn, reps: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
-def graph_ms(step, reps: int, inner: int = 20) -> float:
-    """GPU time of one `step`: `inner` steps captured in one CUDA graph, replayed, divided by `inner`."""
+def graphed(fn, warm_up_with=None, warmups: int = 3):
+    """`fn` captured once as a CUDA graph after `warm_up_with` (default `fn`) ran `warmups` times on a side
+    stream, as torch.cuda.graph asks; returns the graph's replay."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
-        for _ in range(3):
-            step()
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            (warm_up_with or fn)()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def graph_ms(step, reps: int, inner: int = 20) -> float:
+    """GPU time of one `step`: `inner` steps captured in one CUDA graph, replayed, divided by `inner`."""
+    def steps():
         for _ in range(inner):
             step()
-    return cuda_median_ms(graph.replay, reps) / inner
+
+    return cuda_median_ms(graphed(steps, warm_up_with=step), reps) / inner
 
 
 def machine_info(**extra) -> dict:

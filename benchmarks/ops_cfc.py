@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.cuda_timing import cuda_median_ms as time_ms  # noqa: E402
-from benchmarks.cuda_timing import machine_info, write_table  # noqa: E402
+from benchmarks.cuda_timing import graphed, machine_info, write_table  # noqa: E402
 from perception.ops.reference import cfc_scan_ref  # noqa: E402
 
 TARGET_MS = 30.0  # issue target for forward + backward at B=64, K=6000, D=128 on an H100/H200
@@ -58,19 +58,6 @@ def _fwd(fn, inputs):
             fn(*inputs)
 
     return step
-
-
-def _graphed(step):
-    """Captures one call of `step` (eager loop, autograd included) into a CUDA graph; returns replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
 
 
 def run(args) -> list[dict]:
@@ -112,8 +99,8 @@ def run(args) -> list[dict]:
     fwd = time_ms(_fwd(cfc_scan_ref, inputs), eager_reps)
     fwdbwd = time_ms(_fwd_bwd(cfc_scan_ref, inputs, cot), eager_reps)
     rows.append(dict(op="cfc_scan", impl="eager", shape=shape, fwd_ms=fwd, fwdbwd_ms=fwdbwd, note="reference loop, real cell"))
-    fwd_g = time_ms(_graphed(_fwd(cfc_scan_ref, inputs)), eager_reps)
-    fwdbwd_g = time_ms(_graphed(_fwd_bwd(cfc_scan_ref, inputs, cot)), eager_reps)
+    fwd_g = time_ms(graphed(_fwd(cfc_scan_ref, inputs), warmups=1), eager_reps)
+    fwdbwd_g = time_ms(graphed(_fwd_bwd(cfc_scan_ref, inputs, cot), warmups=1), eager_reps)
     rows.append(dict(op="cfc_scan", impl="eager + CUDA graph", shape=shape, fwd_ms=fwd_g, fwdbwd_ms=fwdbwd_g,
                      note="reference loop captured once, replayed"))
     return rows

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cuda_timing import cuda_median_ms as median_ms  # noqa: E402
+from benchmarks.cuda_timing import graphed  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
 from perception.model.config import MambaConfig  # noqa: E402
 from perception.model.ssd_fla import fla_refusal  # noqa: E402
@@ -58,21 +59,6 @@ def measure_ceilings() -> dict:
     torch.backends.cuda.matmul.allow_tf32 = prev
     del src, dst, a, b
     return dict(copy_gbps=2 * (1 << 29) * 4 / copy_ms / 1e6, fp32_tflops=2 * 8192**3 / mm_ms / 1e9)
-
-
-def graphed(fn, warm_up_with=None, warmup: int = 3):
-    """`fn` captured once as a CUDA graph, after `warm_up_with` (default `fn`) ran on a side stream, as in
-    PyTorch's whole-network capture; returns the graph's replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            (warm_up_with or fn)()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False, ssd: str = "chunked",

@@ -1,0 +1,36 @@
+// The CfC cell's arithmetic that every CfC kernel shares (cfc_scan.cu; benchmarks/cfc_one_exchange.cu
+// measures a variant of the forward against it): the accurate activations, the four-sum dot product and
+// lecun_tanh's constants. Device-only, header-only.
+#pragma once
+
+namespace perception_cfc {
+
+// Both activations through expm1f, which stays accurate under --use_fast_math (tanhf/expf may not).
+__device__ __forceinline__ float tanh_acc(float x) {
+  const float e = expm1f(-2.0f * fabsf(x));  // (-1, 0]
+  return copysignf(-e / (e + 2.0f), x);
+}
+__device__ __forceinline__ float sigmoid_acc(float x) { return 0.5f * tanh_acc(0.5f * x) + 0.5f; }
+
+// sum_i w[i]·v[i] over N values (N % 4 == 0), v in shared memory (float4), w a register array or a
+// strided pointer: four partial sums, added as (s0 + s1) + (s2 + s3). A register array needs the loop
+// fully unrolled (UNROLL = N / 4); reads from memory unroll less, so their loads do not pile up in registers.
+template <int N, int UNROLL = N / 4, typename W>
+__device__ __forceinline__ float dot4(const W& w, const float* __restrict__ v, float init) {
+  const float4* v4 = reinterpret_cast<const float4*>(v);
+  float s0 = init, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll UNROLL
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 x = v4[i];
+    s0 = fmaf(w(4 * i), x.x, s0);
+    s1 = fmaf(w(4 * i + 1), x.y, s1);
+    s2 = fmaf(w(4 * i + 2), x.z, s2);
+    s3 = fmaf(w(4 * i + 3), x.w, s3);
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
+constexpr float kLecunA = 1.7159f;
+constexpr float kLecunB = 0.666f;
+
+}  // namespace perception_cfc
