@@ -1,0 +1,170 @@
+// A candidate for the CfC forward's sm_90 cluster path, measured against the kept kernel
+// (perception/ops/csrc/cfc_scan.cu, cfc_scan_fwd<128, 2>) by benchmarks/cfc_one_exchange.py.
+//
+// The kept kernel crosses the cluster twice per step: z halves after W_rec·h, h halves after the cell.
+// Here each block computes z for all D units itself (its own units' W_rec rows in registers as in the
+// kept kernel, the peer's rows in shared memory, 32 KiB), so only h halves cross: one cluster barrier per
+// step instead of two, for 32 more FMAs and 8 more shared float4 reads per thread. h is double-buffered:
+// with z local, the peer can finish step t+1 and store its half of h_{t+1} while this block still reads
+// h_t; it cannot get further, the barrier at the end of step t+1 waits for this block.
+// The arithmetic and its order are the kept kernel's, so h_seq must equal its output bit for bit.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
+#include <torch/extension.h>
+
+#include "cfc_cell.cuh"
+
+namespace cg = cooperative_groups;
+
+namespace {
+
+using namespace perception_cfc;
+
+constexpr int D = 128;        // the production width; the only one this candidate is built for
+constexpr int T = 2 * D;      // threads per block, as the kept kernel
+constexpr int DL = D / 2;     // units (and channels) a block owns
+constexpr int SA = T / DL;    // splits of W_rec·h over channels (4)
+constexpr int CA = D / SA;    // channels per split (32)
+constexpr int PEER_W4 = SA * (CA / 4) * DL;  // float4s of the peer's W_rec rows
+constexpr int SMEM_FLOATS = 4 * PEER_W4 + 2 * D + D + 2 * T + 4 * DL;
+
+// global row of W_out for the block's local row jl (gate-major: jl = gate·DL + channel), as the kept kernel
+__device__ int jg(int jl, int d0) { return (jl / DL) * D + d0 + jl % DL; }
+
+__global__ void __launch_bounds__(T, 1) cfc_scan_fwd_one_exchange(
+    const float* __restrict__ x_proj,  // (B, K, D)
+    const float* __restrict__ ts,      // (B, K)
+    const float* __restrict__ h0,      // (B, D)
+    const float* __restrict__ w_rec,   // (D, D)  [u][c]
+    const float* __restrict__ w_out,   // (4D, D) [j][u]
+    const float* __restrict__ b_out,   // (4D)
+    float* __restrict__ h_seq,         // (B, K, D)
+    int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ float4 smem4[];
+  float4* wpeer = smem4;                                    // [s][i4][o]: W_rec[p0 + o][s·CA + 4·i4 .. +3]
+  float* hbuf = reinterpret_cast<float*>(wpeer + PEER_W4);  // (2, D) full h, double-buffered
+  float* z = hbuf + 2 * D;                                  // (D) full z, computed in this block
+  float* red = z + D;                                       // (2, SA, DL) partials: own units, peer's units
+  float* g = red + 2 * T;                                   // (4·DL) this block's gate pre-activations
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x;
+  const unsigned rank = cluster.block_rank();
+  const int b = blockIdx.x / 2;
+  const int d0 = rank * DL, p0 = (1 - rank) * DL;  // first own and first peer unit (== channel)
+  const int oa = tid % DL, sa = tid / DL;          // W_rec·h: output unit (own and peer's), split
+
+  float wo[D];  // W_out[jg(tid)][0..D), the one row this thread multiplies
+  {
+    const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(jg(tid, d0)) * D);
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) {
+      const float4 v = row4[i];
+      wo[4 * i] = v.x, wo[4 * i + 1] = v.y, wo[4 * i + 2] = v.z, wo[4 * i + 3] = v.w;
+    }
+  }
+  float wr[CA];
+#pragma unroll
+  for (int i = 0; i < CA; ++i) wr[i] = w_rec[(d0 + oa) * D + sa * CA + i];
+  for (int i = tid; i < PEER_W4; i += T) {
+    const int o = i % DL, i4 = (i / DL) % (CA / 4), s = i / (DL * (CA / 4));
+    wpeer[i] = *reinterpret_cast<const float4*>(w_rec + (p0 + o) * D + s * CA + 4 * i4);
+  }
+  const float bias = b_out[jg(tid, d0)];
+  for (int i = tid; i < D; i += T) hbuf[i] = h0[b * D + i];
+  cluster.sync();  // both blocks have started (their shared memory may be written) and staged h_{-1}
+
+  const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
+  const float* tsrow = ts + static_cast<size_t>(b) * K;
+  float* hrow = h_seq + static_cast<size_t>(b) * K * D;
+  const int unit = tid < DL ? d0 + tid : p0 + tid - DL;  // the unit whose z thread tid < D completes
+  float xp_next = tid < D ? xrow[unit] : 0.f;
+  float ts_next = tsrow[0];
+
+  for (int t = 0; t < K; ++t) {
+    const float* h = hbuf + (t & 1) * D;  // h_{t-1}
+    float* h_out = hbuf + ((t + 1) & 1) * D;  // h_t, in both blocks
+    const float xp = xp_next, tst = ts_next;
+    if (t + 1 < K) {  // prefetch the next step's inputs; they do not depend on the recurrence
+      if (tid < D) xp_next = xrow[static_cast<size_t>(t + 1) * D + unit];
+      ts_next = tsrow[t + 1];
+    }
+    // partials of W_rec·h for own unit d0 + oa (registers) and peer's unit p0 + oa (shared memory), in the
+    // kept kernel's order: the peer's kernel sums its own unit from the same values the same way
+    red[sa * DL + oa] = dot4<CA>([&](int i) { return wr[i]; }, h + sa * CA, 0.f);
+    const float4* wp = wpeer + sa * (CA / 4) * DL + oa;
+    red[T + sa * DL + oa] = dot4<CA>(
+        [&](int i) {
+          const float4 w = wp[(i / 4) * DL];
+          return (i % 4 == 0) ? w.x : (i % 4 == 1) ? w.y : (i % 4 == 2) ? w.z : w.w;
+        },
+        h + sa * CA, 0.f);
+    __syncthreads();
+    if (tid < D) {  // z for every unit, here
+      const float* r = red + (tid < DL ? 0 : T) + tid % DL;
+      float pre = xp;
+#pragma unroll
+      for (int s = 0; s < SA; ++s) pre += r[s * DL];
+      z[unit] = kLecunA * tanh_acc(kLecunB * pre);
+    }
+    __syncthreads();
+    g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias);
+    __syncthreads();
+    if (tid < DL) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
+      const float f1 = g[tid], f2 = g[DL + tid], ta = g[2 * DL + tid], tb = g[3 * DL + tid];
+      const float sig = sigmoid_acc(fmaf(ta, tst, tb));
+      const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
+      hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
+      h_out[d0 + tid] = hn;
+      cluster.map_shared_rank(h_out, 1 - rank)[d0 + tid] = hn;
+    }
+    cluster.sync();  // h_t complete in both blocks; no block leaves while its peer may still store into it
+  }
+#else
+  __trap();
+#endif
+}
+
+at::Tensor cfc_scan_one_exchange(const at::Tensor& x_proj, const at::Tensor& ts, const at::Tensor& h0,
+                                 const at::Tensor& w_rec, const at::Tensor& w_out, const at::Tensor& b_out) {
+  const std::vector<std::pair<const at::Tensor*, const char*>> all = {
+      {&x_proj, "x_proj"}, {&ts, "ts"}, {&h0, "h0"}, {&w_rec, "w_rec"}, {&w_out, "w_out"}, {&b_out, "b_out"}};
+  for (const auto& [t, name] : all) {
+    TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                std::string("cfc_scan_one_exchange: ") + name + " must be a contiguous float32 CUDA tensor");
+  }
+  TORCH_CHECK(x_proj.dim() == 3 && x_proj.size(2) == D, "cfc_scan_one_exchange: x_proj must be (B, K, 128)");
+  const int B = x_proj.size(0), K = x_proj.size(1);
+  const c10::cuda::CUDAGuard guard(x_proj.device());
+  auto h_seq = at::empty_like(x_proj);
+  if (B == 0 || K == 0) return h_seq;
+  const size_t smem = SMEM_FLOATS * sizeof(float);
+  C10_CUDA_CHECK(cudaFuncSetAttribute(cfc_scan_fwd_one_exchange, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(2 * B);
+  cfg.blockDim = dim3(T);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = c10::cuda::getCurrentCUDAStream();
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, cfc_scan_fwd_one_exchange, x_proj.data_ptr<float>(), ts.data_ptr<float>(),
+                                    h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(),
+                                    b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K));
+  return h_seq;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("cfc_scan_one_exchange", &cfc_scan_one_exchange, "CfC forward, one cluster exchange per step (sm_90)");
+}
