@@ -1,14 +1,14 @@
-"""Does one cluster exchange per CfC step beat two? The candidate forward (benchmarks/cfc_one_exchange.cu:
-each block computes all of z, only h crosses the cluster) against the kept sm_90 cluster kernel
-(`PERCEPTION_CFC_PATH=cluster`): h_seq must equal the kept kernel's bit for bit (same arithmetic, same
-order) at several shapes, and match the fp64 reference; then the median forward time of both at
-production size (B=64, K=6000, D=128).
+"""Does one cluster exchange per CfC step beat two? The candidate kernels (benchmarks/cfc_one_exchange.cu:
+forward, each block computes all of z and only h crosses the cluster; backward, only d_pre crosses) against
+the kept sm_90 cluster kernels (`PERCEPTION_CFC_PATH=cluster`): their outputs must equal the kept kernels'
+bit for bit (same arithmetic, same order) at several shapes, and h_seq match the fp64 reference; then the
+median time of each kernel pair at production size (B=64, K=6000, D=128).
 
     PYTHONPATH=. python3 benchmarks/cfc_one_exchange.py [--batch 64 --window 6000] [--out FILE]
 
 Needs an sm_90 GPU, nvcc and the built extension (python -m perception.ops.build); the candidate is
 JIT-built here with torch.utils.cpp_extension (about a minute). Writes JSON and a markdown table
-(benchmarks/results/cfc_one_exchange.json|md). Exits 1 when the candidate's output differs from the kept
+(benchmarks/results/cfc_one_exchange.json|md). Exits 1 when a candidate's output differs from the kept
 kernel's by more than 1e-6 (relative)."""
 
 from __future__ import annotations
@@ -58,8 +58,11 @@ def main() -> int:
 
     extension.require()
     os.environ["PERCEPTION_CFC_PATH"] = "cluster"
-    kept = torch.ops.perception.cfc_scan
-    candidate = build_candidate().cfc_scan_one_exchange
+    from perception.ops.cfc_autograd import recompute
+
+    kept, kept_bwd = torch.ops.perception.cfc_scan, torch.ops.perception.cfc_scan_bwd
+    module = build_candidate()
+    candidate, candidate_bwd = module.cfc_scan_one_exchange, module.cfc_scan_bwd_one_exchange
 
     rows, same_everywhere = [], True
     for b, k in SHAPES + [(args.batch, args.window)]:
@@ -81,13 +84,34 @@ def main() -> int:
         row["note"] = ("bit for bit equal" if bitwise else f"differs: rel {row['rel_to_kept']:.2e}") + (
             f"; kept kernel {row['kept_fwd_ms']:.3f} ms" if "kept_fwd_ms" in row else "")
         rows.append(row)
-        print(f"  {row['shape']:24} {row['note']}", flush=True)
+        print(f"  fwd {row['shape']:24} {row['note']}", flush=True)
 
-    prod = rows[-1]
-    print(f"\nforward at {prod['shape']}: kept {prod['kept_fwd_ms']:.3f} ms, one exchange {prod['fwd_ms']:.3f} ms "
-          f"({prod['kept_fwd_ms'] - prod['fwd_ms']:+.3f} ms per forward; a training step runs one forward, an "
-          "eval batch one)")
-    targets = {"cfc_scan fwd": "faster than the kept cluster kernel, h_seq bit for bit equal"}
+        with torch.no_grad():  # the backward kernels on the forward's recomputed activations
+            x_proj, ts, h0, w_rec, w_out, b_out = inputs
+            _, z, gates = recompute(x_proj, h0, want, w_rec, w_out, b_out)
+            cot = torch.randn(b, k, D, device="cuda", generator=torch.Generator("cuda").manual_seed(b + k))
+            args_bwd = (cot, gates.contiguous(), z.contiguous(), ts, w_rec, w_out)
+            want_b, got_b = kept_bwd(*args_bwd), candidate_bwd(*args_bwd)
+        torch.cuda.synchronize()
+        names = ("d_pre", "d_gates", "d_h0")
+        bitwise_b = all(torch.equal(w, g) for w, g in zip(want_b, got_b))
+        rels = {n: rel(g, w) for n, w, g in zip(names, want_b, got_b)}
+        same_everywhere &= all(r < 1e-6 for r in rels.values())
+        row = dict(op="cfc_scan_bwd", impl="one exchange vs kept cluster", shape=f"B={b} K={k} D={D}",
+                   bitwise_equal=bitwise_b, rel_to_kept=rels)
+        if (b, k) == (args.batch, args.window):
+            row["kept_fwdbwd_ms"] = cuda_median_ms(lambda: kept_bwd(*args_bwd), args.reps)
+            row["fwdbwd_ms"] = cuda_median_ms(lambda: candidate_bwd(*args_bwd), args.reps)
+        row["note"] = ("bit for bit equal" if bitwise_b else "differs: " + ", ".join(f"{n} rel {r:.2e}" for n, r in rels.items())) + (
+            f"; kept kernel {row['kept_fwdbwd_ms']:.3f} ms (backward kernel alone)" if "kept_fwdbwd_ms" in row else "")
+        rows.append(row)
+        print(f"  bwd {row['shape']:24} {row['note']}", flush=True)
+
+    fwd, bwd = rows[-2], rows[-1]
+    print(f"\nat {fwd['shape']}: forward kernel kept {fwd['kept_fwd_ms']:.3f} ms, one exchange {fwd['fwd_ms']:.3f} ms; "
+          f"backward kernel kept {bwd['kept_fwdbwd_ms']:.3f} ms, one exchange {bwd['fwdbwd_ms']:.3f} ms "
+          f"(a training step runs one of each, an eval batch one forward)")
+    targets = {"cfc_scan fwd / cfc_scan_bwd": "faster than the kept cluster kernels, outputs bit for bit equal"}
     print(write_table(Path(args.out), rows, machine_info(), targets))
     return 0 if same_everywhere else 1
 
