@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(T, 1) cfc_scan_bwd_one_exchange(
 
   const size_t row = static_cast<size_t>(b) * K;
   auto at = [&](int t, int stride) { return (row + t) * stride; };
-  const bool owns_channel = tid >= d0 && tid < d0 + DL;  // (tid < D) writes this channel's d_gates
+  const bool owns_channel = tid >= d0 && tid < d0 + DL;  // writes channel tid's d_gates and d_h0
   float gh_n = 0.f, f_n[4] = {0.f, 0.f, 0.f, 0.f}, z_n = 0.f;
   float ts_n = ts[row + K - 1];
   if (tid < D) {
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(T, 1) cfc_scan_bwd_one_exchange(
       carry = dh;
     }
   }
-  if (tid < D && owns_channel) d_h0[static_cast<size_t>(b) * D + tid] = carry;
+  if (owns_channel) d_h0[static_cast<size_t>(b) * D + tid] = carry;
 #else
   __trap();
 #endif
@@ -263,24 +263,6 @@ void check_inputs(const char* op, const std::vector<std::pair<const at::Tensor*,
   }
 }
 
-template <typename... KArgs, typename... Args>
-void launch_cluster(void (*kernel)(KArgs...), int blocks, size_t smem, Args... args) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2 * blocks);
-  cfg.blockDim = dim3(T);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = c10::cuda::getCurrentCUDAStream();
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-
 at::Tensor cfc_scan_one_exchange(const at::Tensor& x_proj, const at::Tensor& ts, const at::Tensor& h0,
                                  const at::Tensor& w_rec, const at::Tensor& w_out, const at::Tensor& b_out) {
   check_inputs("cfc_scan_one_exchange", {{&x_proj, "x_proj"}, {&ts, "ts"}, {&h0, "h0"}, {&w_rec, "w_rec"},
@@ -290,7 +272,7 @@ at::Tensor cfc_scan_one_exchange(const at::Tensor& x_proj, const at::Tensor& ts,
   const c10::cuda::CUDAGuard guard(x_proj.device());
   auto h_seq = at::empty_like(x_proj);
   if (B == 0 || K == 0) return h_seq;
-  launch_cluster(cfc_scan_fwd_one_exchange, B, SMEM_FLOATS * sizeof(float), x_proj.data_ptr<float>(),
+  launch(cfc_scan_fwd_one_exchange, 2, B, T, SMEM_FLOATS * sizeof(float), x_proj.data_ptr<float>(),
                  ts.data_ptr<float>(), h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(),
                  b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
   return h_seq;
@@ -308,7 +290,7 @@ std::vector<at::Tensor> cfc_scan_bwd_one_exchange_op(const at::Tensor& grad_h, c
   auto d_gates = at::empty({B, K, 4 * D}, grad_h.options());
   auto d_h0 = at::zeros({B, D}, grad_h.options());
   if (B == 0 || K == 0) return {d_pre, d_gates, d_h0};
-  launch_cluster(cfc_scan_bwd_one_exchange, B, BWD_SMEM_FLOATS * sizeof(float), grad_h.data_ptr<float>(),
+  launch(cfc_scan_bwd_one_exchange, 2, B, T, BWD_SMEM_FLOATS * sizeof(float), grad_h.data_ptr<float>(),
                  gates.data_ptr<float>(), z.data_ptr<float>(), ts.data_ptr<float>(), w_rec.data_ptr<float>(),
                  w_out.data_ptr<float>(), d_pre.data_ptr<float>(), d_gates.data_ptr<float>(), d_h0.data_ptr<float>(), K);
   return {d_pre, d_gates, d_h0};

@@ -129,10 +129,9 @@ def summarise(rows: list[dict], base_seed: int) -> dict:
             verdict = "differs" if "differs" in verdicts else "holds" if set(verdicts) == {"holds"} else "inconclusive"
         else:
             verdict = "holds" if all(v["within_sd"] for v in per_h.values()) else "differs"
+        rates = [r["samples_per_s"] for r in its if r.get("samples_per_s")]
         settings[name] = dict(per_horizon=per_h, seeds=[r["seed"] for r in its], verdict=verdict,
-                              holds=verdict == "holds", samples_per_s=statistics.mean(
-                                  r["samples_per_s"] for r in its if r.get("samples_per_s")) if any(
-                                  r.get("samples_per_s") for r in its) else None)
+                              holds=verdict == "holds", samples_per_s=statistics.mean(rates) if rates else None)
     return dict(horizons=horizons, fp32_spread=spread, fp32_runs=len(fp32), settings=settings)
 
 

@@ -1,7 +1,10 @@
-// The CfC cell's arithmetic that every CfC kernel shares (cfc_scan.cu; benchmarks/cfc_one_exchange.cu
-// measures a variant of the forward against it): the accurate activations, the four-sum dot product and
-// lecun_tanh's constants. Device-only, header-only.
+// What every CfC kernel source shares (cfc_scan.cu; benchmarks/cfc_one_exchange.cu measures candidate
+// kernels against it): the cell's arithmetic (the accurate activations, the four-sum dot product,
+// lecun_tanh's constants) and the launch of a kernel in clusters of NCTA blocks per batch row.
 #pragma once
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 
 namespace perception_cfc {
 
@@ -32,5 +35,25 @@ __device__ __forceinline__ float dot4(const W& w, const float* __restrict__ v, f
 
 constexpr float kLecunA = 1.7159f;
 constexpr float kLecunB = 0.666f;
+
+// `blocks` batch rows of `ncta` blocks each (a thread-block cluster when ncta > 1) on the current stream.
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), int ncta, int blocks, int threads, size_t smem, Args... args) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks * ncta);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = ncta;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = ncta > 1 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
 
 }  // namespace perception_cfc

@@ -336,25 +336,6 @@ bool use_cluster(const void* kernel, size_t smem_bytes, CfcPath path) {
   return ok;
 }
 
-template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), int ncta, int blocks, int threads, size_t smem, Args... args) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks * ncta);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = ncta;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = ncta > 1 ? 1 : 0;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
-}
-
 template <int D>
 void fwd_dispatch(const at::Tensor& x, const at::Tensor& ts, const at::Tensor& h0, const at::Tensor& w_rec,
                   const at::Tensor& w_out, const at::Tensor& b_out, at::Tensor& h_seq, CfcPath path) {
