@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
-#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TEST_S=0 skips the
+#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0 skips it; TEST_S=0 skips the
 #     CUDA tests beyond the CfC's; CANDIDATES=1 also runs benchmarks/cfc_one_exchange.py)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
@@ -31,10 +31,12 @@ if [ "$mode" = speed ]; then
     timeout 200 python3 benchmarks/cfc_one_exchange.py --out "$out/cfc_one_exchange.json" 2>&1 | tail -14
     echo "candidates: ${SECONDS} s"
   fi
-  timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
-    --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
-    2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
-  echo "train_step: ${SECONDS} s"
+  if [ "${TRAIN_S:-400}" != 0 ]; then  # TRAIN_S=0: no train_step.py this call
+    timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
+      --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
+      2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
+    echo "train_step: ${SECONDS} s"
+  fi
   if [ "${TEST_S:-300}" != 0 ]; then  # TEST_S=0: leave every other CUDA test to a later call
     timeout "${TEST_S:-300}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
     status=$(( status ? status : PIPESTATUS[0] ))
