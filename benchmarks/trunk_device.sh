@@ -2,7 +2,7 @@
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0 skips it; TEST_S=0 skips the
-#     CUDA tests beyond the CfC's; CANDIDATES=1 also runs benchmarks/cfc_one_exchange.py)
+#     CUDA tests beyond the CfC's)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
@@ -27,10 +27,6 @@ if [ "$mode" = speed ]; then
   echo "cfc tests: ${SECONDS} s"
   timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
   echo "cfc: ${SECONDS} s"
-  if [ "${CANDIDATES:-0}" = 1 ]; then  # kernel candidates measured against the kept kernels
-    timeout 200 python3 benchmarks/cfc_one_exchange.py --out "$out/cfc_one_exchange.json" 2>&1 | tail -14
-    echo "candidates: ${SECONDS} s"
-  fi
   if [ "${TRAIN_S:-400}" != 0 ]; then  # TRAIN_S=0: no train_step.py this call
     timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
       --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \

@@ -1,6 +1,6 @@
-// What every CfC kernel source shares (cfc_scan.cu; benchmarks/cfc_one_exchange.cu measures candidate
-// kernels against it): the cell's arithmetic (the accurate activations, the four-sum dot product,
-// lecun_tanh's constants) and the launch of a kernel in clusters of NCTA blocks per batch row.
+// What the CfC kernels share (cfc_scan.cu, and any candidate kernel measured against them): the cell's
+// arithmetic (the accurate activations, the four-sum dot product, lecun_tanh's constants) and the launch
+// of a kernel in clusters of NCTA blocks per batch row.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>

@@ -6,8 +6,10 @@
 //    channels d in the same range, i.e. W_rec's rows for its u and W_out's 4·D/2 rows for its d (128 KiB
 //    fp32), all in registers: each thread keeps the one W_out row (forward) or column slice (backward) it
 //    multiplies, so a step reads no weights from shared memory, whose bandwidth bounded the matvec when
-//    W_out lived there. Each step exchanges z and h halves through distributed shared memory with two
-//    cluster barriers. Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
+//    W_out lived there. The forward's blocks each compute z for all D units (the peer's W_rec rows in
+//    shared memory, 32 KiB at D = 128), so only h halves cross the cluster: one barrier per step. The
+//    backward crosses twice per step (its one-crossing form measured slower, benchmarks/results/cfc_one_exchange.md).
+//    Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
 //  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers, W_out read from L2
 //    each step (slower, same arithmetic order up to the split of the sums).
 // Backward stores nothing extra from the forward: z and the gate pre-activations are recomputed from h_seq
@@ -71,7 +73,8 @@ struct Shape {
   static constexpr int C2 = JL / 2;           // backward W_outᵀ·dg: rows per split (2 splits)
   static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
   static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
-  static constexpr int fwd_smem_floats = 2 * D + T + JL;
+  static constexpr int PEER_W4 = SA * (CA / 4) * DL;  // cluster forward: float4s of the peer's W_rec rows
+  static constexpr int fwd_smem_floats = NCTA == 1 ? 2 * D + T + JL : 4 * PEER_W4 + 3 * D + 2 * T + JL;
   static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2;
   static_assert(CA % 4 == 0 && C2 % 4 == 0 && C4 % 4 == 0 && JPT >= 1, "unsupported D");
   static_assert(!kRegW || (JPT == 1 && C2 == D), "the register slice is one W_out row (forward), D rows (backward)");
@@ -81,76 +84,60 @@ struct Shape {
 
 // ---------------------------------------------------------------------------------------------------
 // Forward: h_t = cell(x_proj_t, ts_t, h_{t-1}); writes h_seq only.
-template <int D, int NCTA>
+
+// Portable path (NCTA = 1): one block per row, W_rec in registers, W_out read from L2 each step.
+template <int D>
 __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
     const float* __restrict__ x_proj,   // (B, K, D)
     const float* __restrict__ ts,       // (B, K)
     const float* __restrict__ h0,       // (B, D)
     const float* __restrict__ w_rec,    // (D, D)  [u][c]
-    const float* __restrict__ w_out,    // (4D, D) [j][u]   (cluster path: into registers)
-    const float* __restrict__ w_out_t,  // (D, 4D) [u][j]   (portable path: read from L2 each step)
+    const float* __restrict__ w_out_t,  // (D, 4D) [u][j]
     const float* __restrict__ b_out,    // (4D)
     float* __restrict__ h_seq,          // (B, K, D)
     int K) {
-  using S = Shape<D, NCTA>;
+  using S = Shape<D, 1>;
   extern __shared__ float4 smem4[];
-  float* h = reinterpret_cast<float*>(smem4);  // (D) full h, replicated in every block of the row
-  float* z = h + D;                            // (D) full z, replicated
-  float* red = z + D;                          // (SA, DL) partial sums of W_rec·h
-  float* g = red + S::T;                       // (JL) this block's gate pre-activations
+  float* h = reinterpret_cast<float*>(smem4);  // (D)
+  float* z = h + D;                            // (D)
+  float* red = z + D;                          // (SA, D) partial sums of W_rec·h
+  float* g = red + S::T;                       // (4D) gate pre-activations
 
   const int tid = threadIdx.x;
-  const unsigned rank = Cta<NCTA>::rank();
-  const int b = blockIdx.x / NCTA;
-  const int d0 = rank * S::DL;  // first owned channel == first owned unit
-
-  float wo[S::kRegW ? D : 1];  // cluster path: W_out[jg(tid)][0..D), the one row this thread multiplies
-  if constexpr (S::kRegW) {
-    const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(S::jg(tid, d0)) * D);
-#pragma unroll
-    for (int i = 0; i < D / 4; ++i) {
-      const float4 v = row4[i];
-      wo[4 * i] = v.x, wo[4 * i + 1] = v.y, wo[4 * i + 2] = v.z, wo[4 * i + 3] = v.w;
-    }
-  }
-  const int oa = tid % S::DL, sa = tid / S::DL;  // forward W_rec·h: output unit, split
+  const int b = blockIdx.x;
+  const int oa = tid % D, sa = tid / D;  // W_rec·h: output unit, split
   float wr[S::CA];
 #pragma unroll
-  for (int i = 0; i < S::CA; ++i) wr[i] = w_rec[(d0 + oa) * D + sa * S::CA + i];
+  for (int i = 0; i < S::CA; ++i) wr[i] = w_rec[oa * D + sa * S::CA + i];
   float bias[S::JPT];
 #pragma unroll
-  for (int k = 0; k < S::JPT; ++k) bias[k] = b_out[S::jg(tid + k * S::T, d0)];
+  for (int k = 0; k < S::JPT; ++k) bias[k] = b_out[tid + k * S::T];
   for (int i = tid; i < D; i += S::T) h[i] = h0[b * D + i];
-  Cta<NCTA>::sync();  // every block of the row has started and staged its weights
+  __syncthreads();
 
   const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
   const float* tsrow = ts + static_cast<size_t>(b) * K;
   float* hrow = h_seq + static_cast<size_t>(b) * K * D;
-  float xp_next = tid < S::DL ? xrow[d0 + tid] : 0.f;
+  float xp_next = tid < D ? xrow[tid] : 0.f;
   float ts_next = tsrow[0];
 
   for (int t = 0; t < K; ++t) {
     const float xp = xp_next, tst = ts_next;
     if (t + 1 < K) {  // prefetch the next step's inputs; they do not depend on the recurrence
-      if (tid < S::DL) xp_next = xrow[static_cast<size_t>(t + 1) * D + d0 + tid];
+      if (tid < D) xp_next = xrow[static_cast<size_t>(t + 1) * D + tid];
       ts_next = tsrow[t + 1];
     }
-    // z = lecun_tanh(x_proj + W_rec·h) for the owned units
-    red[sa * S::DL + oa] = dot4<S::CA>([&](int i) { return wr[i]; }, h + sa * S::CA, 0.f);
+    // z = lecun_tanh(x_proj + W_rec·h)
+    red[sa * D + oa] = dot4<S::CA>([&](int i) { return wr[i]; }, h + sa * S::CA, 0.f);
     __syncthreads();
-    if (tid < S::DL) {
+    if (tid < D) {
       float pre = xp;
 #pragma unroll
-      for (int s = 0; s < S::SA; ++s) pre += red[s * S::DL + tid];
-      const float zz = kLecunA * tanh_acc(kLecunB * pre);
-#pragma unroll
-      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(z, r)[d0 + tid] = zz;
+      for (int s = 0; s < S::SA; ++s) pre += red[s * D + tid];
+      z[tid] = kLecunA * tanh_acc(kLecunB * pre);
     }
-    Cta<NCTA>::sync();  // z complete in every block
-    if constexpr (S::kRegW) {  // g = W_out·z + b_out for the owned row (JPT = 1)
-      g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias[0]);
-    } else {  // g = W_out·z + b_out for the owned rows, W_out read from L2 (coalesced over the rows)
-      const float* W = w_out_t;  // [u][jl], row stride JL = 4D
+    __syncthreads();
+    {  // g = W_out·z + b_out, W_out read from L2 (coalesced over the rows)
       float acc[S::JPT];
 #pragma unroll
       for (int k = 0; k < S::JPT; ++k) acc[k] = bias[k];
@@ -158,7 +145,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
 #pragma unroll 8
       for (int u4 = 0; u4 < D / 4; ++u4) {
         const float4 v = z4[u4];
-        const float* w = W + (4 * u4) * S::JL + tid;
+        const float* w = w_out_t + (4 * u4) * S::JL + tid;
 #pragma unroll
         for (int k = 0; k < S::JPT; ++k) {
           acc[k] = fmaf(w[k * S::T], v.x, acc[k]);
@@ -171,16 +158,117 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       for (int k = 0; k < S::JPT; ++k) g[tid + k * S::T] = acc[k];
     }
     __syncthreads();
-    if (tid < S::DL) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
-      const float f1 = g[tid], f2 = g[S::DL + tid], ta = g[2 * S::DL + tid], tb = g[3 * S::DL + tid];
+    if (tid < D) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
+      const float f1 = g[tid], f2 = g[D + tid], ta = g[2 * D + tid], tb = g[3 * D + tid];
+      const float sig = sigmoid_acc(fmaf(ta, tst, tb));
+      const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
+      hrow[static_cast<size_t>(t) * D + tid] = hn;
+      h[tid] = hn;
+    }
+    __syncthreads();  // h complete; also orders z/red/g reuse by the next step
+  }
+}
+
+// Cluster path (sm_90): the two blocks of a row each compute z for all D units (own units' W_rec rows in
+// registers, the peer's in shared memory), so only h halves cross the cluster: one cluster barrier per
+// step. h is double-buffered: with z local, the peer can finish step t+1 and store its half of h_{t+1}
+// while this block still reads h_t; it cannot get further, the barrier ending step t+1 waits for this block.
+// A unit's W_rec·h is summed from the same values in the same order in both blocks.
+template <int D>
+__global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
+    const float* __restrict__ x_proj,  // (B, K, D)
+    const float* __restrict__ ts,      // (B, K)
+    const float* __restrict__ h0,      // (B, D)
+    const float* __restrict__ w_rec,   // (D, D)  [u][c]
+    const float* __restrict__ w_out,   // (4D, D) [j][u]
+    const float* __restrict__ b_out,   // (4D)
+    float* __restrict__ h_seq,         // (B, K, D)
+    int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using S = Shape<D, 2>;
+  constexpr int T = S::T, DL = S::DL, SA = S::SA, CA = S::CA;
+  extern __shared__ float4 smem4[];
+  float4* wpeer = smem4;                                      // [s][i4][o]: W_rec[p0 + o][s·CA + 4·i4 .. +3]
+  float* hbuf = reinterpret_cast<float*>(wpeer + S::PEER_W4);  // (2, D) full h, double-buffered
+  float* z = hbuf + 2 * D;                                    // (D) full z, computed in this block
+  float* red = z + D;                                         // (2, SA, DL) partials: own units, peer's units
+  float* g = red + 2 * T;                                     // (JL) this block's gate pre-activations
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x;
+  const unsigned rank = cluster.block_rank();
+  const int b = blockIdx.x / 2;
+  const int d0 = rank * DL, p0 = (1 - rank) * DL;  // first own and first peer unit (== channel)
+  const int oa = tid % DL, sa = tid / DL;          // W_rec·h: output unit (own and peer's), split
+
+  float wo[D];  // W_out[jg(tid)][0..D), the one row this thread multiplies
+  {
+    const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(S::jg(tid, d0)) * D);
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) {
+      const float4 v = row4[i];
+      wo[4 * i] = v.x, wo[4 * i + 1] = v.y, wo[4 * i + 2] = v.z, wo[4 * i + 3] = v.w;
+    }
+  }
+  float wr[CA];
+#pragma unroll
+  for (int i = 0; i < CA; ++i) wr[i] = w_rec[(d0 + oa) * D + sa * CA + i];
+  for (int i = tid; i < S::PEER_W4; i += T) {
+    const int o = i % DL, i4 = (i / DL) % (CA / 4), s = i / (DL * (CA / 4));
+    wpeer[i] = *reinterpret_cast<const float4*>(w_rec + (p0 + o) * D + s * CA + 4 * i4);
+  }
+  const float bias = b_out[S::jg(tid, d0)];
+  for (int i = tid; i < D; i += T) hbuf[i] = h0[b * D + i];
+  cluster.sync();  // both blocks have started (their shared memory may be written) and staged h_{-1}
+
+  const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
+  const float* tsrow = ts + static_cast<size_t>(b) * K;
+  float* hrow = h_seq + static_cast<size_t>(b) * K * D;
+  const int unit = tid < DL ? d0 + tid : p0 + tid - DL;  // the unit whose z thread tid < D completes
+  float xp_next = tid < D ? xrow[unit] : 0.f;
+  float ts_next = tsrow[0];
+
+  for (int t = 0; t < K; ++t) {
+    const float* h = hbuf + (t & 1) * D;      // h_{t-1}
+    float* h_out = hbuf + ((t + 1) & 1) * D;  // h_t, in both blocks
+    const float xp = xp_next, tst = ts_next;
+    if (t + 1 < K) {  // prefetch the next step's inputs; they do not depend on the recurrence
+      if (tid < D) xp_next = xrow[static_cast<size_t>(t + 1) * D + unit];
+      ts_next = tsrow[t + 1];
+    }
+    // partials of W_rec·h for own unit d0 + oa (registers) and the peer's unit p0 + oa (shared memory)
+    red[sa * DL + oa] = dot4<CA>([&](int i) { return wr[i]; }, h + sa * CA, 0.f);
+    const float4* wp = wpeer + sa * (CA / 4) * DL + oa;
+    red[T + sa * DL + oa] = dot4<CA>(
+        [&](int i) {
+          const float4 w = wp[(i / 4) * DL];
+          return (i % 4 == 0) ? w.x : (i % 4 == 1) ? w.y : (i % 4 == 2) ? w.z : w.w;
+        },
+        h + sa * CA, 0.f);
+    __syncthreads();
+    if (tid < D) {  // z = lecun_tanh(x_proj + W_rec·h) for every unit, here
+      const float* r = red + (tid < DL ? 0 : T) + tid % DL;
+      float pre = xp;
+#pragma unroll
+      for (int s = 0; s < SA; ++s) pre += r[s * DL];
+      z[unit] = kLecunA * tanh_acc(kLecunB * pre);
+    }
+    __syncthreads();
+    g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias);  // g = W_out·z + b_out for the owned row
+    __syncthreads();
+    if (tid < DL) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
+      const float f1 = g[tid], f2 = g[DL + tid], ta = g[2 * DL + tid], tb = g[3 * DL + tid];
       const float sig = sigmoid_acc(fmaf(ta, tst, tb));
       const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
       hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
-#pragma unroll
-      for (int r = 0; r < NCTA; ++r) Cta<NCTA>::map(h, r)[d0 + tid] = hn;
+      h_out[d0 + tid] = hn;
+      cluster.map_shared_rank(h_out, 1 - rank)[d0 + tid] = hn;
     }
-    Cta<NCTA>::sync();  // h complete in every block; also orders z/red/g reuse by the next step
+    cluster.sync();  // h_t complete in both blocks; no block leaves while its peer may still store into it
   }
+#else
+  __trap();
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -341,16 +429,15 @@ void fwd_dispatch(const at::Tensor& x, const at::Tensor& ts, const at::Tensor& h
                   const at::Tensor& w_out, const at::Tensor& b_out, at::Tensor& h_seq, CfcPath path) {
   const int B = x.size(0), K = x.size(1);
   constexpr size_t smem2 = Shape<D, 2>::fwd_smem_floats * sizeof(float);
-  if (use_cluster(reinterpret_cast<const void*>(&cfc_scan_fwd<D, 2>), smem2, path)) {
-    launch(&cfc_scan_fwd<D, 2>, 2, B, 2 * D, smem2, x.data_ptr<float>(), ts.data_ptr<float>(),
-           h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), w_out.data_ptr<float>(),
-           b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
+  if (use_cluster(reinterpret_cast<const void*>(&cfc_scan_fwd_cluster<D>), smem2, path)) {
+    launch(&cfc_scan_fwd_cluster<D>, 2, B, 2 * D, smem2, x.data_ptr<float>(), ts.data_ptr<float>(),
+           h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), b_out.data_ptr<float>(),
+           h_seq.data_ptr<float>(), K);
   } else {
     const at::Tensor w_out_t = w_out.t().contiguous();  // (D, 4D): coalesced per-step reads
     constexpr size_t smem1 = Shape<D, 1>::fwd_smem_floats * sizeof(float);
-    launch(&cfc_scan_fwd<D, 1>, 1, B, 2 * D, smem1, x.data_ptr<float>(), ts.data_ptr<float>(),
-           h0.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), w_out_t.data_ptr<float>(),
-           b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
+    launch(&cfc_scan_fwd<D>, 1, B, 2 * D, smem1, x.data_ptr<float>(), ts.data_ptr<float>(), h0.data_ptr<float>(),
+           w_rec.data_ptr<float>(), w_out_t.data_ptr<float>(), b_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
   }
 }
 
