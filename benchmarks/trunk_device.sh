@@ -2,7 +2,7 @@
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0 skips it; TEST_S=0 skips the
-#     CUDA tests beyond the CfC's)
+#     CUDA tests beyond the CfC's; LOOP=1 also runs benchmarks/train_loop.py)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
@@ -27,6 +27,11 @@ if [ "$mode" = speed ]; then
   echo "cfc tests: ${SECONDS} s"
   timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
   echo "cfc: ${SECONDS} s"
+  if [ "${LOOP:-0}" = 1 ]; then  # the trainer's own loop, data loading included (ahead vs inline)
+    timeout 300 python3 benchmarks/train_loop.py --out "$out/train_loop.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" \
+      | tee "$out/train_loop.log" | tail -9 || status=1
+    echo "train_loop: ${SECONDS} s"
+  fi
   if [ "${TRAIN_S:-400}" != 0 ]; then  # TRAIN_S=0: no train_step.py this call
     timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
       --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
@@ -34,7 +39,7 @@ if [ "$mode" = speed ]; then
     echo "train_step: ${SECONDS} s"
   fi
   if [ "${TEST_S:-300}" != 0 ]; then  # TEST_S=0: leave every other CUDA test to a later call
-    timeout "${TEST_S:-300}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model 2>&1 | tee "$out/cuda_tests.log" | tail -15
+    timeout "${TEST_S:-300}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model tests/data/test_prefetch.py 2>&1 | tee "$out/cuda_tests.log" | tail -15
     status=$(( status ? status : PIPESTATUS[0] ))
     echo "tests: ${SECONDS} s"
   fi

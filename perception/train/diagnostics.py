@@ -88,20 +88,22 @@ class GradNorms:
     def __init__(self, model: torch.nn.Module):
         self.groups = {g: [p for n, p in model.named_parameters() if n.startswith(prefix)]
                        for g, prefix in GRAD_GROUPS.items()}
-        self.sums = dict.fromkeys(self.groups, 0.0)
+        self.device = next(model.parameters()).device
+        self.sums: torch.Tensor | None = None  # (groups,) float64 on the model's device: no sync per step
         self.steps = 0
 
     def add(self) -> None:
         norms = []
         for params in self.groups.values():
             grads = [p.grad.detach().float().pow(2).sum() for p in params if p.grad is not None]
-            norms.append(torch.stack(grads).sum().sqrt() if grads else torch.zeros(()))
-        for g, v in zip(self.groups, torch.stack([n.cpu() for n in norms]).tolist()):  # one sync per step
-            self.sums[g] += v
+            norms.append(torch.stack(grads).sum().sqrt() if grads else torch.zeros((), device=self.device))
+        step = torch.stack(norms).double()
+        self.sums = step if self.sums is None else self.sums + step
         self.steps += 1
 
     def means(self) -> dict[str, float]:
-        return {f"grad_norm_{g}": s / max(self.steps, 1) for g, s in self.sums.items()}
+        sums = self.sums.tolist() if self.sums is not None else [0.0] * len(self.groups)
+        return {f"grad_norm_{g}": s / max(self.steps, 1) for g, s in zip(self.groups, sums)}
 
 
 class AttentionStats:

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
+from perception.data.prefetch import prefetched
 from perception.train.diagnostics import AttentionByLag, AttentionStats
 from perception.train.precision import forward_context
 
@@ -45,22 +46,21 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
     acc, attn_stats = AttentionByLag(window, model.n_queries), AttentionStats()
     probs, labels, masks, index = [], [], [], []
     loss_sum, n_valid = 0.0, 0
-    for batch in loader.batches(0):
-        x, dt = batch.x.to(device), batch.dt.to(device)
-        y, mask = batch.y.to(device), batch.mask.to(device)
-        with forward_context(precision, device):
-            logits, attn = model(x, dt, return_attention=True)
-        valid = int(mask.sum())
-        if valid:
-            loss_sum += float(loss_fn(logits, y, mask)) * valid
-            n_valid += valid
-        attn = attn.detach().to("cpu", torch.float64)  # once for both accumulators (B, Q, K)
-        acc.add(attn)
-        attn_stats.add(attn)
-        probs.append(torch.sigmoid(logits).float().cpu().numpy())
-        labels.append(batch.y.numpy().astype(np.uint8))
-        masks.append(batch.mask.numpy().astype(bool))
-        index.append(batch.index.numpy().astype(np.int64))
+    with prefetched(loader.batches(0), device) as batches:
+        for batch in batches:
+            with forward_context(precision, device):
+                logits, attn = model(batch.x, batch.dt, return_attention=True)
+            valid = int(batch.mask.sum())
+            if valid:
+                loss_sum += float(loss_fn(logits, batch.y, batch.mask)) * valid
+                n_valid += valid
+            attn = attn.detach().to("cpu", torch.float64)  # once for both accumulators (B, Q, K)
+            acc.add(attn)
+            attn_stats.add(attn)
+            probs.append(torch.sigmoid(logits).float().cpu().numpy())
+            labels.append(batch.y.cpu().numpy().astype(np.uint8))
+            masks.append(batch.mask.cpu().numpy().astype(bool))
+            index.append(batch.index.numpy().astype(np.int64))
     model.train()
     probs_a, labels_a, mask_a = np.concatenate(probs), np.concatenate(labels), np.concatenate(masks)
     return Evaluation(

@@ -7,8 +7,8 @@ at most the epoch it was killed in, with the same batches and RNG, so it ends bi
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -22,9 +22,10 @@ from perception.paths import new_sweep_id, perception_home, run_dir as derive_ru
 from perception.tracking import RunLedger, ensure_parent_run
 from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import GradNorms, query_drift, query_names, save_attention_by_lag
+from perception.train.epoch import train_epoch
 from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
-from perception.train.precision import configure as configure_precision, forward_context
+from perception.train.precision import configure as configure_precision
 from perception.train.progress import progress
 from perception.train.run_record import RunRecord, write_config
 from perception.train.runlog import LOG_FILE, RunLog
@@ -95,7 +96,7 @@ def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
 
 
 def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: RunRecord) -> dict[str, Any]:
-    from perception.data import Normalizer, WindowLoader, load_dataset, median_dt, purged_split
+    from perception.data import Normalizer, WindowLoader, load_dataset, median_dt, prefetched, purged_split
     from perception.model import PerceptionModel, masked_bce
     from perception.model.checkpoint import load_model, load_trunk, save_model
 
@@ -108,10 +109,11 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     window, horizons = int(cfg.data.window), list(ds.horizons)
     norm = Normalizer.fit(ds, split.train_ends, window)
     order_seed = int(cfg.seed) * 1009 + place.fold  # batch order: seed and fold only, same for both arms
+    pin = device.type == "cuda"  # page-locked batches: the copy to the GPU overlaps the step before
     train_loader = WindowLoader(ds, split.train_ends, window, cfg.trainer.batch_size, normalizer=norm,
-                                shuffle=True, seed=order_seed)
+                                shuffle=True, seed=order_seed, pin_memory=pin)
     val_loader = WindowLoader(ds, split.val_ends, window, cfg.trainer.eval_batch_size, normalizer=norm,
-                              shuffle=False, seed=order_seed)
+                              shuffle=False, seed=order_seed, pin_memory=pin)
     steps_per_epoch = len(train_loader)
     if cfg.trainer.max_train_batches:
         steps_per_epoch = min(steps_per_epoch, int(cfg.trainer.max_train_batches))
@@ -171,38 +173,17 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     metrics: dict[str, float] = {}
     for epoch in range(position.epoch, int(cfg.trainer.epochs)):
         model.train()
-        t0, seen, loss_sum, loss_n = time.perf_counter(), 0, 0.0, 0
         grad_norms = GradNorms(model)
         bar = progress(steps_per_epoch, f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}", cfg.trainer.progress)
-        for i, batch in enumerate(train_loader.batches(epoch)):
-            if i >= steps_per_epoch:
-                break
-            x, dt = batch.x.to(device, non_blocking=True), batch.dt.to(device, non_blocking=True)
-            y, mask = batch.y.to(device), batch.mask.to(device)
-            with forward_context(cfg.trainer.precision, device):
-                logits = model(x, dt)
-            loss = loss_fn(logits, y, mask)  # fp32 logits: the heads run in fp32 at every precision
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"training loss is {loss.item()} at epoch {epoch}, batch {i}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norms.add()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            seen += x.shape[0]
-            loss_sum += float(loss.detach())
-            loss_n += 1
-            rate = seen / max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix(loss=f"{loss_sum / loss_n:.4f}", samples_s=f"{rate:.0f}")
-            bar.update(1)
-            ledger.flush()  # sends anything pending from an outage, when the backoff allows
+        with prefetched(islice(train_loader.batches(epoch), steps_per_epoch), device) as batches:
+            totals = train_epoch(model, batches, optimizer, scheduler, loss_fn, precision=cfg.trainer.precision,
+                                 device=device, grad_clip=cfg.trainer.grad_clip, epoch=epoch, grad_norms=grad_norms,
+                                 bar=bar, after_step=ledger.flush)  # sends what an outage kept, as the backoff allows
         bar.close()
-        train_time = time.perf_counter() - t0
         last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device, cfg.trainer.precision)
         metrics = {f"val_auc_h{h}": v for h, v in last_eval.auc.items()}
-        metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=loss_sum / max(loss_n, 1),
-                       val_loss=last_eval.loss, samples_per_s=seen / max(train_time, 1e-9))
+        metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=totals.mean_loss,
+                       val_loss=last_eval.loss, samples_per_s=totals.samples_per_s)
         metrics.update(grad_norms.means(), **last_eval.attention_stats.metrics(),
                        query_drift=query_drift(model.pool.query, query_init))
         if not ledger.has_metrics_for(epoch):
