@@ -152,17 +152,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--eval-batches", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--feeds", default="inline,ahead", help="which feeds to time on a GPU (inline, ahead)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_loop.json"))
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("train_loop.py needs a CUDA GPU (or --device cpu for a check at small size)")
     settings = [parse_setting(s) for s in args.settings]
+    if not set(args.feeds.split(",")) <= {"inline", "ahead"}:
+        raise SystemExit(f"--feeds {args.feeds}: expected a comma-separated list of inline, ahead")
     t0 = time.perf_counter()
     data = dataset(args)
     print(f"synthetic book: {len(data[0].dt)} snapshots, F={data[0].features.shape[1]}, "
           f"{len(data[1].train_ends)} training windows ({time.perf_counter() - t0:.0f} s)", flush=True)
-    feeds = (False, True) if args.device == "cuda" else (False,)  # ahead is the GPU's way
+    feeds = tuple(f == "ahead" for f in args.feeds.split(",") if f) if args.device == "cuda" else (False,)
     rows = [row for p, c in settings for row in measure(args, data, p, c, feeds)]
     print(f"\n| setting | feed | step ms | bare step ms | step overhead | eval ms/batch | bare eval ms |")
     print("|---|---|---|---|---|---|---|")

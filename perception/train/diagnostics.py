@@ -22,6 +22,9 @@ def lag_edges(window: int) -> np.ndarray:
 
 
 class AttentionByLag:
+    """Mean attention mass per lag bucket, summed where the attention is (on its device, float64):
+    a validation pass then moves no (B, Q, K) tensor to the host and waits on none."""
+
     def __init__(self, window: int, n_queries: int):
         self.edges = lag_edges(window)
         # bucket of each position k in the window: lag = K - 1 - k
@@ -32,14 +35,16 @@ class AttentionByLag:
 
     def add(self, attn: torch.Tensor) -> None:
         """attn: (B, Q, K) attention weights, rows summing to 1 over K."""
-        a = attn.detach().to("cpu", torch.float64)
-        per_bucket = torch.zeros(a.shape[0], a.shape[1], self.sums.shape[1], dtype=torch.float64)
+        a = attn.detach().double()
+        if self.sums.device != a.device:
+            self.sums, self.bucket_of_k = self.sums.to(a.device), self.bucket_of_k.to(a.device)
+        per_bucket = torch.zeros(a.shape[0], a.shape[1], self.sums.shape[1], dtype=torch.float64, device=a.device)
         per_bucket.index_add_(2, self.bucket_of_k, a)  # (B, Q, n_buckets)
         self.sums += per_bucket.sum(0)
         self.count += a.shape[0]
 
     def mass(self) -> np.ndarray:
-        return (self.sums / max(self.count, 1)).numpy().astype(np.float32)  # (Q, n_buckets)
+        return (self.sums / max(self.count, 1)).cpu().numpy().astype(np.float32)  # (Q, n_buckets)
 
 
 def query_names(n_queries: int, horizons: list[int]) -> list[str]:
@@ -112,27 +117,28 @@ class AttentionStats:
     lag first: two queries can read different content and still share a by-lag profile."""
 
     def __init__(self):
-        self.divergence = 0.0
-        self.entropy_ratio = 0.0
+        self.divergence = torch.zeros((), dtype=torch.float64)  # on the attention's device once added to
+        self.entropy_ratio = torch.zeros((), dtype=torch.float64)
         self.windows = 0
 
     def add(self, attn: torch.Tensor) -> None:
         """attn: (B, Q, K) attention weights, rows summing to 1 over K."""
-        a = attn.detach().to("cpu", torch.float64).clamp_min(1e-30)  # (B, Q, K)
+        a = attn.detach().double().clamp_min(1e-30)  # (B, Q, K)
         b, q, k = a.shape
         entropy = -(a * a.log()).sum(-1)  # (B, Q)
-        self.entropy_ratio += float((entropy / math.log(k)).mean(-1).sum()) if k > 1 else float(b)
+        ratio = (entropy / math.log(k)).mean(-1).sum() if k > 1 else torch.tensor(float(b), dtype=torch.float64)
+        self.entropy_ratio = self.entropy_ratio.to(a.device) + ratio.to(a.device)
         if q > 1:
-            i, j = torch.triu_indices(q, q, offset=1)
+            i, j = torch.triu_indices(q, q, offset=1, device=a.device)
             p, r = a[:, i], a[:, j]  # (B, pairs, K)
             m = 0.5 * (p + r)
             js = 0.5 * (p * (p / m).log()).sum(-1) + 0.5 * (r * (r / m).log()).sum(-1)  # (B, pairs)
-            self.divergence += float(js.mean(-1).sum())
+            self.divergence = self.divergence.to(a.device) + js.mean(-1).sum()
         self.windows += b
 
     def metrics(self) -> dict[str, float]:
         n = max(self.windows, 1)
-        return {"query_divergence": self.divergence / n, "attention_entropy_ratio": self.entropy_ratio / n}
+        return {"query_divergence": float(self.divergence) / n, "attention_entropy_ratio": float(self.entropy_ratio) / n}
 
 
 def query_drift(query: torch.Tensor, initial: torch.Tensor) -> float:

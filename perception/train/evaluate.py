@@ -54,7 +54,7 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
             if valid:
                 loss_sum += float(loss_fn(logits, batch.y, batch.mask)) * valid
                 n_valid += valid
-            attn = attn.detach().to("cpu", torch.float64)  # once for both accumulators (B, Q, K)
+            attn = attn.detach().double()  # once for both accumulators, on the device (B, Q, K)
             acc.add(attn)
             attn_stats.add(attn)
             probs.append(torch.sigmoid(logits).float().cpu().numpy())
