@@ -34,6 +34,7 @@ from benchmarks.cuda_timing import cuda_median_ms, machine_info  # noqa: E402
 from perception.data import Normalizer, WindowLoader, load_dataset, prefetched, purged_split  # noqa: E402
 from perception.data.config import DataConfig  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
+from perception.train.diagnostics import GradNorms  # noqa: E402
 from perception.train.epoch import train_epoch  # noqa: E402
 from perception.train.evaluate import evaluate  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
@@ -76,7 +77,7 @@ def measure(args, data, precision: str, compiled: bool, feeds: tuple[bool, ...])
         def epoch(e: int, steps: int) -> float:
             with prefetched(islice(train.batches(e), steps), device, ahead=ahead) as batches:
                 totals = train_epoch(model, batches, opt, sched, masked_bce, precision=precision, device=device,
-                                     grad_clip=1.0, epoch=e)
+                                     grad_clip=1.0, epoch=e, grad_norms=GradNorms(model))  # as the trainer logs
             return totals.seconds / totals.steps
 
         def validation() -> float:

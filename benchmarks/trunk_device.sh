@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
-#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0 skips it; TEST_S=0 skips the
-#     CUDA tests beyond the CfC's; LOOP=1 also runs benchmarks/train_loop.py)
+#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
+#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's; LOOP=1 also runs benchmarks/train_loop.py)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
