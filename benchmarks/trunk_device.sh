@@ -2,7 +2,8 @@
 # On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
-#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's; LOOP=1 also runs benchmarks/train_loop.py)
+#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; LOOP=1 also runs
+#     benchmarks/train_loop.py; SSD=1 also runs benchmarks/mamba_ssd.py; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
@@ -21,12 +22,19 @@ echo "build: ${SECONDS} s"
 status=0
 if [ "$mode" = speed ]; then
   # the CfC kernels' tests and table first (they changed most), then the step, then every other CUDA test
-  timeout 150 python3 -m pytest -x -q -m cuda -p no:cacheprovider tests/ops/test_cuda_cfc.py 2>&1 | tee "$out/cuda_tests_cfc.log" | tail -4
-  status=${PIPESTATUS[0]}
-  [ "$status" = 0 ] || exit "$status"  # a wrong or hanging kernel: no benchmark of it
-  echo "cfc tests: ${SECONDS} s"
-  timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
-  echo "cfc: ${SECONDS} s"
+  if [ "${CFC:-1}" != 0 ]; then
+    timeout 150 python3 -m pytest -x -q -m cuda -p no:cacheprovider tests/ops/test_cuda_cfc.py 2>&1 | tee "$out/cuda_tests_cfc.log" | tail -4
+    status=${PIPESTATUS[0]}
+    [ "$status" = 0 ] || exit "$status"  # a wrong or hanging kernel: no benchmark of it
+    echo "cfc tests: ${SECONDS} s"
+    timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
+    echo "cfc: ${SECONDS} s"
+  fi
+  if [ "${SSD:-0}" = 1 ]; then  # one compiled Mamba2 block, the SSD's decay in both forms
+    timeout 240 python3 benchmarks/mamba_ssd.py --precisions "${SSD_PRECISIONS:-bf16,tf32}" --chunks "${CHUNKS:-64}" \
+      --out "$out/mamba_ssd.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/mamba_ssd.log" | tail -40 || status=1
+    echo "mamba_ssd: ${SECONDS} s"
+  fi
   if [ "${LOOP:-0}" = 1 ]; then  # the trainer's own loop, data loading included (ahead vs inline)
     timeout 300 python3 benchmarks/train_loop.py --out "$out/train_loop.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" \
       | tee "$out/train_loop.log" | tail -9 || status=1
@@ -39,7 +47,7 @@ if [ "$mode" = speed ]; then
     echo "train_step: ${SECONDS} s"
   fi
   if [ "${TEST_S:-300}" != 0 ]; then  # TEST_S=0: leave every other CUDA test to a later call
-    timeout "${TEST_S:-300}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops tests/model tests/data/test_prefetch.py 2>&1 | tee "$out/cuda_tests.log" | tail -15
+    timeout "${TEST_S:-300}" python3 -m pytest -q -m cuda -p no:cacheprovider ${CUDA_TESTS:-tests/ops tests/model tests/data/test_prefetch.py} 2>&1 | tee "$out/cuda_tests.log" | tail -15
     status=$(( status ? status : PIPESTATUS[0] ))
     echo "tests: ${SECONDS} s"
   fi

@@ -28,6 +28,18 @@ def segment_sums(a: torch.Tensor) -> torch.Tensor:
     return seg.masked_fill(~ones.tril(0), -math.inf)
 
 
+def within_chunk_decay(Adt: torch.Tensor, cs: torch.Tensor, from_cumsum: bool) -> torch.Tensor:
+    """(b, h, c, l) -> (b, h, c, l, s): exp of the decay from step s to step l of a chunk, 0 above the diagonal.
+    `from_cumsum`: exp(cs_l - cs_s) from the chunk's own cumulative sum, as Mamba2's and fla's kernels form
+    it; a pointwise op of two small tensors that Inductor fuses into the scores product (the masked-copy
+    sums are a scan over (l, s) blocks), exact to about |cs| 2^-23 in the exponent."""
+    if not from_cumsum:
+        return torch.exp(segment_sums(Adt))
+    t = cs.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=cs.device).tril()
+    return torch.exp((cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(~causal, -math.inf))  # -inf before exp: no inf * 0 in backward
+
+
 def ssd_scan(
     x: torch.Tensor,
     dt: torch.Tensor,
@@ -36,9 +48,11 @@ def ssd_scan(
     C: torch.Tensor,
     D: torch.Tensor,
     chunk: int,
+    decay_from_cumsum: bool = False,
 ) -> torch.Tensor:
     """Chunked SSD. x: (b, K, h, p), dt: (b, K, h), A: (h,), B, C: (b, K, n), D: (h,)
-    -> y: (b, K, h, p). The tail is padded with A·dt = 0 and X = 0, which leaves y[:K] unchanged."""
+    -> y: (b, K, h, p). The tail is padded with A·dt = 0 and X = 0, which leaves y[:K] unchanged.
+    `decay_from_cumsum`: see `within_chunk_decay` (the compiled blocks' form)."""
     b, k, h, p = x.shape
     pad = (-k) % chunk
     X = F.pad(x * dt.unsqueeze(-1), (0, 0, 0, 0, 0, pad))  # (b, Kp, h, p)
@@ -53,7 +67,7 @@ def ssd_scan(
     cs = Adt.cumsum(dim=-1)  # (b, h, c, l)
 
     # within each chunk: y_i = sum_{j <= i} (C_i . B_j) exp(A-decay j -> i) X_j
-    decay = torch.exp(segment_sums(Adt))  # (b, h, c, l, s)
+    decay = within_chunk_decay(Adt, cs, decay_from_cumsum)  # (b, h, c, l, s)
     scores = torch.einsum("bcln,bcsn->bcls", Cc, Bc)  # (b, c, l, s)
     y = torch.einsum("bhcls,bhcsp->bhclp", decay * scores.unsqueeze(1), X)
 
@@ -137,6 +151,7 @@ class Mamba2Mixer(nn.Module):
         self.norm_weight = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
         self._conv = causal_conv
+        self._decay_from_cumsum = False
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         """As the reference Mamba2: dt log-uniform in [1e-3, 0.1] (through an inverse softplus),
@@ -169,7 +184,7 @@ class Mamba2Mixer(nn.Module):
         if self.ssd is SSDBackend.fla:
             y = ssd_scan_fla(x, dt, A, B, C, self.D)
         else:
-            y = ssd_scan(x, dt, A, B, C, self.D, self.chunk)
+            y = ssd_scan(x, dt, A, B, C, self.D, self.chunk, self._decay_from_cumsum)
         y = y.reshape(b, k, self.d_inner) * F.silu(z)
         y = F.rms_norm(y, (self.d_inner,), self.norm_weight, eps=1e-5)
         return self.out_proj(y)
@@ -185,10 +200,11 @@ class Mamba2Block(nn.Module):
         self.norm.reset_parameters()
         self.mixer.reset_parameters(gen)
 
-    def compile_fused(self) -> None:
+    def compile_fused(self, decay_from_cumsum: bool = True) -> None:
         """torch.compile (static shapes, in place: parameter names unchanged) with the convolution in its
-        shifted form, which Inductor fuses."""
+        shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses."""
         self.mixer._conv = causal_conv_shifted
+        self.mixer._decay_from_cumsum = decay_from_cumsum
         self.compile(dynamic=False)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:

@@ -22,10 +22,11 @@ def ssd_inputs(k, b=2, h=3, p=4, n=5, seed=0):
     return x, dt, A.requires_grad_(), r(b, k, n).requires_grad_(), r(b, k, n).requires_grad_(), r(h).requires_grad_()
 
 
+@pytest.mark.parametrize("from_cumsum", [False, True], ids=["masked-sums", "from-cumsum"])
 @pytest.mark.parametrize("k,chunk", [(1, 1), (1, 4), (8, 4), (8, 8), (10, 4), (13, 5), (33, 8), (7, 16)])
-def test_chunked_equals_sequential(k, chunk):
+def test_chunked_equals_sequential(k, chunk, from_cumsum):
     inputs = ssd_inputs(k, seed=k * 100 + chunk)
-    y_chunk = ssd_scan(*inputs, chunk=chunk)
+    y_chunk = ssd_scan(*inputs, chunk=chunk, decay_from_cumsum=from_cumsum)
     y_seq = ssd_scan_sequential(*inputs)
     assert y_chunk.shape == inputs[0].shape
     assert (y_chunk - y_seq).abs().max().item() <= 1e-10
@@ -61,10 +62,23 @@ def test_headdim_must_divide_inner_width():
         Mamba2Mixer(d_model=16, d_state=8, headdim=6, expand=2, d_conv=4, chunk=8)
 
 
-def test_fp32_chunked_stays_close_to_the_fp64_recurrence():
-    """Production chunk length in fp32: segment sums keep long decays accurate."""
+@pytest.mark.parametrize("from_cumsum", [False, True], ids=["masked-sums", "from-cumsum"])
+def test_fp32_chunked_stays_close_to_the_fp64_recurrence(from_cumsum):
+    """Production chunk length in fp32: both decay forms keep long decays accurate."""
     x, dt, A, B, C, D = (t.detach() for t in ssd_inputs(300, h=4, p=8, n=16, seed=9))
     dt = dt * 0.3
     ref = ssd_scan_sequential(x, dt, A, B, C, D)
-    y32 = ssd_scan(*(t.float() for t in (x, dt, A, B, C, D)), chunk=128).double()
+    y32 = ssd_scan(*(t.float() for t in (x, dt, A, B, C, D)), chunk=128, decay_from_cumsum=from_cumsum).double()
     assert (y32 - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_decay_from_cumsum_has_finite_gradients_where_decays_underflow():
+    """dt up to ~10 at A = -16: exp underflows to 0 within a chunk; the masked upper triangle must not turn
+    exp(+large) = inf into inf * 0 = NaN in backward."""
+    x, dt, A, B, C, D = ssd_inputs(64, seed=4)
+    dt = (dt.detach() * 10).requires_grad_()
+    y = ssd_scan(x, dt, A, B, C, D, chunk=64, decay_from_cumsum=True)
+    grads = torch.autograd.grad(y.square().sum(), (x, dt, A, B, C, D))
+    assert all(torch.isfinite(g).all() for g in grads)
+    ref = ssd_scan_sequential(x, dt, A, B, C, D)
+    assert (y - ref).abs().max().item() <= 1e-10
