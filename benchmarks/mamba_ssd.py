@@ -54,6 +54,19 @@ def top_kernels(fn, top: int) -> tuple[list[dict], float]:
     return [dict(name=e.key[:90], ms=e.device_time_total / 1e3) for e in events[:top]], total / 1e3
 
 
+def top_aten_ops(fn, top: int) -> list[dict]:
+    """The ATen operators (outside Inductor's kernels) with the most CUDA time over one call, by input shapes:
+    what the compiled graph hands back to eager kernels."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")]
+    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    return [dict(op=e.key, shapes=str(e.input_shapes)[:120], ms=e.self_device_time_total / 1e3, calls=e.count)
+            for e in events[:top]]
+
+
 def max_rel_error(got, ref) -> float:
     pairs = [(got[0], ref[0]), (got[1], ref[1])] + list(zip(got[2], ref[2]))
     return max(((a.float() - r.float()).abs().max() / r.float().abs().max().clamp_min(1e-30)).item() for a, r in pairs)
@@ -68,6 +81,7 @@ def main() -> None:
     parser.add_argument("--chunks", default="64")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--aten", action="store_true", help="also the ATen ops with the most CUDA time, per row")
     parser.add_argument("--out", default="benchmarks/results/mamba_ssd.json")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(0)
@@ -93,7 +107,8 @@ def main() -> None:
                     with forward_context(precision, u.device):
                         block(leaf)
                 kernels, gpu_ms = top_kernels(lambda: fwd_bwd(block, u, grad, precision), args.top)
-                row = dict(chunk=chunk, precision=precision, decay="from cumsum" if from_cumsum else "masked sums",
+                aten = top_aten_ops(lambda: fwd_bwd(block, u, grad, precision), args.top) if args.aten else []
+                row = dict(aten=aten, chunk=chunk, precision=precision, decay="from cumsum" if from_cumsum else "masked sums",
                            fwd_bwd_ms=ms, gpu_ms=gpu_ms, peak_gib=peak, saved_gib=saved.total / 2**30,
                            max_rel_error=max_rel_error(got, ref), kernels=kernels)
                 rows.append(row)
@@ -112,6 +127,8 @@ def main() -> None:
         print(f"\n{r['chunk']} {r['precision']} {r['decay']}: top kernels of {r['gpu_ms']:.2f} ms")
         for k in r["kernels"]:
             print(f"  {k['ms']:7.2f} ms  {k['name']}")
+        for op in r["aten"]:
+            print(f"  {op['ms']:7.2f} ms  {op['calls']:3}x {op['op']} {op['shapes']}")
     out = dict(benchmark="mamba_ssd", machine=machine_info(), config=vars(args), rows=rows)
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

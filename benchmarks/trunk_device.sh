@@ -31,7 +31,7 @@ if [ "$mode" = speed ]; then
     echo "cfc: ${SECONDS} s"
   fi
   if [ "${SSD:-0}" = 1 ]; then  # one compiled Mamba2 block, the SSD's decay in both forms
-    timeout 240 python3 benchmarks/mamba_ssd.py --precisions "${SSD_PRECISIONS:-bf16,tf32}" --chunks "${CHUNKS:-64}" \
+    timeout 240 python3 benchmarks/mamba_ssd.py --precisions "${SSD_PRECISIONS:-bf16,tf32}" --chunks "${SSD_CHUNKS:-${CHUNKS:-64}}" ${SSD_FLAGS-} \
       --out "$out/mamba_ssd.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/mamba_ssd.log" | tail -40 || status=1
     echo "mamba_ssd: ${SECONDS} s"
   fi
