@@ -10,6 +10,7 @@ error of the output and every gradient against the eager fp32 block with masked 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -81,6 +82,8 @@ def main() -> None:
     parser.add_argument("--chunks", default="64")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--top", type=int, default=8)
+    parser.add_argument("--forms", default="masked,cumsum", help="decay forms: masked (sums), cumsum")
+    parser.add_argument("--shape-padding", default="on", help="Inductor's matmul shape padding: on, off or on,off")
     parser.add_argument("--aten", action="store_true", help="also the ATen ops with the most CUDA time, per row")
     parser.add_argument("--out", default="benchmarks/results/mamba_ssd.json")
     args = parser.parse_args()
@@ -92,11 +95,12 @@ def main() -> None:
         configure_precision("fp32", u.device)
         ref = fwd_bwd(make_block(args.d_model, chunk), u, grad, "fp32")  # eager, masked sums
         for precision in args.precisions.split(","):
-            for from_cumsum in (False, True):
+            for from_cumsum, padding in itertools.product(
+                    [form == "cumsum" for form in args.forms.split(",")], [p == "on" for p in args.shape_padding.split(",")]):
                 torch._dynamo.reset()
                 configure_precision(precision, u.device)
                 block = make_block(args.d_model, chunk)
-                block.compile_fused(decay_from_cumsum=from_cumsum)
+                block.compile_fused(decay_from_cumsum=from_cumsum, shape_padding=padding)
                 got = fwd_bwd(block, u, grad, precision)  # compiles
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
@@ -109,22 +113,23 @@ def main() -> None:
                 kernels, gpu_ms = top_kernels(lambda: fwd_bwd(block, u, grad, precision), args.top)
                 aten = top_aten_ops(lambda: fwd_bwd(block, u, grad, precision), args.top) if args.aten else []
                 row = dict(aten=aten, chunk=chunk, precision=precision, decay="from cumsum" if from_cumsum else "masked sums",
+                           shape_padding=padding,
                            fwd_bwd_ms=ms, gpu_ms=gpu_ms, peak_gib=peak, saved_gib=saved.total / 2**30,
                            max_rel_error=max_rel_error(got, ref), kernels=kernels)
                 rows.append(row)
-                print(f"chunk {chunk:4} {precision:5} {row['decay']:12} fwd+bwd {ms:7.2f} ms  (kernels {gpu_ms:6.2f})  "
+                print(f"chunk {chunk:4} {precision:5} {row['decay']:12} pad {'on ' if padding else 'off'} fwd+bwd {ms:7.2f} ms  (kernels {gpu_ms:6.2f})  "
                       f"peak {peak:5.2f} GiB  saved {row['saved_gib']:5.2f} GiB  max rel err {row['max_rel_error']:.2e}",
                       flush=True)
                 del block
                 torch.cuda.empty_cache()
     print(f"\none Mamba2 block, B={args.batch} K={args.window} D={args.d_model}, compiled, on "
           f"{torch.cuda.get_device_name()}; medians of {args.reps}; error against eager fp32 with masked sums")
-    print(f"{'chunk':>5} {'precision':9} {'decay':12} {'fwd+bwd ms':>10} {'saved GiB':>9} {'max rel err':>11}")
+    print(f"{'chunk':>5} {'precision':9} {'decay':12} {'pad':3} {'fwd+bwd ms':>10} {'saved GiB':>9} {'max rel err':>11}")
     for r in rows:
-        print(f"{r['chunk']:5} {r['precision']:9} {r['decay']:12} {r['fwd_bwd_ms']:10.2f} {r['saved_gib']:9.2f} "
+        print(f"{r['chunk']:5} {r['precision']:9} {r['decay']:12} {'on ' if r['shape_padding'] else 'off'} {r['fwd_bwd_ms']:10.2f} {r['saved_gib']:9.2f} "
               f"{r['max_rel_error']:11.2e}")
     for r in rows:
-        print(f"\n{r['chunk']} {r['precision']} {r['decay']}: top kernels of {r['gpu_ms']:.2f} ms")
+        print(f"\n{r['chunk']} {r['precision']} {r['decay']} padding {'on' if r['shape_padding'] else 'off'}: top kernels of {r['gpu_ms']:.2f} ms")
         for k in r["kernels"]:
             print(f"  {k['ms']:7.2f} ms  {k['name']}")
         for op in r["aten"]:

@@ -200,12 +200,13 @@ class Mamba2Block(nn.Module):
         self.norm.reset_parameters()
         self.mixer.reset_parameters(gen)
 
-    def compile_fused(self, decay_from_cumsum: bool = True) -> None:
+    def compile_fused(self, decay_from_cumsum: bool = True, shape_padding: bool = True) -> None:
         """torch.compile (static shapes, in place: parameter names unchanged) with the convolution in its
-        shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses."""
+        shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses.
+        `shape_padding`: Inductor's padding of matmul dimensions to multiples of 8."""
         self.mixer._conv = causal_conv_shifted
         self.mixer._decay_from_cumsum = decay_from_cumsum
-        self.compile(dynamic=False)
+        self.compile(dynamic=False, options={"shape_padding": shape_padding})
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         return u + self.mixer(self.norm(u))
