@@ -5,7 +5,8 @@
 #     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; LOOP=1 also runs
 #     benchmarks/train_loop.py; SSD=1 also runs benchmarks/mamba_ssd.py; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
-#     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S)
+#     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S;
+#     MODEL_STEP=0 and PRODUCTION_S=0 skip model_step.py and the production-K runs)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
@@ -58,13 +59,13 @@ elif [ "$mode" = fusion ]; then
   timeout 150 python3 benchmarks/compile_check.py --ways model --out "$out/compile_check.json" 2>&1 | tail -30 || status=1
   echo "compile_check: ${SECONDS} s"
 else
-  timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
+  [ "${MODEL_STEP:-1}" = 0 ] || timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
   timeout "${LOCAL_S:-180}" python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
     --setting-seeds "${SETTING_SEEDS:-1}" --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
-  timeout 210 python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
+  [ "${PRODUCTION_S:-210}" = 0 ] || timeout "${PRODUCTION_S:-210}" python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
     --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \
     data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 model.mamba.chunk="${CHUNK:-64}" 2>&1 | tr '\r' '\n' | tail -12
   echo "quality production-K: ${SECONDS} s"

@@ -200,10 +200,12 @@ class Mamba2Block(nn.Module):
         self.norm.reset_parameters()
         self.mixer.reset_parameters(gen)
 
-    def compile_fused(self, decay_from_cumsum: bool = True, shape_padding: bool = True) -> None:
+    def compile_fused(self, decay_from_cumsum: bool = True, shape_padding: bool = False) -> None:
         """torch.compile (static shapes, in place: parameter names unchanged) with the convolution in its
         shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses.
-        `shape_padding`: Inductor's padding of matmul dimensions to multiples of 8."""
+        `shape_padding`: Inductor's padding of matmul dimensions to multiples of 8; off, because padding the
+        (c + 1)-chunk recurrence's bmm copies its (b h, c + 1, p n) states each step, which costs more than the
+        padded bmm saves (benchmarks/results/mamba_ssd_h200.md)."""
         self.mixer._conv = causal_conv_shifted
         self.mixer._decay_from_cumsum = decay_from_cumsum
         self.compile(dynamic=False, options={"shape_padding": shape_padding})
