@@ -45,26 +45,28 @@ def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: t
     model.eval()
     acc, attn_stats = AttentionByLag(window, model.n_queries), AttentionStats()
     probs, labels, masks, index = [], [], [], []
-    loss_sum, n_valid = 0.0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # on the device: no batch waits for the host
+    n_valid = torch.zeros((), dtype=torch.int64, device=device)
     with prefetched(loader.batches(0), device) as batches:
         for batch in batches:
             with forward_context(precision, device):
                 logits, attn = model(batch.x, batch.dt, return_attention=True)
-            valid = int(batch.mask.sum())
-            if valid:
-                loss_sum += float(loss_fn(logits, batch.y, batch.mask)) * valid
-                n_valid += valid
+            valid = batch.mask.sum()
+            loss_sum += loss_fn(logits, batch.y, batch.mask).double() * valid  # 0 where no label is valid
+            n_valid += valid
             attn = attn.detach().double()  # once for both accumulators, on the device (B, Q, K)
             acc.add(attn)
             attn_stats.add(attn)
-            probs.append(torch.sigmoid(logits).float().cpu().numpy())
-            labels.append(batch.y.cpu().numpy().astype(np.uint8))
-            masks.append(batch.mask.cpu().numpy().astype(bool))
+            probs.append(torch.sigmoid(logits).float())  # (B, H) each, to the host once at the end
+            labels.append(batch.y)
+            masks.append(batch.mask)
             index.append(batch.index.numpy().astype(np.int64))
     model.train()
-    probs_a, labels_a, mask_a = np.concatenate(probs), np.concatenate(labels), np.concatenate(masks)
+    probs_a = torch.cat(probs).cpu().numpy()
+    labels_a = torch.cat(labels).cpu().numpy().astype(np.uint8)
+    mask_a = torch.cat(masks).cpu().numpy().astype(bool)
     return Evaluation(
-        loss=loss_sum / max(n_valid, 1),
+        loss=float(loss_sum) / max(int(n_valid), 1),
         auc=per_horizon_auc(probs_a, labels_a, mask_a, horizons),
         probs=probs_a.astype(np.float32),
         labels=labels_a,
