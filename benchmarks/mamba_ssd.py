@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.cuda_timing import cuda_median_ms, machine_info  # noqa: E402
 from benchmarks.model_step import SavedBytes  # noqa: E402
+from benchmarks.train_step import kernel_times  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.model.config import MambaConfig  # noqa: E402
 from perception.model.init import module_generator  # noqa: E402
@@ -44,15 +45,6 @@ def fwd_bwd(block: Mamba2Block, u: torch.Tensor, grad: torch.Tensor, precision: 
         out = block(leaf)
     out.backward(grad)
     return out.detach().float(), leaf.grad, [p.grad for p in block.parameters()]
-
-
-def top_kernels(fn, top: int) -> tuple[list[dict], float]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
-    total = sum(e.device_time_total for e in events) or 1.0
-    return [dict(name=e.key[:90], ms=e.device_time_total / 1e3) for e in events[:top]], total / 1e3
 
 
 def top_aten_ops(fn, top: int) -> list[dict]:
@@ -110,7 +102,7 @@ def main() -> None:
                     leaf = u.detach().requires_grad_()
                     with forward_context(precision, u.device):
                         block(leaf)
-                kernels, gpu_ms = top_kernels(lambda: fwd_bwd(block, u, grad, precision), args.top)
+                kernels, _, gpu_ms = kernel_times(lambda: fwd_bwd(block, u, grad, precision), args.top)
                 aten = top_aten_ops(lambda: fwd_bwd(block, u, grad, precision), args.top) if args.aten else []
                 row = dict(aten=aten, chunk=chunk, precision=precision, decay="from cumsum" if from_cumsum else "masked sums",
                            shape_padding=padding,
