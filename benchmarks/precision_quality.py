@@ -66,7 +66,8 @@ def train_one(setting: str, seed: int, args, work: Path) -> dict:
            f"sweep_id=quality-{setting.replace('+', '-')}-{seed}", *overrides_of(setting), *args.overrides]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    row = dict(setting=setting, seed=seed, returncode=done.returncode, seconds=round(time.perf_counter() - t0, 1))
+    row = dict(setting=setting, seed=seed, returncode=done.returncode, seconds=round(time.perf_counter() - t0, 1),
+               experiment=args.experiment, overrides=args.overrides, machine=args.machine)
     found = sorted(home.glob("runs/**/done.json"))
     if done.returncode == 0 and found:
         metrics = json.loads(found[0].read_text())["metrics"]
@@ -199,8 +200,17 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tag", default=None, help="result file name (default: precision_quality_<experiment>)")
+    p.add_argument("--from-rows", nargs="+", type=Path, default=None, metavar="ROWS.jsonl",
+                   help="train nothing: summarise the finished runs these files hold (a killed study's, or "
+                   "studies of the same code over disjoint seeds, e.g. --seed 0 and --seed 5)")
+    p.add_argument("--machine", default=None, help="with --from-rows: the machine of rows that name none")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = p.parse_args()
+    if args.from_rows:
+        return write_result(read_rows(args.from_rows, args), args)
+    import torch
+
+    args.machine = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     for s in args.settings:
         overrides_of(s)
     if not 1 <= args.setting_seeds <= args.fp32_seeds:
@@ -211,6 +221,11 @@ def main() -> int:
     jobs = [("fp32", args.seed + i) for i in range(args.fp32_seeds)]
     jobs += [(s, args.seed + i) for s in args.settings for i in range(args.setting_seeds)]
     work = Path(tempfile.mkdtemp(prefix="precision-quality-"))
+    tag = args.tag or f"precision_quality_{args.experiment}"
+    out = Path(os.environ.get("PERCEPTION_RESULTS", Path(__file__).parent / "results"))
+    out.mkdir(parents=True, exist_ok=True)
+    finished = out / f"{tag}.rows.jsonl"  # one line per finished run: a killed study keeps what it ran
+    finished.unlink(missing_ok=True)
     rows = []
     from tqdm import tqdm
 
@@ -219,19 +234,49 @@ def main() -> int:
         for f in as_completed(futures):
             row = f.result()
             rows.append(row)
+            with finished.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
             bar.set_description(f"{row['setting']} seed {row['seed']}: {'ok' if 'auc' in row else 'FAILED'}")
             bar.update(1)
+    return write_result(rows, args)
+
+
+def read_rows(paths: list[Path], args) -> list[dict]:
+    """The runs that the files hold, all of `args.experiment` and its overrides (rows from before these
+    were recorded take them from `args`); a (setting, seed) in two files is refused (which one counts?)."""
+    rows, seen = [], {}
+    for path in paths:
+        if not path.is_file():
+            raise SystemExit(f"--from-rows {path}: no such file")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            try:
+                row = json.loads(line)
+                key = (row["setting"], row["seed"])
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise SystemExit(f"{path}:{n}: expected a JSON run row with 'setting' and 'seed' ({e})")
+            if key in seen:
+                raise SystemExit(f"{path}:{n}: {key[0]} seed {key[1]} is also in {seen[key]}")
+            row.setdefault("experiment", args.experiment)
+            row.setdefault("overrides", args.overrides)
+            row.setdefault("machine", args.machine)
+            if (row["experiment"], row["overrides"]) != (args.experiment, args.overrides):
+                raise SystemExit(f"{path}:{n}: a run of experiment={row['experiment']} {row['overrides']}; expected "
+                                 f"--experiment {args.experiment} and overrides {args.overrides}")
+            seen[key] = f"{path}:{n}"
+            rows.append(row)
+    return rows
+
+
+def write_result(rows: list[dict], args) -> int:
+    out = Path(os.environ.get("PERCEPTION_RESULTS", Path(__file__).parent / "results"))
+    out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or f"precision_quality_{args.experiment}"
     for r in rows:
         if "error" in r:
             print(f"{r['setting']} seed {r['seed']} failed (exit {r['returncode']}):\n  " + "\n  ".join(r["error"]))
     summary = summarise(rows, args.seed)
     print_table(summary)
-    tag = args.tag or f"precision_quality_{args.experiment}"
-    out = Path(os.environ.get("PERCEPTION_RESULTS", Path(__file__).parent / "results"))
-    out.mkdir(parents=True, exist_ok=True)
-    import torch
-
-    machine = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    machine = ", ".join(sorted({str(r.get("machine")) for r in rows}))
     result = dict(experiment=args.experiment, overrides=args.overrides, machine=machine, seed=args.seed,
                   runs=sorted(rows, key=lambda r: (r["setting"], r["seed"])), **summary)
     (out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")

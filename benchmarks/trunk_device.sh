@@ -6,7 +6,8 @@
 #     benchmarks/train_loop.py; SSD=1 also runs benchmarks/mamba_ssd.py; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S;
-#     MODEL_STEP=0 and PRODUCTION_S=0 skip model_step.py and the production-K runs)
+#     PARALLEL (local runs at once, default 10), SEED (the first seed, default 0); MODEL_STEP=0 and
+#     PRODUCTION_S=0 skip model_step.py and the production-K runs)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
@@ -62,8 +63,8 @@ else
   [ "${MODEL_STEP:-1}" = 0 ] || timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
-  timeout "${LOCAL_S:-180}" python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel 10 \
-    --setting-seeds "${SETTING_SEEDS:-1}" --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
+  timeout "${LOCAL_S:-180}" python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel "${PARALLEL:-10}" \
+    --setting-seeds "${SETTING_SEEDS:-1}" --seed "${SEED:-0}" --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
   [ "${PRODUCTION_S:-210}" = 0 ] || timeout "${PRODUCTION_S:-210}" python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
     --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \

@@ -80,6 +80,45 @@ def test_more_setting_seeds_than_fp32_seeds_is_refused():
     assert "--setting-seeds 3: expected 1 .. --fp32-seeds (2)" in done.stderr
 
 
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def from_rows(tmp_path: Path, *files: Path, experiment: str = "local") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path / "out")}
+    return subprocess.run([sys.executable, "benchmarks/precision_quality.py", "--experiment", experiment, "--tag", "joined",
+                           "--machine", "NVIDIA H200", "--from-rows", *map(str, files)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_studies_over_disjoint_seeds_join_into_the_verdict_of_all_their_runs(tmp_path):
+    tf32 = {0: 0.001, 1: -0.001, 2: 0.0005, 3: 0.002}
+    first = write_rows(tmp_path / "a.jsonl", [r for r in fp32_rows() + rows("tf32", tf32) if r["seed"] < 2])
+    second = write_rows(tmp_path / "b.jsonl", [r for r in fp32_rows() + rows("tf32", tf32) if r["seed"] >= 2])
+    done = from_rows(tmp_path, first, second)
+    assert done.returncode == 0, done.stderr[-2000:]
+    joined = json.loads((tmp_path / "out" / "joined.json").read_text())
+    direct = summarise(fp32_rows() + rows("tf32", tf32), base_seed=0)
+    assert joined["settings"] == direct["settings"] and joined["fp32_runs"] == 4
+    assert joined["machine"] == "NVIDIA H200" and len(joined["runs"]) == 8
+
+
+def test_joining_refuses_a_run_twice_and_a_run_of_another_experiment(tmp_path):
+    a = write_rows(tmp_path / "a.jsonl", fp32_rows())
+    b = write_rows(tmp_path / "b.jsonl", rows("fp32", {1: 0.0}))
+    done = from_rows(tmp_path, a, b)
+    assert done.returncode != 0 and f"{b}:1: fp32 seed 1 is also in {a}:2" in done.stderr
+    other = write_rows(tmp_path / "c.jsonl", [dict(r, experiment="production") for r in fp32_rows()])
+    done = from_rows(tmp_path, other)
+    assert done.returncode != 0 and f"{other}:1: a run of experiment=production" in done.stderr
+    broken = tmp_path / "d.jsonl"
+    broken.write_text('{"setting": "fp32"\n')
+    done = from_rows(tmp_path, broken)
+    assert done.returncode != 0 and f"{broken}:1: expected a JSON run row" in done.stderr
+    assert not (tmp_path / "out" / "joined.json").exists()
+
+
 @pytest.mark.slow
 def test_paired_verdict_end_to_end_on_cpu(tmp_path):
     """On CPU tf32 is fp32 bit for bit, so every paired difference is 0 and the verdict must be `holds`."""
@@ -96,3 +135,6 @@ def test_paired_verdict_end_to_end_on_cpu(tmp_path):
         assert cell["equivalence"]["verdict"] == "holds", h
     assert tf32["verdict"] == "holds"
     assert (tmp_path / "precision_quality_ci.png").stat().st_size > 0
+    kept = tmp_path / "precision_quality_ci.rows.jsonl"  # each run as it finished: what a killed study keeps
+    assert sorted((r["setting"], r["seed"]) for r in map(json.loads, kept.read_text().splitlines())) == \
+        [("fp32", 0), ("fp32", 1), ("fp32", 2), ("tf32", 0), ("tf32", 1)]
