@@ -57,3 +57,24 @@ def test_the_check_sees_function_level_imports(tmp_path):
     assert "perception.train.compose" in imports(f)
     assert layer_of("perception.train.compose") == "train" and layer_of("perception.paths") == "base"
     assert layer_of("perception.data") == "data"
+
+
+
+def test_every_directory_that_ships_is_a_listed_package():
+    """A new layer, config group or data directory must be added to pyproject's `packages`: setuptools
+    warns about an unlisted one today and will leave it out of the wheel. Tracked files only (a build's
+    untracked outputs, such as ops/lib, are not part of the source)."""
+    import subprocess
+    import tomllib
+
+    root = PACKAGE.parent
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    tracked = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    found = set()
+    for name, where in setuptools["package-dir"].items():
+        for f in tracked:
+            parts = Path(f).parts
+            if parts[0] == where and len(parts) > 1:
+                found.add(".".join([name, *parts[1:-1]]))
+    assert {"perception.conf.model", "perception.gate.noise"} <= found  # the check sees data directories
+    assert found - set(setuptools["packages"]) == set(), "directories that ship but are not in pyproject's packages"
