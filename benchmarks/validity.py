@@ -214,6 +214,9 @@ def summarize() -> list[dict]:
                                  for rule in ("rule 1", "rule 2")},
                      "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
                      "training_noise": rs[0].get("training_noise"),
+                     # the spread of W across sweeps: with R replicates, training noise enters it / R
+                     "W_mean": float(np.mean([r["W"] for r in rs])),
+                     "W_sd": float(np.std([r["W"] for r in rs], ddof=1)) if len(rs) > 1 else None,
                      "median_sweep_s": float(np.median([r["seconds"] for r in rs]))})
     SUMMARY.write_text(json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()},
                                   indent=2) + "\n")

@@ -1,0 +1,55 @@
+"""benchmarks/validity.py's summary of the sweeps it ran: ships and their Wilson interval per test and
+replicate count, kept apart by the gate's evidence, and the spread of W across sweeps."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+import benchmarks.validity as validity
+
+
+def row(seed: int, decision: str, W: float, replicates: int = 1, test: str = "ab", evidence: str = "t") -> dict:
+    return {"test": test, "experiment": "local", "control": "shared", "treatment": "per_horizon", "seed": seed,
+            "replicates": replicates, "decision": decision, "W": W, "rule": "rule 1" if decision.startswith("ship")
+            else None, "seconds": 10.0, "evidence": evidence, "training_noise": f"from {replicates} replicates"}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    monkeypatch.setattr(validity, "RUNS", tmp_path / "runs.jsonl")
+    monkeypatch.setattr(validity, "SUMMARY", tmp_path / "validity.json")
+    monkeypatch.setattr(validity, "PLOT", tmp_path / "validity.png")
+    return tmp_path
+
+
+def test_each_replicate_count_is_its_own_row_with_its_rate_interval_and_spread_of_W(results):
+    one = [row(1, "ship_per_horizon", 0.05), row(2, "keep_shared", -0.02), row(3, "inconclusive", 0.01),
+           row(4, "ship_per_horizon", 0.06)]
+    three = [row(11, "ship_per_horizon", 0.04, 3), row(12, "keep_shared", -0.01, 3)]
+    stale = [row(21, "ship_per_horizon", 0.9, evidence="normal")]  # decided with the test before the t
+    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in one + three + stale))
+    rows = validity.summarize()
+    by = {(r["replicates"], r["evidence"]): r for r in rows}
+    assert set(by) == {(1, "t"), (3, "t"), (1, "normal")}
+    r1, r3 = by[(1, "t")], by[(3, "t")]
+    assert (r1["n"], r1["ships"], r1["rate"], r1["measures"]) == (4, 2, 0.5, "power")
+    assert r1["ci95"] == pytest.approx(validity.wilson(2, 4))
+    assert r1["decisions"] == {"inconclusive": 1, "keep_shared": 1, "ship_per_horizon": 2}
+    assert r1["W_mean"] == pytest.approx(statistics.mean([0.05, -0.02, 0.01, 0.06]))
+    assert r1["W_sd"] == pytest.approx(statistics.stdev([0.05, -0.02, 0.01, 0.06]))
+    assert (r3["n"], r3["ships"]) == (2, 1) and r3["W_sd"] == pytest.approx(statistics.stdev([0.04, -0.01]))
+    assert json.loads((results / "validity.json").read_text())["rows"] == json.loads(json.dumps(rows))
+    assert (results / "validity.png").stat().st_size > 0
+
+
+def test_an_aa_test_counts_its_ships_as_false_ships(results):
+    rows = [row(1, "ship_shared_twin", 0.03, test="aa"), row(2, "keep_shared", 0.0, test="aa"),
+            row(3, "inconclusive", -0.03, test="aa")]
+    for r in rows:
+        r["treatment"] = "shared_twin"
+    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (summary,) = validity.summarize()
+    assert (summary["measures"], summary["n"], summary["ships"], summary["target"]) == ("false_ship", 3, 1, 0.05)
