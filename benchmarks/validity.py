@@ -104,16 +104,20 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
            "replicates": replicates,
            "returncode": done.returncode, "seconds": round(time.perf_counter() - t0, 1), "extra": extra,
            "device": f"cuda:{gpu}" if gpu else "cpu"}
-    if report.is_file():
-        s = json.loads(report.read_text())
+    s = json.loads(report.read_text()) if report.is_file() else {}
+    if s and not s.get("refused"):
         row.update(evidence=EVIDENCE if any("df" in r for r in s.get("rules") or []) else "normal",
                    decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
                    replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
                    delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
                    horizons=s.get("horizons"))
+    else:  # no decision: keep what the gate refused for, or the sweep's own last words
+        why = ("gate refused: " + "; ".join(s.get("reasons") or []) + "\n") if s.get("refused") else done.stdout[-1500:]
+        row.update(decision=None, error=(why + "\n" + done.stderr[-1500:]).strip())
+    if row["decision"] is not None:
+        shutil.rmtree(home, ignore_errors=True)  # the outcome is all a decided sweep keeps
     else:
-        row.update(decision=None, error=(done.stdout[-1500:] + "\n" + done.stderr[-1500:]).strip())
-    shutil.rmtree(home, ignore_errors=True)  # the outcome is all a validity run keeps
+        row["kept_home"] = str(home)  # a failed one's runs and logs, for whoever looks into it
     return row
 
 
@@ -144,15 +148,21 @@ def run_test(args: argparse.Namespace) -> None:
             futures[pool.submit(_guarded, deadline, run_sweep, args.test, c, args.experiment, s, args.cpu_workers,
                                 args.extra, work, gpu, args.replicates)] = (c, s)
         bar = tqdm(total=len(futures), desc=f"{args.test} sweeps", unit="sweep")
+        rows_written = []
         for f in as_completed(futures):
             row = f.result()
             if row is not None:
+                rows_written.append(row)
                 out.write(json.dumps(row) + "\n")
                 out.flush()
                 bar.set_postfix(last=row.get("decision"))
             bar.update(1)
         bar.close()
-    shutil.rmtree(work, ignore_errors=True)
+    kept = [r["kept_home"] for r in rows_written if r.get("kept_home")]
+    if kept:
+        print(f"{len(kept)} sweep(s) without a decision; their homes are kept: " + ", ".join(kept), file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     if args.test == "calibrate":
         write_noise(args.experiment, seeds)
     summarize()
