@@ -258,7 +258,8 @@ def _plot(rows: list[dict]) -> None:
     ax.errorbar(x, rates, yerr=err, fmt="none", color="black", capsize=4)
     ax.axhline(TARGETS["false_ship"], color="tab:red", ls="--", lw=1, label="false-ship target 0.05")
     ax.axhline(TARGETS["power"], color="tab:green", ls="--", lw=1, label="power target 0.8")
-    ax.set_xticks(x, [f"{r['test']}\n{r['control']}→{r['treatment']}\n{r['experiment']}, {r['evidence']}, n={r['n']}" for r in rows],
+    ax.set_xticks(x, [f"{r['test']}\n{r['control']}→{r['treatment']}\n{r['experiment']}, {r['evidence']}, n={r['n']}"
+                      + (f", R={r['replicates']}" if r["replicates"] > 1 else "") for r in rows],
                   fontsize=7)
     ax.set_ylabel("share of sweeps that shipped")
     ax.set_ylim(0, 1)
