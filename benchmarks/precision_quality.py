@@ -221,9 +221,7 @@ def main() -> int:
     jobs = [("fp32", args.seed + i) for i in range(args.fp32_seeds)]
     jobs += [(s, args.seed + i) for s in args.settings for i in range(args.setting_seeds)]
     work = Path(tempfile.mkdtemp(prefix="precision-quality-"))
-    tag = args.tag or f"precision_quality_{args.experiment}"
-    out = Path(os.environ.get("PERCEPTION_RESULTS", Path(__file__).parent / "results"))
-    out.mkdir(parents=True, exist_ok=True)
+    out, tag = results_place(args)
     finished = out / f"{tag}.rows.jsonl"  # one line per finished run: a killed study keeps what it ran
     finished.unlink(missing_ok=True)
     rows = []
@@ -267,10 +265,15 @@ def read_rows(paths: list[Path], args) -> list[dict]:
     return rows
 
 
-def write_result(rows: list[dict], args) -> int:
+def results_place(args) -> tuple[Path, str]:
+    """The results folder (made if missing) and the files' name."""
     out = Path(os.environ.get("PERCEPTION_RESULTS", Path(__file__).parent / "results"))
     out.mkdir(parents=True, exist_ok=True)
-    tag = args.tag or f"precision_quality_{args.experiment}"
+    return out, args.tag or f"precision_quality_{args.experiment}"
+
+
+def write_result(rows: list[dict], args) -> int:
+    out, tag = results_place(args)
     for r in rows:
         if "error" in r:
             print(f"{r['setting']} seed {r['seed']} failed (exit {r['returncode']}):\n  " + "\n  ".join(r["error"]))

@@ -10,12 +10,27 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from perception.data.config import DataConfig
 from tests.mlflow_server import mlflow_server as _start_mlflow_server
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # third-party samples, each with its PROVENANCE.md
 
 settings.register_profile("ci", derandomize=True, max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# A small synthetic book for loader, prefetch and validation tests: 3000 snapshots, windows of 16
+SMALL_BOOK = DataConfig(n_snapshots=3000, window=16, window_stride=3, horizons=[2, 10, 30])
+
+
+@pytest.fixture(scope="session")
+def small_book(tmp_path_factory):
+    """(dataset, purged split, normaliser fitted on the training windows) of SMALL_BOOK; read only."""
+    from perception.data import Normalizer, load_dataset, purged_split
+
+    ds = load_dataset(SMALL_BOOK, home=tmp_path_factory.mktemp("small-book"), progress=False)
+    split = purged_split(ds, SMALL_BOOK)
+    return ds, split, Normalizer.fit(ds, split.train_ends, SMALL_BOOK.window)
 
 
 @pytest.fixture(scope="session")

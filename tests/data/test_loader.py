@@ -8,17 +8,14 @@ import torch
 
 from perception.data import Normalizer, WindowLoader, load_dataset, purged_split
 from perception.data import dataset as dataset_module
-from perception.data.config import DataConfig
+from tests.conftest import SMALL_BOOK
 
-CFG = DataConfig(n_snapshots=3000, window=16, window_stride=3, horizons=[2, 10, 30])
+CFG = SMALL_BOOK
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    ds = load_dataset(CFG, home=home, progress=False)
-    split = purged_split(ds, CFG)
-    return ds, split, Normalizer.fit(ds, split.train_ends, CFG.window)
+@pytest.fixture
+def prepared(small_book):
+    return small_book
 
 
 def test_batches_hold_normalised_windows(prepared):

@@ -9,17 +9,15 @@ from itertools import count, islice
 import pytest
 import torch
 
-from perception.data import Normalizer, WindowLoader, load_dataset, prefetched, purged_split
-from perception.data.config import DataConfig
+from perception.data import WindowLoader, prefetched
+from tests.conftest import SMALL_BOOK
 
-CFG = DataConfig(n_snapshots=3000, window=16, window_stride=3, horizons=[2, 10, 30])
+CFG = SMALL_BOOK
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    ds = load_dataset(CFG, home=tmp_path_factory.mktemp("home"), progress=False)
-    split = purged_split(ds, CFG)
-    return ds, split, Normalizer.fit(ds, split.train_ends, CFG.window)
+@pytest.fixture
+def prepared(small_book):
+    return small_book
 
 
 def loader(prepared, pin_memory: bool = False) -> WindowLoader:
