@@ -19,6 +19,12 @@ settings.register_profile("ci", derandomize=True, max_examples=100, deadline=Non
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first (a stable sort): the workers start on the long end-to-end runs together, and the
+    short tests fill in after them, instead of one worker finishing alone on a long run at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 # A small synthetic book for loader, prefetch and validation tests: 3000 snapshots, windows of 16
 SMALL_BOOK = DataConfig(n_snapshots=3000, window=16, window_stride=3, horizons=[2, 10, 30])
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.signal import lfilter
 
 from perception.data.book import NS, Snapshots
 from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
@@ -65,6 +64,8 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
 
     regime = _two_state_regime(rng, n, prm.regime_len)  # (T,) +-1
     phi = np.exp(-1.0 / prm.tau_fast)
+    from scipy.signal import lfilter  # here, not at the top: importing scipy.signal costs every command ~1 s
+
     z = lfilter([np.sqrt(1 - phi**2)], [1.0, -phi], rng.standard_normal(n))  # AR(1), unit var
     z += prm.imbalance_shift * regime
     imb = np.tanh(0.8 * z)  # (T,) in (-1, 1)

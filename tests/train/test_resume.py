@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import numpy as np
+import pytest
 
 from tests.train.helpers import cli, final_predictions
 
@@ -23,6 +24,7 @@ def _exact_metrics(run_dir):
     return metrics
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(perception_home):
     ref = cli("perception-train", *ARGS, "sweep_id=uninterrupted", home=perception_home)
     assert ref.returncode == 0, ref.stderr[-3000:]
