@@ -1,10 +1,11 @@
 """A DBN MBP-10 file's records in bounded chunks (`.dbn` and `.dbn.zst`), for inputs larger than memory.
 
-Decompression is `zstandard`'s decompressobj fed 128 KiB of compressed input at a time: its output
-goes straight into one preallocated chunk buffer, and its `eof` tells a complete zstd stream from a
-truncated one (the stream reader returns a cut stream without complaint). databento-dbn's decoder
-yields one Python object per record, ~30x slower. Memory: the chunk buffer plus the decompressed
-output of one 128 KiB piece (about 0.5-1 MB on MBP-10 books).
+Decompression is the standard library's `compression.zstd` (its backport before Python 3.14): its
+decompressor takes a `max_length`, so no call returns more than ZSTD_OUT bytes however well the data
+compresses, and its `eof` tells a complete stream from a truncated one (`zstandard`'s stream reader
+has neither a bound per call on its decompressobj nor a truncation error on its reader).
+databento-dbn's decoder yields one Python object per record, ~30x slower. Memory: the chunk buffer
+plus at most one ZSTD_OUT (or _RAW_PIECE) piece waiting to be copied into it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from typing import Iterator
 
 import databento_dbn as dbn
 import numpy as np
-import zstandard
+
+try:
+    from compression.zstd import ZstdDecompressor, ZstdError
+except ImportError:  # Python < 3.14
+    from backports.zstd import ZstdDecompressor, ZstdError
 
 from perception.data.dbn_io import _DBZ_MAGIC, _ZSTD_MAGIC, MBP10_DTYPE, MBP10_RTYPE
 from perception.errors import DataError
 
 CHUNK_RECORDS = 1_000_000  # records per chunk: 368 MB of buffer
-ZSTD_PIECE = 128 << 10  # compressed bytes per decompressor call
+ZSTD_PIECE = 128 << 10  # compressed bytes read at a time
+ZSTD_OUT = 1 << 20  # decompressed bytes per decompressor call, at most
 _RAW_PIECE = 8 << 20  # uncompressed reads
 
 
@@ -94,23 +100,24 @@ class Mbp10Stream:
             yield memoryview(piece)
 
     def _zstd_pieces(self) -> Iterator[memoryview]:
-        dobj = zstandard.ZstdDecompressor().decompressobj()
+        dec, feed = ZstdDecompressor(), b""
         while True:
-            data = self._file.read(ZSTD_PIECE)
-            if not data:
-                break
-            while data:
-                try:
-                    out = dobj.decompress(data)
-                except zstandard.ZstdError as e:
-                    raise DataError(f"{self.path}: corrupt zstd stream ({e})") from None
-                if out:
-                    yield memoryview(out)
-                data = dobj.unused_data if dobj.eof else b""
-                if dobj.eof and data:  # a further zstd frame follows
-                    dobj = zstandard.ZstdDecompressor().decompressobj()
-        if not dobj.eof:
-            raise DataError(f"{self.path}: truncated file (the zstd stream ends early)")
+            if dec.eof:  # a frame ended: the file ends here, or another frame follows
+                feed = dec.unused_data or self._file.read(ZSTD_PIECE)
+                if not feed:
+                    return
+                dec = ZstdDecompressor()
+            elif dec.needs_input and not feed:
+                feed = self._file.read(ZSTD_PIECE)
+                if not feed:
+                    raise DataError(f"{self.path}: truncated file (the zstd stream ends early)")
+            try:
+                out = dec.decompress(feed, max_length=ZSTD_OUT)
+            except ZstdError as e:
+                raise DataError(f"{self.path}: corrupt zstd stream ({e})") from None
+            feed = b""
+            if out:
+                yield memoryview(out)
 
     def _readinto(self, out: memoryview) -> int:
         n = 0

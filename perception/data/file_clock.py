@@ -63,7 +63,8 @@ class FilePart:
     symbols: dict[int, list[str]]  # instrument id -> the file's symbols mapping to it
     used: dict[int, InstrumentUse] = field(default_factory=dict)
     sorted_whole: bool = False  # records out of order by more than a chunk: read whole
-    peak_buffer_bytes: int = 0
+    peak_buffer_bytes: int = 0  # the reader's chunk buffer and pending decompressed bytes
+    max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
 
 
 class _Displaced(Exception):
@@ -149,6 +150,11 @@ class _FileClock:
         self.max_emitted: Optional[int] = None
         self.run_max: Optional[int] = None  # running max of ts_recv in file order (late count)
         self.n_late = 0
+        self.max_held = 0
+
+    @property
+    def carry_cap(self) -> int:
+        return max(4 * self.tail, self.job.chunk_records // 2)
 
     def add(self, recs: np.ndarray, final: bool) -> None:
         ts_new = recs["ts_recv"]
@@ -157,6 +163,7 @@ class _FileClock:
             if self.max_emitted is not None and int(ts_new.min()) < self.max_emitted:
                 raise _Displaced
         block = _Block(self.carry, recs)
+        self.max_held = max(self.max_held, block.nc + len(recs))
         ts = block.col("ts_recv")
         ordered = bool(np.all(ts[1:] >= ts[:-1]))
         order = np.arange(len(ts)) if ordered else np.argsort(ts, kind="stable")
@@ -174,7 +181,7 @@ class _FileClock:
             self.max_emitted = int(cols["ts_recv"][-1])
         rest = order[n_emit:]
         self.carry = block.take(rest) if len(rest) else None
-        if self.carry is not None and len(self.carry) > max(4 * self.tail, self.job.chunk_records // 2):
+        if self.carry is not None and len(self.carry) > self.carry_cap:
             raise _Displaced
 
     def _count_late(self, ts: np.ndarray) -> None:
@@ -225,6 +232,7 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
             clock.close()
         part.peak_buffer_bytes = stream.stats.chunk_buffer_bytes + stream.stats.max_pending_bytes
     part.n_states = clock.out.n_states
+    part.max_held_records = clock.max_held
     part.clear_ts = np.concatenate(clock.out.clears) if clock.out.clears else part.clear_ts
     return part
 
@@ -244,8 +252,9 @@ def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
         if n_other:
             chunk = chunk[keep]
     kept_ids = chunk["instrument_id"]
-    for inst in _unique(kept_ids):
-        mine = chunk["ts_recv"] if len(part.ids_seen) == 1 else chunk["ts_recv"][kept_ids == inst]
+    kept = _unique(kept_ids)
+    for inst in kept:
+        mine = chunk["ts_recv"] if len(kept) == 1 else chunk["ts_recv"][kept_ids == inst]
         use = part.used.setdefault(inst, InstrumentUse(0, int(mine.min()), int(mine.max())))
         use.records += len(mine)
         use.first_ts, use.last_ts = min(use.first_ts, int(mine.min())), max(use.last_ts, int(mine.max()))
