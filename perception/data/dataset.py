@@ -23,7 +23,6 @@ from typing import Any, Optional
 import numpy as np
 from tqdm.auto import tqdm
 
-from perception.data import synthetic
 from perception.enums import enum_value
 from perception.data.book import Snapshots, smallest_price_step, snapshots_from_records
 from perception.data.checks import as_data_config, check_data_config, resolve_paths
@@ -138,6 +137,8 @@ def _check_fits(cfg: DataConfig, ds: Dataset) -> None:
 def build_snapshots(cfg: DataConfig, progress: bool = True) -> tuple[Snapshots, int, Counter]:
     """Snapshots, tick (1e-9 price units) and drop counts from the configured source (in memory)."""
     if cfg.source is DataSource.synthetic:
+        from perception.data import synthetic  # scipy.signal: 2-3 s of imports a DBN build need not pay
+
         snaps = synthetic.generate(cfg.n_snapshots, cfg.synthetic_seed, cfg.horizons, cfg.window,
                                    cfg.snapshot_interval, cfg.synthetic_session,
                                    world=enum_value(cfg.synthetic_world))
@@ -241,6 +242,8 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
     bar.set_postfix_str("labels")
     y, mask = compute_labels(snaps, cfg.horizons)
     if enum_value(cfg.synthetic_world) == "no_signal":
+        from perception.data import synthetic
+
         y = synthetic.independent_labels(len(snaps), cfg.synthetic_seed, cfg.horizons, mask)
     bar.update()
     bar.close()

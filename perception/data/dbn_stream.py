@@ -27,7 +27,7 @@ except ImportError:  # Python < 3.14
 from perception.data.dbn_io import _DBZ_MAGIC, _ZSTD_MAGIC, MBP10_DTYPE, MBP10_RTYPE
 from perception.errors import DataError
 
-CHUNK_RECORDS = 1_000_000  # records per chunk: 368 MB of buffer
+CHUNK_RECORDS = 262_144  # records per chunk: 96 MB of buffer
 ZSTD_PIECE = 128 << 10  # compressed bytes read at a time
 ZSTD_OUT = 1 << 20  # decompressed bytes per decompressor call, at most
 _RAW_PIECE = 8 << 20  # uncompressed reads

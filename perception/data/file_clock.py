@@ -67,6 +67,16 @@ class FilePart:
     max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
 
 
+def tail_records(chunk_records: int) -> int:
+    """The last records of a chunk whose earliest time bounds what the chunk emits."""
+    return max(1, min(8_192, chunk_records // 8))
+
+
+def carry_cap(chunk_records: int) -> int:
+    """Records carried into the next chunk at most; more and the file is read whole."""
+    return max(4 * tail_records(chunk_records), chunk_records // 2)
+
+
 class _Displaced(Exception):
     """A record older than records already emitted: the chunked order would differ."""
 
@@ -152,10 +162,6 @@ class _FileClock:
         self.n_late = 0
         self.max_held = 0
 
-    @property
-    def carry_cap(self) -> int:
-        return max(4 * self.tail, self.job.chunk_records // 2)
-
     def add(self, recs: np.ndarray, final: bool) -> None:
         ts_new = recs["ts_recv"]
         if len(ts_new):
@@ -175,13 +181,17 @@ class _FileClock:
         else:
             n_emit = 0
         if n_emit:
-            emit = order[:n_emit]
+            emit = slice(0, n_emit) if ordered else order[:n_emit]  # a slice keeps columns as views
             cols = {name: block.col(name)[emit] for name in _FIELDS}
-            self.out.emit(cols, lambda where: block.take(emit[where]))
+            self.out.emit(cols, lambda where: block.take(where if ordered else emit[where]))
             self.max_emitted = int(cols["ts_recv"][-1])
-        rest = order[n_emit:]
-        self.carry = block.take(rest) if len(rest) else None
-        if self.carry is not None and len(self.carry) > self.carry_cap:
+        if n_emit == len(ts):
+            self.carry = None
+        elif ordered and n_emit >= block.nc:
+            self.carry = recs[n_emit - block.nc :].copy()
+        else:
+            self.carry = block.take(order[n_emit:])
+        if self.carry is not None and len(self.carry) > carry_cap(self.job.chunk_records):
             raise _Displaced
 
     def _count_late(self, ts: np.ndarray) -> None:
@@ -209,7 +219,7 @@ def extract_file(job: FileJob) -> FilePart:
 
 def _extract(job: FileJob, whole: bool) -> FilePart:
     counts: Counter = Counter()
-    tail = max(1, min(65_536, job.chunk_records // 8))
+    tail = tail_records(job.chunk_records)
     with Mbp10Stream(job.path, job.chunk_records) as stream:
         header = stream.header
         select = instrument_filter(header, job.instrument)

@@ -52,9 +52,10 @@ def workers_for(cfg: DataConfig, n_files: int) -> int:
 
 
 def extract_all(cfg: DataConfig, files: list[Path], spill_dir: Path, progress: bool) -> list[FilePart]:
-    jobs = [FileJob(i, str(p), str(spill_dir / f"{i:05d}"), cfg.instrument, cfg.snapshot_interval,
-                    cfg.chunk_records) for i, p in enumerate(files)]
-    n_workers = workers_for(cfg, len(jobs))
+    n_workers = workers_for(cfg, len(files))
+    chunk = max(1, cfg.chunk_records // n_workers)  # the workers share one budget of records in memory
+    jobs = [FileJob(i, str(p), str(spill_dir / f"{i:05d}"), cfg.instrument, cfg.snapshot_interval, chunk)
+            for i, p in enumerate(files)]
     bar = tqdm(total=len(jobs), desc=f"read DBN ({n_workers} workers)", unit="file", disable=not progress)
     t0, n_records, parts = time.perf_counter(), 0, []
 

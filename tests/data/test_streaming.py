@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from perception.data.dataset import _build, build_in_memory
 from perception.data.dbn_io import UNDEF_PRICE, read_mbp10, write_mbp10
 from perception.data.dbn_stream import ZSTD_OUT, Mbp10Stream, _RAW_PIECE
-from perception.data.file_clock import FileJob, extract_file
+from perception.data.file_clock import FileJob, carry_cap, extract_file
 
 from tests.data.builders import T0, dbn_config, make_records
 
@@ -131,7 +131,8 @@ def test_workers_give_bit_identical_results(tmp_path):
     one = streamed(dbn_config(paths, instrument="7", chunk_records=23, workers=1))
     two = streamed(dbn_config(paths, instrument="7", chunk_records=23, workers=2))
     assert_same(two, one)
-    assert one.summary == two.summary
+    whole = "files_read_whole"  # the chunk per worker decides which files fall back to a whole read
+    assert {k: v for k, v in one.summary.items() if k != whole} == {k: v for k, v in two.summary.items() if k != whole}
     assert_same(one, build_in_memory(dbn_config(paths, instrument="7")))
 
 
@@ -166,5 +167,4 @@ def test_buffers_are_bounded_by_the_chunk_not_the_file(write_dbn, tmp_path, comp
         assert 0 < stats.max_pending_bytes <= (ZSTD_OUT if compress else _RAW_PIECE)
         part = extract_file(FileJob(0, str(path), str(tmp_path / f"s{n}"), None, 1.0, chunk))
         assert not part.sorted_whole
-        tail = max(1, min(65_536, chunk // 8))
-        assert part.max_held_records <= chunk + max(4 * tail, chunk // 2)
+        assert 0 < part.max_held_records <= chunk + carry_cap(chunk)
