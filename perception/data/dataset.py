@@ -91,12 +91,18 @@ def file_fingerprint(path: Path) -> str:
     h = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:
         h.update(f.read(HEAD_BYTES))
-        if size > HEAD_BYTES:
-            span = size - HEAD_BYTES - SAMPLE_BYTES
-            for i in range(1, N_SAMPLES + 1):
-                f.seek(HEAD_BYTES + max(span, 0) * i // N_SAMPLES)
-                h.update(f.read(SAMPLE_BYTES))
+        for offset in sample_offsets(size):
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BYTES))
     return h.hexdigest()
+
+
+def sample_offsets(size: int) -> list[int]:
+    """Where file_fingerprint's blocks start in a file of `size` bytes (after its head)."""
+    if size <= HEAD_BYTES:
+        return []
+    span = max(size - HEAD_BYTES - SAMPLE_BYTES, 0)
+    return [HEAD_BYTES + span * i // N_SAMPLES for i in range(1, N_SAMPLES + 1)]
 
 
 def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True,
