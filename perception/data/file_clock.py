@@ -177,7 +177,7 @@ class _FileClock:
             n_emit = len(ts)
         elif len(ts_new):
             cutoff = ts_new[-self.tail :].min()
-            n_emit = int(np.searchsorted(ts[order], cutoff, side="right"))
+            n_emit = int(np.searchsorted(ts if ordered else ts[order], cutoff, side="right"))
         else:
             n_emit = 0
         if n_emit:
