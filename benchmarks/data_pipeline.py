@@ -171,6 +171,9 @@ def _run_measured(argv: list[str], env: dict) -> dict:
     import subprocess
     import threading
 
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak, stop = [0], threading.Event()
@@ -188,9 +191,9 @@ def _run_measured(argv: list[str], env: dict) -> dict:
     sampler.join()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv[:4])} ... failed ({proc.returncode}):\n{err[-3000:]}")
-    kids = __import__("resource").getrusage(__import__("resource").RUSAGE_CHILDREN).ru_maxrss
-    return {"wall_s": wall, "peak_tree_rss_mb": peak[0] / 1024, "max_single_process_rss_mb_so_far": kids / 1024,
-            "stdout": out}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the finished tree's CPU time
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_tree_rss_mb": peak[0] / 1024, "stdout": out}
 
 
 _IN_MEMORY = """
@@ -229,6 +232,8 @@ def bench_files(folder: Path, sets: list[int], n_records: int, repeats: int, in_
             rows.append({"path": "streaming", "files": n_files, "workers": workers, "records": n_rec,
                          "raw_record_mb": raw_mb, "wall_s_median": wall, "wall_s": [r["wall_s"] for r in runs],
                          "records_per_s": n_rec / wall, "records_per_s_per_core": n_rec / wall / workers,
+                         "cpu_s_median": statistics.median(r["cpu_s"] for r in runs),
+                         "records_per_cpu_s": n_rec / statistics.median(r["cpu_s"] for r in runs),
                          "peak_tree_rss_mb": max(r["peak_tree_rss_mb"] for r in runs),
                          "build_summary": runs[-1]["stdout"].strip().splitlines()})
             print(_row_text(rows[-1]), flush=True)
@@ -237,6 +242,7 @@ def bench_files(folder: Path, sets: list[int], n_records: int, repeats: int, in_
             rows.append({"path": "in-memory (before)", "files": n_files, "workers": 1, "records": n_rec,
                          "raw_record_mb": raw_mb, "wall_s_median": r["wall_s"], "wall_s": [r["wall_s"]],
                          "records_per_s": n_rec / r["wall_s"], "records_per_s_per_core": n_rec / r["wall_s"],
+                         "cpu_s_median": r["cpu_s"], "records_per_cpu_s": n_rec / r["cpu_s"],
                          "peak_tree_rss_mb": r["peak_tree_rss_mb"]})
             print(_row_text(rows[-1]), flush=True)
     return {"n_records_per_file": n_records, "records_per_interval": PER_INTERVAL, "repeats": repeats,
@@ -246,13 +252,22 @@ def bench_files(folder: Path, sets: list[int], n_records: int, repeats: int, in_
 def _targets(rows: list[dict], cores: int) -> dict:
     stream = [r for r in rows if r["path"] == "streaming"]
     by = {(r["files"], r["workers"]): r for r in stream}
-    few, many = min(r["files"] for r in stream), max(r["files"] for r in stream)
+    sets = sorted({r["files"] for r in stream})
+    few, many = sets[0], sets[-1]
     out = {}
     for w in sorted({r["workers"] for r in stream}):
         ratio = by[(many, w)]["peak_tree_rss_mb"] / by[(few, w)]["peak_tree_rss_mb"]
         out[f"rss_{many}_over_{few}_files_workers{w}"] = {"value": ratio, "target": "<= 1.25", "met": ratio <= 1.25}
+        if w > 1 and len(sets) > 2:  # one file is read by one process whatever data.workers says
+            mid = sets[-2]
+            ratio = by[(many, w)]["peak_tree_rss_mb"] / by[(mid, w)]["peak_tree_rss_mb"]
+            out[f"rss_{many}_over_{mid}_files_workers{w}"] = {"value": ratio, "target": "<= 1.25 (growth with files)",
+                                                              "met": ratio <= 1.25}
     per_core = min(r["records_per_s_per_core"] for r in stream if r["files"] == many)
-    out["records_per_s_per_core_min"] = {"value": per_core, "target": ">= 1e6", "met": per_core >= 1e6}
+    out["records_per_s_per_core_min"] = {"value": per_core, "target": ">= 1e6 (wall)", "met": per_core >= 1e6}
+    per_cpu = min(r["records_per_cpu_s"] for r in stream if r["files"] == many)
+    out["records_per_cpu_s_min"] = {"value": per_cpu, "target": ">= 1e6 (CPU time, start-up included)",
+                                    "met": per_cpu >= 1e6}
     if cores > 1:
         speedup = by[(many, 1)]["wall_s_median"] / by[(many, cores)]["wall_s_median"]
         out[f"speedup_{cores}_workers_{many}_files"] = {"value": speedup, "target": ">= 1.6", "met": speedup >= 1.6}
@@ -262,13 +277,13 @@ def _targets(rows: list[dict], cores: int) -> dict:
 def _row_text(r: dict) -> str:
     return (f"{r['path']:20s} {r['files']:>5d} {r['workers']:>7d} {r['records'] / 1e6:>9.1f} "
             f"{r['wall_s_median']:>8.1f} {r['records_per_s'] / 1e6:>9.2f} {r['records_per_s_per_core'] / 1e6:>9.2f} "
-            f"{r['peak_tree_rss_mb']:>9.0f}")
+            f"{r['cpu_s_median']:>7.1f} {r['records_per_cpu_s'] / 1e6:>9.2f} {r['peak_tree_rss_mb']:>9.0f}")
 
 
 def main_files(args) -> None:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
     print(f"{'path':20s} {'files':>5s} {'workers':>7s} {'M rec':>9s} {'wall s':>8s} {'M rec/s':>9s} "
-          f"{'/core':>9s} {'peak MB':>9s}", flush=True)
+          f"{'/core':>9s} {'cpu s':>7s} {'M/cpu-s':>9s} {'peak MB':>9s}", flush=True)
     res = {"machine": machine, "load_avg_1min_at_start": os.getloadavg()[0]}
     res.update(bench_files(Path(args.dense_dir), [int(s) for s in args.sets.split(",")], args.records,
                            args.repeats, args.in_memory_max))

@@ -65,6 +65,7 @@ class FilePart:
     sorted_whole: bool = False  # records out of order by more than a chunk: read whole
     peak_buffer_bytes: int = 0  # the reader's chunk buffer and pending decompressed bytes
     max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
+    reader_peak_rss_mb: float = 0.0  # peak resident memory of the process that read it, so far
 
 
 def tail_records(chunk_records: int) -> int:
@@ -243,6 +244,7 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
         part.peak_buffer_bytes = stream.stats.chunk_buffer_bytes + stream.stats.max_pending_bytes
     part.n_states = clock.out.n_states
     part.max_held_records = clock.max_held
+    part.reader_peak_rss_mb = peak_rss_mb()
     part.clear_ts = np.concatenate(clock.out.clears) if clock.out.clears else part.clear_ts
     return part
 
@@ -277,6 +279,18 @@ def _unique(ids: np.ndarray) -> list[int]:
     if not (ids != ids[0]).any():
         return [int(ids[0])]
     return [int(i) for i in np.unique(ids)]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, a spawned process does not
+    inherit its parent's figure through fork and exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def read_spill(prefix: str | Path, name: str, mmap: bool = True) -> np.ndarray:

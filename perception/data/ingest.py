@@ -2,15 +2,14 @@
 
 Each file is streamed into its own spill of book states (file_clock.py) by a worker; stitch.py puts
 them on one clock; features are then computed in row blocks and written straight to their file, so
-the peak memory is a chunk per worker plus the per-snapshot arrays (time, Δt, segment, labels), not
-the input. The result does not depend on the number of workers: each file's part is computed alone
+the peak memory is the chunk budget (shared by the workers) plus the per-snapshot arrays (time, Δt,
+segment, labels), not the input. The result does not depend on the number of workers: each file's part is computed alone
 and the parts are joined in time order.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -145,10 +144,3 @@ def features_and_labels(clock: Clock, tick: int, horizons: list[int],
     if out is None:
         out = np.load(features_file, mmap_mode="r")
     return out, y, mask
-
-
-def peak_rss_mb() -> dict:
-    """Peak resident memory of this process and of its largest finished child (MB)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    return {"process_mb": round(own, 1), "largest_worker_mb": round(kids, 1)}

@@ -25,7 +25,7 @@ def compose_data_config(overrides: Sequence[str]):
 
 def build(overrides: Sequence[str], progress: bool = True) -> dict:
     from perception.data.dataset import load_dataset
-    from perception.data.ingest import peak_rss_mb
+    from perception.data.file_clock import peak_rss_mb
 
     cfg = compose_data_config(overrides)
     if not cfg.cache:
@@ -33,7 +33,7 @@ def build(overrides: Sequence[str], progress: bool = True) -> dict:
     ds = load_dataset(cfg, progress=progress, map_features=True)
     return {"data_hash": ds.data_hash, "cache": str(ds.cache_path), "T": len(ds),
             "F": len(ds.feature_names), "drop_counts": ds.drop_counts, "summary": ds.summary,
-            "peak_rss": peak_rss_mb()}
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -68,9 +68,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{row['first']} .. {row['last']}, {row['files']} files")
         for path in summary.get("files_read_whole", []):
             print(f"  {path}: records out of order by more than a chunk; read whole")
-    rss = info["peak_rss"]
-    print(f"peak RSS:  {rss['process_mb']:.0f} MB this process, {rss['largest_worker_mb']:.0f} MB its "
-          "largest worker (none when data.workers=1 or the cache was already built)")
+    readers = f", {summary['reader_peak_rss_mb']:.0f} MB the largest file reader" if summary else ""
+    print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB this process{readers}")
     return 0
 
 
