@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -79,14 +80,21 @@ def extract_all(cfg: DataConfig, files: list[Path], spill_dir: Path, progress: b
 def _extract_parallel(jobs: list[FileJob], n_workers: int, done) -> None:
     # spawn: a fresh interpreter that imports only the reader (no torch, no inherited buffers)
     with ProcessPoolExecutor(n_workers, mp_context=get_context("spawn")) as pool:
-        pending = {pool.submit(extract_file, job) for job in jobs}
+        pending = {pool.submit(extract_file, job): job for job in jobs}
         while pending:
-            finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
             for fut in finished:
-                if fut.exception() is not None:
+                job = pending.pop(fut)
+                error = fut.exception()
+                if error is not None:
                     for other in pending:
                         other.cancel()
-                    raise fut.exception()
+                    if isinstance(error, BrokenProcessPool):  # killed: out of memory, or a signal
+                        raise DataError(
+                            f"{job.path}: a file reader process died while reading it or another file "
+                            "(killed, e.g. out of memory); lower data.workers or data.chunk_records"
+                        ) from None
+                    raise error
                 done(fut.result())
 
 

@@ -84,7 +84,7 @@ def test_a_symbol_the_files_do_not_map_names_file_and_symbol(tmp_path):
     paths = _roll_files(tmp_path)
     with pytest.raises(DataError, match=r"data.instrument='NQ.c.0' is not in the file's symbology") as err:
         _build(dbn_config(paths, instrument="NQ.c.0", **ROLL), "", progress=False)
-    assert str(paths[0]) in str(err.value) and "ES.c.0" in str(err.value)
+    assert any(str(p) in str(err.value) for p in paths) and "ES.c.0" in str(err.value)  # the first reader to fail
 
 
 def test_a_date_the_mapping_does_not_cover_names_file_symbol_and_date(tmp_path):
@@ -182,3 +182,20 @@ def test_a_bad_file_is_named_and_leaves_no_cache(write_dbn, perception_home, bad
     assert str(path) in str(err.value)
     cache = perception_home / "cache"
     assert not cache.exists() or list(cache.iterdir()) == []  # no partial cache, no temp directory
+
+
+def test_a_reader_process_killed_is_a_clear_error_and_leaves_no_cache(write_dbn, perception_home, monkeypatch):
+    from perception.data import ingest
+
+    good = _good_files(write_dbn)
+    cfg = dbn_config(good, cache=True, workers=2, chunk_records=512)
+    monkeypatch.setattr(ingest, "extract_file", _killed)  # what the spawned readers run
+    with pytest.raises(DataError, match="a file reader process died") as err:
+        load_dataset(cfg, progress=False)
+    assert any(str(p) in str(err.value) for p in good)
+    cache = perception_home / "cache"
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def _killed(job):
+    os.kill(os.getpid(), 9)  # as the kernel's OOM killer would

@@ -109,7 +109,7 @@ def test_streaming_equals_in_memory_over_random_chunk_sizes(seed, n, n_files, ch
     with tempfile.TemporaryDirectory() as tmp:
         paths = _write_set(Path(tmp), rng, n, n_files, far)
         cfg = dbn_config(paths, instrument=instrument, chunk_records=chunk, snapshot_interval=1.0,
-                         max_gap=60.0, tick_size=0.25)
+                         max_gap=60.0, tick_size=0.25, workers=1)  # workers: test_workers_give_...
         try:
             oracle = build_in_memory(cfg)
         except Exception as e:  # e.g. zero usable snapshots: the streamed build must refuse alike
