@@ -62,7 +62,7 @@ class FilePart:
     ids_seen: set[int]
     symbols: dict[int, list[str]]  # instrument id -> the file's symbols mapping to it
     used: dict[int, InstrumentUse] = field(default_factory=dict)
-    sorted_whole: bool = False  # records out of order by more than a chunk: read whole
+    read_whole: bool = False  # records out of order by more than a chunk: read whole
     peak_buffer_bytes: int = 0  # the reader's chunk buffer and pending decompressed bytes
     max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
     reader_peak_rss_mb: float = 0.0  # peak resident memory of the process that read it, so far
@@ -225,7 +225,7 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
         header = stream.header
         select = instrument_filter(header, job.instrument)
         part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
-                        set(), symbols_of(header), sorted_whole=whole)
+                        set(), symbols_of(header), read_whole=whole)
         clock = _FileClock(job, counts, tail)
         held: list[np.ndarray] = []
         try:

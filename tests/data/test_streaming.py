@@ -144,7 +144,7 @@ def test_a_file_out_of_order_beyond_a_chunk_is_read_whole_and_still_exact(write_
     path = write_dbn(moved, "late.dbn")
     cfg = dbn_config([path], chunk_records=16)
     part = extract_file(FileJob(0, str(path), str(tmp_path / "spill"), None, 1.0, 16))
-    assert part.sorted_whole
+    assert part.read_whole
     ds = streamed(cfg)
     assert_same(ds, build_in_memory(cfg))
     assert ds.summary["files_read_whole"] == [str(path)]
@@ -168,5 +168,5 @@ def test_buffers_are_bounded_by_the_chunk_not_the_file(write_dbn, tmp_path, comp
         assert stats.chunk_buffer_bytes == chunk * 368
         assert 0 < stats.max_pending_bytes <= (ZSTD_OUT if compress else _RAW_PIECE)
         part = extract_file(FileJob(0, str(path), str(tmp_path / f"s{n}"), None, 1.0, chunk))
-        assert not part.sorted_whole
+        assert not part.read_whole
         assert 0 < part.max_held_records <= chunk + carry_cap(chunk)
