@@ -2,6 +2,7 @@
 
     python benchmarks/data_pipeline.py [--repeats 3]
     python benchmarks/data_pipeline.py --files --dense-dir /tmp/perception-dense [--sets 1,4,16]
+    python benchmarks/data_pipeline.py --equality 4   # streamed == whole-array on 4 dense files
 
 The first prints a table and writes benchmarks/results/data_pipeline.json. Targets (issue "Speed"):
 synthetic >= 1M snapshots in < 10 s on one core, 2M (production) in < 30 s; batch gather for
@@ -280,6 +281,29 @@ def _row_text(r: dict) -> str:
             f"{r['cpu_s_median']:>7.1f} {r['records_per_cpu_s'] / 1e6:>9.2f} {r['peak_tree_rss_mb']:>9.0f}")
 
 
+EQUALITY_RESULTS = Path(__file__).parent / "results" / "data_pipeline_files_equality.json"
+
+
+def check_equality(folder: Path, n_files: int, n_records: int) -> dict:
+    """The streamed build (1 worker and all cores) against the whole-array build, byte for byte."""
+    from perception.data.config import DataSource
+    from perception.data.dataset import _build, build_in_memory
+
+    paths = [str(p) for p in dense_files(folder, n_files, n_records)]
+    cfg = DataConfig(source=DataSource.dbn, paths=paths, cache=False, **PROD)
+    oracle = build_in_memory(cfg)
+    out = {"files": n_files, "records": n_files * n_records, "snapshots": len(oracle)}
+    for workers in sorted({1, os.cpu_count() or 1}):
+        ds = _build(DataConfig(**{**cfg.__dict__, "workers": workers}), "", progress=False)
+        same = {name: np.asarray(getattr(ds, name)).tobytes() == np.asarray(getattr(oracle, name)).tobytes()
+                for name in ("features", "dt", "y", "mask", "segment")}
+        same["drop_counts"] = ds.drop_counts == oracle.drop_counts
+        out[f"workers_{workers}_bit_identical"] = same
+        print(f"{n_files} files, data.workers={workers}: " + ", ".join(f"{k} {'==' if v else '!='}"
+                                                                        for k, v in same.items()), flush=True)
+    return out
+
+
 def main_files(args) -> None:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
     print(f"{'path':20s} {'files':>5s} {'workers':>7s} {'M rec':>9s} {'wall s':>8s} {'M rec/s':>9s} "
@@ -307,7 +331,14 @@ def main() -> None:
     ap.add_argument("--sets", default="1,4,16", help="numbers of files per build")
     ap.add_argument("--records", type=int, default=1_600_000, help="records per dense file")
     ap.add_argument("--in-memory-max", type=int, default=1, help="largest set also built whole in memory")
+    ap.add_argument("--equality", type=int, default=0, metavar="N",
+                    help="compare the streamed and whole-array builds of N dense files, byte for byte")
     args = ap.parse_args()
+    if args.equality:
+        res = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+               **check_equality(Path(args.dense_dir), args.equality, args.records)}
+        EQUALITY_RESULTS.write_text(json.dumps(res, indent=1) + "\n")
+        return print(f"wrote {EQUALITY_RESULTS}")
     if args.files:
         return main_files(args)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
