@@ -16,7 +16,7 @@ from perception.data.dbn_io import UNDEF_PRICE, read_mbp10, write_mbp10
 from perception.data.dbn_stream import ZSTD_OUT, Mbp10Stream, _RAW_PIECE
 from perception.data.file_clock import FileJob, carry_cap, extract_file
 
-from tests.data.builders import T0, dbn_config, make_records
+from tests.data.builders import dbn_config, make_records
 
 MBP10_SAMPLES = ["dbn/test_data.mbp-10.dbn", "dbn/test_data.mbp-10.v1.dbn.zst",
                  "dbn/test_data.mbp-10.v2.dbn.zst", "dbn/test_data.mbp-10.v3.dbn.zst",
