@@ -170,7 +170,12 @@ def build_workflow(smoke: bool = False) -> Workflow:
             ["prepare", "--sweep-id", SWEEP_ID, "--outputs", OUTPUTS, "--arms", p % "arms",
              "--replicates", p % "replicates", "--aa", p % "aa", "--gate-config", p % "gate-config",
              *shared_overrides()],
-            Resources(cpu_request=2, memory_request="8Gi" if not smoke else "2Gi", memory_limit="16Gi"),
+            # `perception-data build` streams the files (benchmarks/results/data_pipeline_files.json):
+            # ~0.4 GB, ~0.1 GB a worker and ~120 B a snapshot (a year of 1 s snapshots: ~2.5 GB), beside
+            # this step's own ~0.4 GB; ~0.35 CPU-s per million records. The CPU limit sets the cgroup
+            # quota that data.workers follows (4 workers).
+            Resources(cpu_request=4 if not smoke else 2, cpu_limit=4 if not smoke else 2,
+                      memory_request="3Gi" if not smoke else "2Gi", memory_limit="6Gi"),
             volumes=_volumes(runs=False),
             outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
                      for name in ("parent-run-id", "runs", "control", "treatment", "gate-config")],

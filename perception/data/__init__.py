@@ -1,16 +1,23 @@
 """Order-book data: MBP-10 reader, synthetic books, features, labels, purged folds, windows, cache.
 
 Importable without hydra (the GPU image has none); `perception-data` (perception/train/data_cli.py) composes
-the Hydra config around it.
+the Hydra config around it. The names below load on first use, so that a process importing only the
+reader (a `data.workers` extraction process) does not pay for torch.
 """
 
-from perception.data.checks import check_data_config
-from perception.data.dataset import Dataset, data_hash, load_dataset
-from perception.data.folds import FoldSplit, purged_split
-from perception.data.loader import Batch, Normalizer, WindowLoader, median_dt
-from perception.data.prefetch import prefetched
+from importlib import import_module
 
-__all__ = [
-    "Batch", "Dataset", "FoldSplit", "Normalizer", "WindowLoader", "check_data_config",
-    "data_hash", "load_dataset", "median_dt", "prefetched", "purged_split",
-]
+_WHERE = {
+    "check_data_config": "checks", "Dataset": "dataset", "data_hash": "dataset",
+    "load_dataset": "dataset", "FoldSplit": "folds", "purged_split": "folds", "Batch": "loader",
+    "Normalizer": "loader", "WindowLoader": "loader", "median_dt": "loader", "prefetched": "prefetch",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'perception.data' has no attribute {name!r}")
+    value = getattr(import_module(f"perception.data.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

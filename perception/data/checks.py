@@ -78,6 +78,9 @@ def check_data_config(cfg: Any) -> None:
             f"data.max_gap={cfg.max_gap!r}: expected seconds >= data.snapshot_interval "
             f"({cfg.snapshot_interval})"
         )
+    if cfg.workers is not None:
+        _at_least("data.workers", cfg.workers, 1)
+    _at_least("data.chunk_records", cfg.chunk_records, 1)
     if cfg.tick_size is not None and not cfg.tick_size > 0:
         raise ConfigError(f"data.tick_size={cfg.tick_size!r}: expected a price step > 0 or null")
     if cfg.source is DataSource.synthetic:

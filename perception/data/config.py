@@ -1,4 +1,5 @@
-"""Data configuration (`conf/data/*.yaml`). Every key but `fold` enters the data hash."""
+"""Data configuration (`conf/data/*.yaml`). Every key but `fold`, `cache`, `workers` and
+`chunk_records` (which do not change the data) enters the data hash."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ class DataConfig:
     source: DataSource = DataSource.synthetic
     # DBN inputs (`source=dbn`): files or globs, read in time order.
     paths: list[str] = field(default_factory=list)
-    # instrument_id (int as string) or raw symbol; None takes the only instrument present.
+    # instrument_id (digits), a raw symbol (ESH4) or a continuous / parent symbol in the files'
+    # symbology (ES.c.0), resolved per date; None takes the only instrument present.
     instrument: Optional[str] = None
+    workers: Optional[int] = None  # processes reading files; None: the cores available
+    chunk_records: int = 262_144  # records in memory at a time (96 MB), shared by the workers
     snapshot_interval: float = 1.0  # seconds between snapshots on the fixed clock
     max_gap: float = 60.0  # longer gaps end a segment
     tick_size: Optional[float] = None  # None: smallest positive price step seen

@@ -3,6 +3,8 @@
 The cache (`PERCEPTION_HOME/cache/<data_hash>/`) holds raw features and labels for all folds;
 z-scoring happens later with the training fold's statistics. A build writes into a temp
 directory and renames it into place, so concurrent builders leave one complete cache.
+DBN files are streamed (ingest.py); `build_in_memory` keeps the whole-array path as the oracle
+the streaming path is tested against.
 """
 
 from __future__ import annotations
@@ -21,18 +23,22 @@ from typing import Any, Optional
 import numpy as np
 from tqdm.auto import tqdm
 
-from perception.data import synthetic
 from perception.enums import enum_value
 from perception.data.book import Snapshots, smallest_price_step, snapshots_from_records
 from perception.data.checks import as_data_config, check_data_config, resolve_paths
 from perception.data.config import DataConfig, DataSource, SyntheticWorld
 from perception.data.dbn_io import PRICE_SCALE, read_mbp10
 from perception.data.features import FEATURE_NAMES, compute_features, compute_labels
+from perception.data import ingest
 from perception.errors import ConfigError, DataError
 from perception.paths import cache_dir, perception_home
 
 # Bump when the snapshot, feature or label definitions change: old caches stop matching.
 CODE_VERSION = "data-v1"
+KEY_VERSION = "key-v2"  # the input files enter the key by fingerprint (file_fingerprint), not sha256
+HEAD_BYTES = 256 << 10  # a file's head: the DBN header and symbology mappings (compressed)
+SAMPLE_BYTES = 64 << 10  # each sampled block
+N_SAMPLES = 16  # blocks spread evenly over the rest of the file, the last one ending at its end
 MMAP_BYTES = 256 << 20  # features larger than this stay memory-mapped from the cache
 _ARRAYS = ("features", "dt", "y", "mask", "segment")
 
@@ -49,16 +55,18 @@ class Dataset:
     data_hash: str
     drop_counts: dict[str, int]
     cache_path: Optional[Path] = None
+    summary: Optional[dict] = None  # DBN builds: records read, instruments and their dates
 
     def __len__(self) -> int:
         return len(self.dt)
 
 
 def data_hash(cfg: Any) -> str:
-    """sha256 of the data config without `fold`/`cache`, the input files' bytes and CODE_VERSION."""
+    """sha256 of the data config without `fold`/`cache`/`workers`/`chunk_records`, each input
+    file's fingerprint and CODE_VERSION."""
     cfg = as_data_config(cfg)
     d = dataclasses.asdict(cfg)
-    for k in ("fold", "cache", "paths"):
+    for k in ("fold", "cache", "paths", "workers", "chunk_records"):
         d.pop(k)
     d["source"] = cfg.source.value
     if cfg.synthetic_world is SyntheticWorld.default:  # caches made before worlds existed stay valid
@@ -69,20 +77,38 @@ def data_hash(cfg: Any) -> str:
     h.update(CODE_VERSION.encode())
     h.update(json.dumps(d, sort_keys=True).encode())
     if cfg.source is DataSource.dbn:
+        h.update(KEY_VERSION.encode())
         for path in resolve_paths(cfg.paths):
-            h.update(_file_sha256(path).encode())
+            h.update(file_fingerprint(path).encode())
     return h.hexdigest()[:20]
 
 
-def _file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
+def file_fingerprint(path: Path) -> str:
+    """sha256 of a file's size, head and N_SAMPLES blocks spread over it (~1.3 MB read, whatever
+    the file's size): any change of size, header, symbology or a sampled block changes it, without
+    every training pod reading every input byte. Not the name nor the mtime: a copy keeps its key."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        h.update(f.read(HEAD_BYTES))
+        for offset in sample_offsets(size):
+            f.seek(offset)
+            h.update(f.read(SAMPLE_BYTES))
     return h.hexdigest()
 
 
-def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True) -> Dataset:
+def sample_offsets(size: int) -> list[int]:
+    """Where file_fingerprint's blocks start in a file of `size` bytes (after its head)."""
+    if size <= HEAD_BYTES:
+        return []
+    span = max(size - HEAD_BYTES - SAMPLE_BYTES, 0)
+    return [HEAD_BYTES + span * i // N_SAMPLES for i in range(1, N_SAMPLES + 1)]
+
+
+def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True,
+                 map_features: bool = False) -> Dataset:
+    """The dataset, from the cache when built; `map_features` leaves cached features on disk
+    (memory-mapped) whatever their size, as the cache-filling `perception-data build` does."""
     cfg = as_data_config(cfg)
     check_data_config(cfg)
     key = data_hash(cfg)
@@ -90,7 +116,7 @@ def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True) -
         ds = _build(cfg, key, progress)
     else:
         root = cache_dir(home or perception_home())
-        ds = _read_cache(root / key) or _build_into_cache(cfg, key, root, progress)
+        ds = _read_cache(root / key, map_features) or _build_into_cache(cfg, key, root, progress, map_features)
     _check_fits(cfg, ds)
     return ds
 
@@ -115,28 +141,34 @@ def _check_fits(cfg: DataConfig, ds: Dataset) -> None:
 
 
 def build_snapshots(cfg: DataConfig, progress: bool = True) -> tuple[Snapshots, int, Counter]:
-    """Snapshots, tick (1e-9 price units) and drop counts from the configured source."""
-    counts: Counter = Counter()
+    """Snapshots, tick (1e-9 price units) and drop counts from the configured source (in memory)."""
     if cfg.source is DataSource.synthetic:
+        from perception.data import synthetic  # scipy.signal: 2-3 s of imports a DBN build need not pay
+
         snaps = synthetic.generate(cfg.n_snapshots, cfg.synthetic_seed, cfg.horizons, cfg.window,
                                    cfg.snapshot_interval, cfg.synthetic_session,
                                    world=enum_value(cfg.synthetic_world))
-        tick = synthetic.TICK
-    else:
-        snaps = _snapshots_from_files(cfg, resolve_paths(cfg.paths), counts, progress)
-        tick = smallest_price_step(snaps)
-    if cfg.tick_size is not None:
-        tick = int(round(cfg.tick_size / PRICE_SCALE))
+        return snaps, _tick(cfg, synthetic.TICK), Counter()
+    with tempfile.TemporaryDirectory(prefix="perception-spill-") as spill:
+        clock = ingest.clock_from_files(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress)
+        return clock.snapshots(), _tick(cfg, ingest.tick_of(clock)), clock.counts
+
+
+def _tick(cfg: DataConfig, inferred: int) -> int:
+    tick = int(round(cfg.tick_size / PRICE_SCALE)) if cfg.tick_size is not None else inferred
     if tick <= 0:
         raise DataError(f"{_names(cfg)}: cannot infer a tick size (one price level seen); set data.tick_size")
-    return snaps, tick, counts
+    return tick
 
 
-def _snapshots_from_files(cfg: DataConfig, files: list[Path], counts: Counter,
-                          progress: bool) -> Snapshots:
+# ------------------------------------------------------------- the in-memory oracle
+
+
+def snapshots_in_memory(cfg: DataConfig, files: list[Path], counts: Counter) -> Snapshots:
+    """Every file read whole, all records concatenated (in the order given) and put on the clock at
+    once: the reference the streaming path must equal (files in time order)."""
     parts, symbols = [], {}
-    bar = tqdm(files, desc="read DBN", unit="file", disable=not progress)
-    for path in bar:
+    for path in files:
         f = read_mbp10(path)
         if len(f.records) == 0:
             raise DataError(f"{path}: no MBP-10 records")
@@ -150,6 +182,18 @@ def _snapshots_from_files(cfg: DataConfig, files: list[Path], counts: Counter,
             f"{_names(cfg)}: zero usable snapshots (dropped records by reason: {dict(counts)})"
         )
     return snaps
+
+
+def build_in_memory(cfg: Any) -> Dataset:
+    """The whole-array build of a DBN config (no cache): the oracle of the equality tests."""
+    cfg = as_data_config(cfg)
+    counts: Counter = Counter()
+    snaps = snapshots_in_memory(cfg, resolve_paths(cfg.paths), counts)
+    tick = _tick(cfg, smallest_price_step(snaps))
+    feats = compute_features(snaps, tick)
+    y, mask = compute_labels(snaps, cfg.horizons)
+    return Dataset(feats, snaps.dt, y, mask, snaps.segment, list(FEATURE_NAMES), list(cfg.horizons),
+                   "", {k: int(v) for k, v in sorted(counts.items())})
 
 
 def _strip_ts_out(rec: np.ndarray) -> np.ndarray:
@@ -188,6 +232,8 @@ def _names(cfg: DataConfig) -> str:
 
 
 def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = None) -> Dataset:
+    if cfg.source is DataSource.dbn:
+        return _build_dbn(cfg, key, progress, out_dir)
     bar = tqdm(total=3, desc="build data", unit="stage", disable=not progress)
     bar.set_postfix_str("snapshots")
     snaps, tick, counts = build_snapshots(cfg, progress)
@@ -201,7 +247,9 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
     bar.update()
     bar.set_postfix_str("labels")
     y, mask = compute_labels(snaps, cfg.horizons)
-    if cfg.source is DataSource.synthetic and enum_value(cfg.synthetic_world) == "no_signal":
+    if enum_value(cfg.synthetic_world) == "no_signal":
+        from perception.data import synthetic
+
         y = synthetic.independent_labels(len(snaps), cfg.synthetic_seed, cfg.horizons, mask)
     bar.update()
     bar.close()
@@ -209,17 +257,32 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
                    key, {k: int(v) for k, v in sorted(counts.items())})
 
 
-def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool) -> Dataset:
+def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path]) -> Dataset:
+    """Streamed: the files' states spill into `out_dir` (or a temp directory), features are
+    written to `out_dir/features.npy` block by block."""
+    with tempfile.TemporaryDirectory(prefix="perception-spill-", dir=out_dir) as spill:
+        clock = ingest.clock_from_files(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress)
+        tick = _tick(cfg, ingest.tick_of(clock))
+        features_file = out_dir / "features.npy" if out_dir is not None else None
+        feats, y, mask = ingest.features_and_labels(clock, tick, cfg.horizons, features_file)
+    counts = {k: int(v) for k, v in sorted(clock.counts.items())}
+    return Dataset(feats, clock.dt, y, mask, clock.segment, list(FEATURE_NAMES), list(cfg.horizons),
+                   key, counts, summary=clock.summary)
+
+
+def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool,
+                      map_features: bool = False) -> Dataset:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=root))
     try:
         ds = _build(cfg, key, progress, out_dir=tmp)
-        ds.features.flush()
+        if isinstance(ds.features, np.memmap) and ds.features.mode != "r":
+            ds.features.flush()
         for name in _ARRAYS[1:]:
             np.save(tmp / f"{name}.npy", getattr(ds, name))
         meta = {"data_hash": key, "code_version": CODE_VERSION, "feature_names": ds.feature_names,
                 "horizons": ds.horizons, "drop_counts": ds.drop_counts, "T": len(ds),
-                "F": len(ds.feature_names)}
+                "F": len(ds.feature_names), "summary": ds.summary}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         for p in tmp.iterdir():
             with open(p, "rb") as f:
@@ -229,18 +292,18 @@ def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool) -> 
         try:
             os.rename(tmp, final)  # atomic; fails if another builder got there first
         except OSError:
-            if _read_cache(final) is None:  # a broken leftover: move it aside, take its place
+            if _read_cache(final, map_features=True) is None:  # a broken leftover: move it aside, take its place
                 shutil.rmtree(final, ignore_errors=True)
                 os.rename(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ds = _read_cache(root / key)
+    ds = _read_cache(root / key, map_features)
     if ds is None:
         raise DataError(f"{root / key}: the feature cache just written cannot be read back")
     return ds
 
 
-def _read_cache(path: Path) -> Optional[Dataset]:
+def _read_cache(path: Path, map_features: bool = False) -> Optional[Dataset]:
     """The cached dataset, or None when absent or incomplete."""
     meta_file = path / "meta.json"
     if not meta_file.is_file():
@@ -250,7 +313,7 @@ def _read_cache(path: Path) -> Optional[Dataset]:
         arrays = {}
         for name in _ARRAYS:
             file = path / f"{name}.npy"
-            big = name == "features" and file.stat().st_size > MMAP_BYTES
+            big = name == "features" and (map_features or file.stat().st_size > MMAP_BYTES)
             arrays[name] = np.load(file, mmap_mode="r" if big else None)
     except (OSError, ValueError):
         return None
@@ -259,4 +322,4 @@ def _read_cache(path: Path) -> Optional[Dataset]:
         return None
     return Dataset(feature_names=meta["feature_names"], horizons=meta["horizons"],
                    data_hash=meta["data_hash"], drop_counts=meta["drop_counts"], cache_path=path,
-                   **arrays)
+                   summary=meta.get("summary"), **arrays)

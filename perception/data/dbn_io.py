@@ -127,20 +127,27 @@ def _symbol_map(meta) -> dict[str, int]:
 
 
 def write_mbp10(path: str | Path, records: np.ndarray, dataset: str = "SYNTH.MBP10",
-                symbol: Optional[str] = None, compress: bool = False) -> None:
+                symbol: Optional[str] = None, compress: bool = False,
+                mappings: Optional[dict] = None, stype_in=None) -> None:
     """A real DBN v3 MBP-10 stream: `Metadata(...).encode()` + the records' bytes
-    (`.dbn.zst` when `compress`, through databento-dbn's own zstd transcoder)."""
+    (`.dbn.zst` when `compress`, through databento-dbn's own zstd transcoder). `mappings`:
+    {symbol: [(start_date, end_date, instrument id), ...]}, Databento's dated symbology."""
+    from types import SimpleNamespace
+
     from perception.atomic import atomic_path
 
     records = np.ascontiguousarray(records, dtype=MBP10_DTYPE)
     ts = records["ts_recv"]
-    symbols = [symbol] if symbol else []
-    mappings = None
+    symbols = [symbol] if symbol else sorted(mappings or {})
+    if mappings is not None:  # databento-dbn takes objects with these attributes
+        mappings = [SimpleNamespace(raw_symbol=sym, intervals=[
+            SimpleNamespace(start_date=a, end_date=b, symbol=str(i)) for a, b, i in ivs])
+            for sym, ivs in mappings.items()]
     meta = dbn.Metadata(
         dataset=dataset,
         start=int(ts.min()) if len(ts) else 0,
         end=int(ts.max()) + 1 if len(ts) else 1,
-        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_in=stype_in if stype_in is not None else dbn.SType.RAW_SYMBOL,
         stype_out=dbn.SType.INSTRUMENT_ID,
         schema=dbn.Schema.MBP_10,
         symbols=symbols,

@@ -77,9 +77,13 @@ def segment_ends(segment: np.ndarray) -> np.ndarray:
 
 def compute_labels(snaps: Snapshots, horizons: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """y_h[t] = mid[t+h] > mid[t] (uint8), mask False where t+h lies past the segment end."""
-    T = len(snaps)
-    m2 = mid2(snaps)
-    end = segment_ends(snaps.segment)
+    return labels_from_mid2(mid2(snaps), snaps.segment, horizons)
+
+
+def labels_from_mid2(m2: np.ndarray, segment: np.ndarray, horizons: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """compute_labels from twice the mid (T,) and the segments (T,) alone."""
+    T = len(m2)
+    end = segment_ends(segment)
     y = np.zeros((T, len(horizons)), np.uint8)
     mask = np.zeros((T, len(horizons)), bool)
     t = np.arange(T)

@@ -1,7 +1,9 @@
 """`perception-data build [overrides]`: fill the feature cache with the training config's data.
 
 It lives beside `perception-train` because it composes the same Hydra config (so
-`experiment=ci data.n_snapshots=...` work) through `perception.train.compose`, and prints the data_hash, cache path, T, F and the dropped records by reason.
+`experiment=ci data.n_snapshots=...` work) through `perception.train.compose`, and prints the data_hash,
+cache path, T, F, the dropped records by reason and, for DBN files, the records read, the instruments
+used with their dates and record counts, and the peak memory.
 Exit codes: 0 ok, 1 unusable data, 2 usage or config error.
 """
 
@@ -23,13 +25,15 @@ def compose_data_config(overrides: Sequence[str]):
 
 def build(overrides: Sequence[str], progress: bool = True) -> dict:
     from perception.data.dataset import load_dataset
+    from perception.data.file_clock import peak_rss_mb
 
     cfg = compose_data_config(overrides)
     if not cfg.cache:
         raise ConfigError("data.cache=false: `perception-data build` fills the cache; drop the override")
-    ds = load_dataset(cfg, progress=progress)
+    ds = load_dataset(cfg, progress=progress, map_features=True)
     return {"data_hash": ds.data_hash, "cache": str(ds.cache_path), "T": len(ds),
-            "F": len(ds.feature_names), "drop_counts": ds.drop_counts}
+            "F": len(ds.feature_names), "drop_counts": ds.drop_counts, "summary": ds.summary,
+            "peak_rss_mb": peak_rss_mb()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -53,6 +57,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"F:         {info['F']}")
     drops = info["drop_counts"]
     print("dropped:   " + (", ".join(f"{k}={v}" for k, v in drops.items()) if drops else "none"))
+    summary = info["summary"]
+    if summary:
+        print(f"records:   {summary['records_read']} read from {summary['files']} files, "
+              f"{summary['snapshots']} snapshots in {summary['segments']} segments "
+              f"({summary['rolls']} instrument changes)")
+        for row in summary["instruments"]:
+            names = ",".join(row["symbols"]) or "-"
+            print(f"  instrument {row['instrument_id']} ({names}): {row['records']} records, "
+                  f"{row['first']} .. {row['last']}, {row['files']} files")
+        for path in summary.get("files_read_whole", []):
+            print(f"  {path}: records out of order by more than a chunk; read whole")
+    readers = f", {summary['reader_peak_rss_mb']:.0f} MB the largest file reader of the build" if summary else ""
+    print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB this process{readers}")
     return 0
 
 

@@ -83,6 +83,8 @@ def test_two_concurrent_builders_leave_one_valid_cache(perception_home):
     ({"snapshot_interval": 0.0}, "data.snapshot_interval"),
     ({"max_gap": 0.5}, "data.max_gap"),
     ({"tick_size": -0.25}, "data.tick_size"),
+    ({"workers": 0}, "data.workers=0: expected an integer >= 1"),
+    ({"chunk_records": 0}, "data.chunk_records=0"),
     ({"source": DataSource.dbn}, "data.paths is empty"),
     ({"source": DataSource.dbn, "paths": ["/nonexistent/*.dbn.zst"]}, r"'/nonexistent/\*.dbn.zst' matches no file"),
     ({"source": "csv"}, "data.source='csv'"),
@@ -122,3 +124,83 @@ def test_cli_exit_codes(perception_home, write_dbn, tmp_path):
     res = _cli("build", "data=dbn", f"data.paths=[{empty}]", "--no-progress", env_home=perception_home)
     assert res.returncode == 1 and f"{empty}: empty file" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+# ------------------------------------------------------------ the key of DBN inputs
+
+
+def _big_dbn(write_dbn, name="big.dbn"):
+    return write_dbn(make_records(np.arange(20_000) * 0.5), name)  # 7.4 MB
+
+
+def _flip(path, offset):
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 1
+    path.write_bytes(bytes(raw))
+
+
+def test_the_key_reads_a_bounded_part_of_each_file(write_dbn, monkeypatch):
+    from perception.data import dataset
+
+    path = _big_dbn(write_dbn)
+    read = []
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def seek(self, n):
+            self.f.seek(n)
+
+        def read(self, n=-1):
+            block = self.f.read(n)
+            read.append(len(block))
+            return block
+
+    monkeypatch.setattr(dataset, "open", lambda p, mode="r": Counting(open(p, mode)), raising=False)
+    dataset.data_hash(dbn_config([path]))
+    bound = dataset.HEAD_BYTES + dataset.N_SAMPLES * dataset.SAMPLE_BYTES
+    assert 0 < sum(read) <= bound < path.stat().st_size / 5
+
+
+def test_the_key_follows_size_head_and_sampled_blocks_not_name_workers_or_chunks(write_dbn, tmp_path):
+    from perception.data.dataset import HEAD_BYTES, sample_offsets
+
+    path = _big_dbn(write_dbn)
+    key = data_hash(dbn_config([path]))
+    moved = tmp_path / "copy.dbn"
+    shutil.copy(path, moved)
+    assert data_hash(dbn_config([moved], workers=2, chunk_records=77)) == key
+    blocks = sample_offsets(path.stat().st_size)
+    changed = {"header": 10, "sampled block": blocks[3] + 5, "end": path.stat().st_size - 1,
+               "between blocks": (blocks[3] + blocks[4]) // 2 + 100}
+    keys = {}
+    for what, offset in changed.items():
+        probe = tmp_path / f"probe{offset}.dbn"
+        shutil.copy(path, probe)
+        _flip(probe, offset)
+        keys[what] = data_hash(dbn_config([probe]))
+    assert keys["header"] != key and keys["sampled block"] != key and keys["end"] != key
+    assert keys["between blocks"] == key  # what the key does not cover (README: the cache key)
+    assert blocks[0] > HEAD_BYTES
+    longer = tmp_path / "longer.dbn"
+    longer.write_bytes(path.read_bytes() + bytes(368))
+    assert data_hash(dbn_config([longer])) != key
+
+
+def test_a_training_finds_the_cache_without_reading_the_records(write_dbn, perception_home, monkeypatch):
+    from perception.data import dataset, ingest
+
+    path = _big_dbn(write_dbn)
+    cfg = dbn_config([path], cache=True)
+    built = load_dataset(cfg, progress=False)
+    monkeypatch.setattr(ingest, "extract_all", lambda *a, **k: pytest.fail("the files were read again"))
+    again = load_dataset(cfg, progress=False)
+    assert again.cache_path == built.cache_path and again.data_hash == dataset.data_hash(cfg)
+    np.testing.assert_array_equal(again.features, built.features)

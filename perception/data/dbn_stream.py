@@ -1,0 +1,206 @@
+"""A DBN MBP-10 file's records in bounded chunks (`.dbn` and `.dbn.zst`), for inputs larger than memory.
+
+Decompression is the standard library's `compression.zstd` (its backport before Python 3.14): its
+decompressor takes a `max_length`, so no call returns more than ZSTD_OUT bytes however well the data
+compresses, and its `eof` tells a complete stream from a truncated one (`zstandard`'s stream reader
+has neither a bound per call on its decompressobj nor a truncation error on its reader).
+databento-dbn's decoder yields one Python object per record, ~30x slower. Memory: the chunk buffer
+plus at most one ZSTD_OUT (or _RAW_PIECE) piece waiting to be copied into it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Iterator
+
+import databento_dbn as dbn
+import numpy as np
+
+try:
+    from compression.zstd import ZstdDecompressor, ZstdError
+except ImportError:  # Python < 3.14
+    from backports.zstd import ZstdDecompressor, ZstdError
+
+from perception.data.dbn_io import _DBZ_MAGIC, _ZSTD_MAGIC, MBP10_DTYPE, MBP10_RTYPE
+from perception.errors import DataError
+
+CHUNK_RECORDS = 262_144  # records per chunk: 96 MB of buffer
+ZSTD_PIECE = 128 << 10  # compressed bytes read at a time
+ZSTD_OUT = 1 << 20  # decompressed bytes per decompressor call, at most
+_RAW_PIECE = 8 << 20  # uncompressed reads
+
+
+@dataclass
+class Interval:
+    start: date  # first day the mapping holds
+    end: date  # first day it no longer holds
+    symbol: str  # what the input symbol maps to (an instrument id as text)
+
+
+@dataclass
+class DbnHeader:
+    path: Path
+    dataset: str
+    record_dtype: np.dtype  # MBP10_DTYPE, plus ts_out when the file has it
+    mappings: dict[str, list[Interval]] = field(default_factory=dict)
+
+
+@dataclass
+class ReaderStats:
+    """What the reader held at most: the memory test checks these against their bounds."""
+    chunk_buffer_bytes: int = 0
+    max_pending_bytes: int = 0  # decompressed bytes waiting to be copied into the chunk buffer
+
+
+class Mbp10Stream:
+    """`with Mbp10Stream(path, chunk_records) as s: s.header; for chunk in s.chunks(): ...`
+
+    Each chunk is a view into the same buffer, valid until the next one is read; `offset` (records
+    before it in the file) names records in errors.
+    """
+
+    def __init__(self, path: str | Path, chunk_records: int = CHUNK_RECORDS):
+        self.path = Path(path)
+        self.chunk_records = int(chunk_records)
+        self.stats = ReaderStats()
+        self._file = None
+        self._pieces: Iterator[memoryview] = iter(())
+        self._pending = memoryview(b"")
+        self.header: DbnHeader | None = None
+
+    def __enter__(self) -> "Mbp10Stream":
+        try:
+            self._file = open(self.path, "rb")
+            magic = self._file.read(4)
+            self._file.seek(0)
+        except OSError as e:
+            raise DataError(f"{self.path}: cannot read ({e.strerror})") from None
+        if not magic:
+            raise DataError(f"{self.path}: empty file (expected a DBN MBP-10 file)")
+        if magic == _DBZ_MAGIC:
+            raise DataError(
+                f"{self.path}: legacy DBZ format is not supported; convert it to DBN "
+                "(e.g. `dbn --upgrade` from Databento's dbn CLI)"
+            )
+        self._pieces = self._zstd_pieces() if magic == _ZSTD_MAGIC else self._raw_pieces()
+        self.header = self._read_header()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    # ------------------------------------------------------------ bytes
+
+    def _raw_pieces(self) -> Iterator[memoryview]:
+        while piece := self._file.read(_RAW_PIECE):
+            yield memoryview(piece)
+
+    def _zstd_pieces(self) -> Iterator[memoryview]:
+        dec, feed = ZstdDecompressor(), b""
+        while True:
+            if dec.eof:  # a frame ended: the file ends here, or another frame follows
+                feed = dec.unused_data or self._file.read(ZSTD_PIECE)
+                if not feed:
+                    return
+                dec = ZstdDecompressor()
+            elif dec.needs_input and not feed:
+                feed = self._file.read(ZSTD_PIECE)
+                if not feed:
+                    raise DataError(f"{self.path}: truncated file (the zstd stream ends early)")
+            try:
+                out = dec.decompress(feed, max_length=ZSTD_OUT)
+            except ZstdError as e:
+                raise DataError(f"{self.path}: corrupt zstd stream ({e})") from None
+            feed = b""
+            if out:
+                yield memoryview(out)
+
+    def _readinto(self, out: memoryview) -> int:
+        n = 0
+        while n < len(out):
+            if not self._pending:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    break
+                self._pending = piece
+                self.stats.max_pending_bytes = max(self.stats.max_pending_bytes, len(piece))
+            k = min(len(out) - n, len(self._pending))
+            out[n : n + k] = self._pending[:k]
+            self._pending = self._pending[k:]
+            n += k
+        return n
+
+    def _read_exact(self, n: int, what: str) -> bytes:
+        buf = bytearray(n)
+        got = self._readinto(memoryview(buf))
+        if got < n:
+            raise DataError(f"{self.path}: {what} ({got} of {n} bytes)")
+        return bytes(buf)
+
+    # ------------------------------------------------------------ header and records
+
+    def _read_header(self) -> DbnHeader:
+        lead = bytearray(8)
+        got = self._readinto(memoryview(lead))
+        if got < 8 or not lead.startswith(b"DBN"):
+            raise DataError(f"{self.path}: not a DBN file (invalid DBN header {bytes(lead[:4])!r})")
+        (meta_len,) = struct.unpack_from("<I", lead, 4)
+        body = self._read_exact(meta_len, "truncated DBN metadata")
+        try:
+            meta = dbn.Metadata.decode(bytes(lead) + body)
+        except Exception as e:  # databento_dbn raises its own DBNError / ValueError variants
+            raise DataError(f"{self.path}: unreadable DBN metadata ({e})") from None
+        if meta.schema != dbn.Schema.MBP_10:
+            raise DataError(f"{self.path}: schema is {meta.schema}, expected mbp-10")
+        dtype = MBP10_DTYPE
+        if meta.ts_out:
+            dtype = np.dtype(dbn.MBP10Msg._dtypes + [("ts_out", "u8")])
+        return DbnHeader(self.path, str(meta.dataset), dtype, _mappings(meta))
+
+    def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(offset, records) for each chunk of up to `chunk_records` records, in file order."""
+        dtype = self.header.record_dtype
+        size = dtype.itemsize
+        buf = np.empty(self.chunk_records * size, np.uint8)
+        self.stats.chunk_buffer_bytes = buf.nbytes
+        offset = 0
+        while True:
+            got = self._readinto(memoryview(buf))
+            if got % size:
+                raise DataError(
+                    f"{self.path}: truncated file ({offset * size + got} record bytes is not a whole "
+                    f"number of {size}-byte MBP-10 records)"
+                )
+            if not got:
+                return
+            records = buf[:got].view(dtype)
+            _check_records(self.path, records, offset, size)
+            yield offset, records
+            offset += len(records)
+            if got < buf.nbytes:  # the stream is exhausted (and the zstd end check has run)
+                return
+
+
+def _check_records(path: Path, records: np.ndarray, offset: int, size: int) -> None:
+    bad = (records["length"].astype(np.int64) * 4 != size) | (records["rtype"] != MBP10_RTYPE)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(
+            f"{path}: record {offset + i} is not an MBP-10 record (rtype {records['rtype'][i]}, "
+            f"length {int(records['length'][i]) * 4} bytes)"
+        )
+
+
+def _mappings(meta) -> dict[str, list[Interval]]:
+    out: dict[str, list[Interval]] = {}
+    for symbol, intervals in (meta.mappings or {}).items():
+        rows = []
+        for iv in intervals:
+            get = iv.get if isinstance(iv, dict) else lambda k: getattr(iv, k)
+            rows.append(Interval(get("start_date"), get("end_date"), str(get("symbol"))))
+        out[str(symbol)] = sorted(rows, key=lambda r: r.start)
+    return out

@@ -1,0 +1,301 @@
+"""One DBN file -> its complete book states, chunk by chunk, spilled to disk (DESIGN §4).
+
+The rules are `book.snapshots_from_records`' (the in-memory oracle), applied to the file's records
+in time order: per-record drop counts, and each clock interval's last valid complete state. A chunk
+is sorted and emitted up to the earliest time among its last records; the records after that wait
+for the next chunk (records arrive slightly out of order, and a tie keeps file order). A record older
+than one already emitted would change the result, so the file is then redone whole in memory.
+The states (one row per interval at most) go to `<spill>.{ts,inst,book}.bin`; `stitch.py` puts the
+files' states together on one clock.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from perception.data.book import levels
+from perception.data.dbn_io import F_LAST, F_MAYBE_BAD_BOOK, N_LEVELS, UNDEF_PRICE
+from perception.data.dbn_stream import CHUNK_RECORDS, Mbp10Stream
+from perception.data.instruments import instrument_filter, symbols_of
+from perception.errors import DataError
+
+BOOK_DTYPE = np.dtype([(f"{side}_{kind}", dt, (N_LEVELS,))
+                       for kind, dt in (("px", "<i8"), ("sz", "<u4"), ("ct", "<u4"))
+                       for side in ("bid", "ask")])
+SPILLS = ("ts", "inst", "book")
+_FIELDS = ("ts_recv", "flags", "action", "bid_px_00", "ask_px_00", "instrument_id")
+
+
+@dataclass
+class FileJob:
+    index: int  # position in data.paths' expansion
+    path: str
+    spill: str  # path prefix of the spilled states
+    instrument: Optional[str]
+    snapshot_interval: float
+    chunk_records: int = CHUNK_RECORDS
+
+
+@dataclass
+class InstrumentUse:
+    records: int
+    first_ts: int
+    last_ts: int
+
+
+@dataclass
+class FilePart:
+    """What one file gave: its states are in the spill files, the rest is here."""
+    job: FileJob
+    dataset: str
+    records_read: int
+    first_ts: Optional[int]  # record times over all the file's records (any instrument)
+    last_ts: Optional[int]
+    n_states: int
+    counts: Counter
+    clear_ts: np.ndarray  # (C,) int64, in time order
+    ids_seen: set[int]
+    symbols: dict[int, list[str]]  # instrument id -> the file's symbols mapping to it
+    used: dict[int, InstrumentUse] = field(default_factory=dict)
+    read_whole: bool = False  # records out of order by more than a chunk: read whole
+    peak_buffer_bytes: int = 0  # the reader's chunk buffer and pending decompressed bytes
+    max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
+    reader_peak_rss_mb: float = 0.0  # peak resident memory of the process that read it, so far
+
+
+def tail_records(chunk_records: int) -> int:
+    """The last records of a chunk whose earliest time bounds what the chunk emits."""
+    return max(1, min(8_192, chunk_records // 8))
+
+
+def carry_cap(chunk_records: int) -> int:
+    """Records carried into the next chunk at most; more and the file is read whole."""
+    return max(4 * tail_records(chunk_records), chunk_records // 2)
+
+
+class _Displaced(Exception):
+    """A record older than records already emitted: the chunked order would differ."""
+
+
+class _Emitter:
+    """Sorted records -> states appended to the spill files; counts and clears kept."""
+
+    def __init__(self, job: FileJob, counts: Counter):
+        self.counts = counts
+        self.interval_ns = int(round(job.snapshot_interval * 1_000_000_000))
+        self.files = {name: open(f"{job.spill}.{name}.bin", "wb") for name in SPILLS}
+        self.n_states = 0
+        self.clears: list[np.ndarray] = []
+
+    def emit(self, cols: dict[str, np.ndarray], rows) -> None:
+        """`cols`: the _FIELDS of the records in time order; rows(idx) -> those records in full."""
+        flags = cols["flags"]
+        is_clear = cols["action"] == b"R"
+        bad = (flags & F_MAYBE_BAD_BOOK) != 0
+        last = (flags & F_LAST) != 0
+        c = self.counts
+        c["maybe_bad_book"] += int(np.count_nonzero(bad))
+        c["book_clear"] += int(np.count_nonzero(is_clear & ~bad))
+        c["incomplete_no_f_last"] += int(np.count_nonzero(~last & ~bad & ~is_clear))
+        state = last & ~bad & ~is_clear
+        bid0, ask0 = cols["bid_px_00"], cols["ask_px_00"]
+        one_sided = state & ((bid0 == UNDEF_PRICE) | (ask0 == UNDEF_PRICE))
+        crossed = state & ~one_sided & (bid0 >= ask0)
+        c["one_sided"] += int(np.count_nonzero(one_sided))
+        c["crossed_or_locked"] += int(np.count_nonzero(crossed))
+        state &= ~one_sided & ~crossed
+        ts = cols["ts_recv"]
+        self.clears.append(ts[is_clear & ~bad].astype(np.int64))
+        where = np.flatnonzero(state)
+        tick = ts[where].astype(np.int64) // self.interval_ns
+        where = where[np.r_[tick[1:] != tick[:-1], True]] if len(tick) else where
+        st = rows(where)
+        book = np.empty(len(st), BOOK_DTYPE)
+        for name in BOOK_DTYPE.names:
+            book[name] = levels(st, name)
+        self.files["ts"].write(ts[where].astype(np.int64).tobytes())
+        self.files["inst"].write(cols["instrument_id"][where].astype(np.uint32).tobytes())
+        self.files["book"].write(book.tobytes())
+        self.n_states += len(where)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+class _Block:
+    """The records held back from earlier chunks (sorted) followed by a new chunk's kept records."""
+
+    def __init__(self, carry: Optional[np.ndarray], new: np.ndarray):
+        self.carry, self.new = carry, new
+        self.nc = 0 if carry is None else len(carry)
+
+    def col(self, name: str) -> np.ndarray:
+        if not self.nc:
+            return self.new[name]
+        return np.concatenate([self.carry[name], self.new[name]])
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        """Whole records at block positions idx (a copy, in idx's order)."""
+        if not self.nc:
+            return self.new[idx]
+        out = np.empty(len(idx), self.new.dtype)
+        from_carry = idx < self.nc
+        out[from_carry] = self.carry[idx[from_carry]]
+        out[~from_carry] = self.new[idx[~from_carry] - self.nc]
+        return out
+
+
+class _FileClock:
+    def __init__(self, job: FileJob, counts: Counter, tail: int):
+        self.job = job
+        self.out = _Emitter(job, counts)
+        self.counts = counts
+        self.tail = tail  # records whose earliest time bounds what a chunk may emit
+        self.carry: Optional[np.ndarray] = None
+        self.max_emitted: Optional[int] = None
+        self.run_max: Optional[int] = None  # running max of ts_recv in file order (late count)
+        self.n_late = 0
+        self.max_held = 0
+
+    def add(self, recs: np.ndarray, final: bool) -> None:
+        ts_new = recs["ts_recv"]
+        if len(ts_new):
+            self._count_late(ts_new)
+            if self.max_emitted is not None and int(ts_new.min()) < self.max_emitted:
+                raise _Displaced
+        block = _Block(self.carry, recs)
+        self.max_held = max(self.max_held, block.nc + len(recs))
+        ts = block.col("ts_recv")
+        ordered = bool(np.all(ts[1:] >= ts[:-1]))
+        order = np.arange(len(ts)) if ordered else np.argsort(ts, kind="stable")
+        if final:
+            n_emit = len(ts)
+        elif len(ts_new):
+            cutoff = ts_new[-self.tail :].min()
+            n_emit = int(np.searchsorted(ts if ordered else ts[order], cutoff, side="right"))
+        else:
+            n_emit = 0
+        if n_emit:
+            emit = slice(0, n_emit) if ordered else order[:n_emit]  # a slice keeps columns as views
+            cols = {name: block.col(name)[emit] for name in _FIELDS}
+            self.out.emit(cols, lambda where: block.take(where if ordered else emit[where]))
+            self.max_emitted = int(cols["ts_recv"][-1])
+        if n_emit == len(ts):
+            self.carry = None
+        elif ordered and n_emit >= block.nc:
+            self.carry = recs[n_emit - block.nc :].copy()
+        else:
+            self.carry = block.take(order[n_emit:])
+        if self.carry is not None and len(self.carry) > carry_cap(self.job.chunk_records):
+            raise _Displaced
+
+    def _count_late(self, ts: np.ndarray) -> None:
+        acc = np.maximum.accumulate(ts)
+        if self.run_max is None:
+            self.n_late += int(np.count_nonzero(ts[1:] < acc[:-1]))
+        else:
+            prev = np.maximum(acc[:-1], self.run_max)
+            self.n_late += int(ts[0] < self.run_max) + int(np.count_nonzero(ts[1:] < prev))
+        self.run_max = int(acc[-1]) if self.run_max is None else max(self.run_max, int(acc[-1]))
+
+    def close(self) -> None:
+        if self.n_late:
+            self.counts["out_of_order_reordered"] += self.n_late
+        self.out.close()
+
+
+def extract_file(job: FileJob) -> FilePart:
+    """Stream one file into its spill; a file out of order by more than a chunk is redone whole."""
+    try:
+        return _extract(job, whole=False)
+    except _Displaced:
+        return _extract(job, whole=True)
+
+
+def _extract(job: FileJob, whole: bool) -> FilePart:
+    counts: Counter = Counter()
+    tail = tail_records(job.chunk_records)
+    with Mbp10Stream(job.path, job.chunk_records) as stream:
+        header = stream.header
+        select = instrument_filter(header, job.instrument)
+        part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
+                        set(), symbols_of(header), read_whole=whole)
+        clock = _FileClock(job, counts, tail)
+        held: list[np.ndarray] = []
+        try:
+            for _, chunk in stream.chunks():
+                recs = _observe(part, chunk, select)
+                if whole:
+                    held.append(recs.copy())
+                else:
+                    clock.add(recs, final=False)
+            if part.records_read == 0:
+                raise DataError(f"{job.path}: no MBP-10 records")
+            last = np.concatenate(held) if whole else recs[:0]
+            clock.add(last, final=True)
+        finally:
+            clock.close()
+        part.peak_buffer_bytes = stream.stats.chunk_buffer_bytes + stream.stats.max_pending_bytes
+    part.n_states = clock.out.n_states
+    part.max_held_records = clock.max_held
+    part.reader_peak_rss_mb = peak_rss_mb()
+    part.clear_ts = np.concatenate(clock.out.clears) if clock.out.clears else part.clear_ts
+    return part
+
+
+def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
+    """Record counts, times and instruments of one chunk; its records of the chosen instrument."""
+    ts, ids = chunk["ts_recv"], chunk["instrument_id"]
+    part.records_read += len(chunk)
+    lo, hi = int(ts.min()), int(ts.max())
+    part.first_ts = lo if part.first_ts is None else min(part.first_ts, lo)
+    part.last_ts = hi if part.last_ts is None else max(part.last_ts, hi)
+    part.ids_seen.update(_unique(ids))
+    keep = select.keep(chunk)
+    if keep is not None:
+        n_other = int(np.count_nonzero(~keep))
+        part.counts["other_instrument"] += n_other
+        if n_other:
+            chunk = chunk[keep]
+    kept_ids = chunk["instrument_id"]
+    kept = _unique(kept_ids)
+    for inst in kept:
+        mine = chunk["ts_recv"] if len(kept) == 1 else chunk["ts_recv"][kept_ids == inst]
+        use = part.used.setdefault(inst, InstrumentUse(0, int(mine.min()), int(mine.max())))
+        use.records += len(mine)
+        use.first_ts, use.last_ts = min(use.first_ts, int(mine.min())), max(use.last_ts, int(mine.max()))
+    return chunk
+
+
+def _unique(ids: np.ndarray) -> list[int]:
+    if not len(ids):
+        return []
+    if not (ids != ids[0]).any():
+        return [int(ids[0])]
+    return [int(i) for i in np.unique(ids)]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, a spawned process does not
+    inherit its parent's figure through fork and exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def read_spill(prefix: str | Path, name: str, mmap: bool = True) -> np.ndarray:
+    dtype = {"ts": np.int64, "inst": np.uint32, "book": BOOK_DTYPE}[name]
+    path = Path(f"{prefix}.{name}.bin")
+    if path.stat().st_size == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r") if mmap else np.fromfile(path, dtype=dtype)
