@@ -46,6 +46,8 @@ def _local(args: argparse.Namespace) -> int:
         print("decision: refused — " + "; ".join(gate.reasons))
     else:
         print(f"decision: {gate.decision}")
+    for line in getattr(gate, "summary", {}).get("running_ignored", []):
+        print(f"the gate ignored a training run still RUNNING: {line}")
     print(f"report: {gate.report_dir}")
     print(f"wall time: {result.wall_s:.1f} s ({result.wall_s / 60:.1f} min)")
     return result.exit_code
