@@ -35,7 +35,7 @@ from perception.errors import ConfigError, PerceptionError
 HEARTBEAT_ENV, STALE_ENV = "PERCEPTION_LOCK_HEARTBEAT_S", "PERCEPTION_LOCK_STALE_S"
 DEFAULT_HEARTBEAT_S, DEFAULT_STALE_S = 5.0, 30.0
 EXIT_LOST = 1  # the process exits with this when its lock was taken over
-_ATTEMPTS = 5  # takeovers raced by other takers: give up (as held) after this many rounds
+_ATTEMPTS = 8  # takeovers raced by other takers: give up (as held) after this many rounds
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class Lock:
                 verdict = self._judge(holder, st)
                 if verdict == _ALIVE:
                     raise LockHeld(self.what, self.path, holder)
-                if verdict != _CHANGED and self._remove(st):
+                if verdict != _CHANGED and self._remove(holder, st):
                     self.say(f"[perception] taking over the lock of {self.what} from {holder.describe()}: "
                              f"{verdict}")
             else:
@@ -178,23 +178,35 @@ class Lock:
                 return _ALIVE
         return f"no heartbeat for {age + watch:.0f} s"
 
-    def _remove(self, st: os.stat_result) -> bool:
-        """Removes the lock file judged stale, and only that one: True when it did."""
-        aside = self.path.with_name(f".{self.path.name}.stale-{uuid.uuid4().hex}")
+    def _remove(self, holder: Holder, st: os.stat_result) -> bool:
+        """Removes the lock file judged stale, and only that one: True when it did. One taker at a time
+        (the takeover file), so a taker that judged late cannot remove the lock a faster one just took."""
+        guard = self.path.with_name(self.path.name + ".takeover")
         try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
+            os.close(os.open(guard, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            self._wait_for_taker(guard)
             return False
-        moved = os.stat(aside)
-        if (moved.st_ino, moved.st_dev) != (st.st_ino, st.st_dev):  # a newer holder's, taken meanwhile
+        try:
+            seen = _read(self.path)
+            if seen is None or seen[0].token != holder.token or (seen[1].st_ino, seen[1].st_dev) != (st.st_ino, st.st_dev):
+                return False  # released, or taken over meanwhile
+            self.path.unlink()
+            return True
+        finally:
+            guard.unlink(missing_ok=True)
+
+    def _wait_for_taker(self, guard: Path) -> None:
+        """Another taker holds the takeover file for a moment; one that died holding it is cleared."""
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
             try:
-                os.link(aside, self.path)
-            except FileExistsError:
-                pass  # its holder finds the lock gone at its next heartbeat and stops
-            aside.unlink()
-            return False
-        aside.unlink()
-        return True
+                age = time.time() - os.stat(guard).st_mtime
+            except FileNotFoundError:
+                return
+            time.sleep(0.02)
+        if age > self.stale_s:
+            guard.unlink(missing_ok=True)
 
     def _is_mine(self) -> bool:
         now, mine = os.stat(self.path), os.fstat(self._fd)
