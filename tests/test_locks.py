@@ -168,3 +168,16 @@ def test_a_bad_heartbeat_setting_names_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(HEARTBEAT_ENV, "soon")
     with pytest.raises(Exception, match=f"{HEARTBEAT_ENV}='soon': expected seconds > 0"):
         Lock(tmp_path / "x.lock", "run x")
+
+
+def test_sync_leaves_a_run_in_use_alone(tmp_path):
+    from perception.locks import run_lock
+    from perception.tracking import RunLedger, replay_unsent
+
+    run_dir = tmp_path / "runs" / "s" / "shared-f0"
+    ledger = RunLedger(run_dir, "http://127.0.0.1:9")
+    ledger.record("metrics", step=0, values={"val_auc_mean": 0.6})
+    with run_lock(run_dir, "s"):  # its trainer sends its own ledger: sync must not send it a second time
+        with pytest.raises(RuntimeError, match=f"shared-f0: run shared-f0 of sweep s is in use by pid {os.getpid()}"):
+            replay_unsent("s", tmp_path, "http://127.0.0.1:9")
+    assert len(ledger.unsent()) == 1
