@@ -1,6 +1,7 @@
 """One process per sweep, with real `perception-sweep local` processes: of two started together on one
-id, one exits 2 at once naming the holder and the other trains every run once; a sweep killed -9 (with
-its trainer) is taken over by the same command, which resumes and finishes."""
+id, one exits 2 at once naming the holder and the other trains every run once; a sweep stopped by
+SIGTERM leaves no run RUNNING; one killed -9 (with its trainer) is taken over by the same command, which
+resumes and finishes."""
 
 from __future__ import annotations
 
@@ -60,30 +61,50 @@ def test_two_sweeps_started_together_on_one_id_one_refuses_the_other_trains_each
     assert not (perception_home / "runs" / sweep_id / SWEEP_LOCK).exists()
 
 
+def wait_for(path: Path, proc: subprocess.Popen, limit_s: float = 600) -> None:
+    deadline = time.monotonic() + limit_s
+    while not path.exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"no {path} within {limit_s:.0f} s"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
-def test_a_sweep_killed_9_is_taken_over_by_the_same_command_which_resumes(perception_home, mlflow_server):
+def test_a_stopped_sweep_ends_its_runs_and_one_killed_9_is_taken_over_by_the_same_command(perception_home,
+                                                                                       mlflow_server):
     sweep_id = f"kill9-{uuid.uuid4().hex[:8]}"
     args = ["--sweep-id", sweep_id, *CI, "trainer.max_train_batches=null", f"tracking.uri={mlflow_server}"]
+    home = perception_home / "runs" / sweep_id
+
+    # SIGTERM to the sweep alone: its training ends KILLED, the parent run too, and no lock is left.
     first = start_sweep(perception_home, *args)
-    checkpoint = perception_home / "runs" / sweep_id / "shared-f0" / "checkpoints" / "latest.json"
     try:
-        deadline = time.monotonic() + 600
-        while not checkpoint.exists():
-            assert first.poll() is None, first.stderr.read()[-3000:]
-            assert time.monotonic() < deadline, "no first checkpoint within 600 s"
-            time.sleep(0.05)
+        wait_for(home / "shared-f0" / "checkpoints" / "latest.json", first)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the sweep and its trainer, as a lost node would
-        first.communicate(timeout=60)
-    run_dir = checkpoint.parent.parent
-    assert read_holder(run_dir.parent / SWEEP_LOCK).pid == first.pid and read_holder(run_dir / RUN_LOCK)
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 143, out + err[-3000:]
+    [run] = runs_of(mlflow_server, sweep_id, "train")
+    [parent] = runs_of(mlflow_server, sweep_id, "sweep")
+    assert run.info.status == "KILLED" and parent.info.status == "KILLED"
+    assert not (home / SWEEP_LOCK).exists() and not (home / "shared-f0" / RUN_LOCK).exists()
+
+    # kill -9 of the sweep and its trainer, as a lost node would: their locks stay behind.
+    second = start_sweep(perception_home, *args)
+    try:
+        wait_for(home / "per_horizon-f0" / "checkpoints" / "latest.json", second)
+    finally:
+        os.killpg(second.pid, signal.SIGKILL)
+        second.communicate(timeout=60)
+    assert read_holder(home / SWEEP_LOCK).pid == second.pid and read_holder(home / "per_horizon-f0" / RUN_LOCK)
 
     again = start_sweep(perception_home, *args)
     out, err = again.communicate(timeout=900)
     assert f"sweep {sweep_id}: 6/6 runs finished" in out, out + err[-3000:]
-    assert re.search(rf"taking over the lock of sweep {sweep_id} from pid {first.pid} .*no longer runs", err)
-    assert f"taking over the lock of run shared-f0 of sweep {sweep_id}" in err
-    assert "shared fold 0: resuming" in err and "resuming shared-f0 at epoch 2" in out + err
+    assert re.search(rf"taking over the lock of sweep {sweep_id} from pid {second.pid} .*no longer runs", err)
+    assert f"taking over the lock of run per_horizon-f0 of sweep {sweep_id}" in err
+    assert "per_horizon fold 0: resuming" in err and "resuming per_horizon-f0 at epoch 2" in out + err
     train = runs_of(mlflow_server, sweep_id, "train")
     assert sorted((r.data.tags["variant"], r.data.tags["fold"]) for r in train) == ARMS_FOLDS
     assert {r.info.status for r in train} == {"FINISHED"}
+    assert not (home / SWEEP_LOCK).exists()
