@@ -13,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from perception.locks import RUN_LOCK, read_holder
@@ -115,3 +116,23 @@ def test_a_crash_in_the_checkpoint_write_ends_the_run_failed_and_loses_nothing(p
     assert run_after.info.run_id == run.info.run_id and run_after.info.status == "FINISHED"
     history = MlflowClient(mlflow_server).get_metric_history(run.info.run_id, "val_auc_mean")
     assert sorted(m.step for m in history) == [0, 1]  # epoch 0 once, though it was trained twice
+
+
+def test_a_sigterm_while_a_runs_end_is_recorded_waits_for_that_end():
+    from perception.train.run_record import sigterm_deferred
+
+    events: list[str] = []
+
+    def terminated(signum, frame):
+        events.append("terminated")
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with sigterm_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                events.append("end recorded")
+        assert events == ["end recorded", "terminated"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
