@@ -11,6 +11,7 @@ A lock whose holder is gone is taken over, with a one-line notice:
   (or is another process now: its start time differs);
 - a holder elsewhere is gone when its heartbeat stands still for STALE_S, watched on this machine's
   own monotonic clock, so the nodes' clocks need not agree.
+Takers of one stale lock remove it one at a time (an O_EXCL takeover file), so exactly one wins.
 A holder whose lock was taken over (it looked gone: a node cut off from the volume, a process stopped
 for longer than STALE_S) finds out at its next heartbeat and exits at once, writing nothing more.
 """
