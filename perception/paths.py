@@ -22,10 +22,15 @@ def cache_dir(home: Optional[Path] = None) -> Path:
     return (home or perception_home()) / "cache"
 
 
+def sweep_dir(sweep_id: str, home: Optional[Path] = None) -> Path:
+    """runs/<sweep_id>/: the sweep's run directories and its lock."""
+    return (home or perception_home()) / "runs" / sweep_id
+
+
 def run_dir(sweep_id: str, arm: str, fold: int, home: Optional[Path] = None, replicate: int = 0) -> Path:
     """Derived from (sweep_id, arm, fold, replicate), never timestamped: a retried pod finds its
     checkpoint. Replicate 0 keeps the name runs had before replicates existed."""
-    return (home or perception_home()) / "runs" / sweep_id / run_name(arm, fold, replicate)
+    return sweep_dir(sweep_id, home) / run_name(arm, fold, replicate)
 
 
 def run_name(arm: str, fold: int, replicate: int = 0) -> str:

@@ -198,12 +198,19 @@ def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
     root = home / "runs" / sweep_id
     if not root.is_dir():
         raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
+    from perception.locks import LockHeld, run_lock
+
     sent, stuck = 0, []
     for run_dir in sorted(p for p in root.iterdir() if (p / LEDGER).exists()):
         ledger = RunLedger(run_dir, resolve_tracking_uri(tracking_uri), _experiment_of(run_dir))
-        before = len(ledger.unsent())
-        ok = ledger.flush(force=True)
-        sent += before - len(ledger.unsent())
+        try:
+            with run_lock(run_dir, sweep_id):  # a run training now sends its own: never twice
+                before = len(ledger.unsent())
+                ok = ledger.flush(force=True)
+                sent += before - len(ledger.unsent())
+        except LockHeld as exc:
+            stuck.append(f"{run_dir.name}: {exc}")
+            continue
         if not ok:
             stuck.append(f"{run_dir.name}: {len(ledger.unsent())} operations ({ledger.failures()[-1]})")
     if stuck:

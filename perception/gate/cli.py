@@ -75,6 +75,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return EXIT_USAGE
     for line in outcome.reasons:
         print(("refused: " if outcome.refused else "") + line, file=sys.stderr)
+    for line in outcome.summary.get("running_ignored", []):
+        print(f"ignored, still RUNNING: {line}", file=sys.stderr)
     print(f"report: {outcome.report_dir}", file=sys.stderr)
     print(json.dumps(outcome.json_line()), flush=True)
     return outcome.exit_code

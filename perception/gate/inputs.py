@@ -1,6 +1,7 @@
 """The gate's inputs (DESIGN §6, §7): a sweep's six training runs read from MLflow, checked.
 
-The latest FINISHED run per (variant, fold) counts; older duplicates are reported. Anything that
+The latest FINISHED run per (variant, fold) counts; older duplicates are reported, and every RUNNING
+training run it ignores (training now, or left so by a process that died) is listed. Anything that
 makes the comparison unsound (a missing run, a missing or non-finite metric, missing or misaligned
 predictions, runs that disagree on data, folds, seed, epochs or code) is collected, all of it, into
 one `GateRefusal`.
@@ -12,6 +13,7 @@ import ast
 import math
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -43,10 +45,11 @@ Key = tuple[str, int, int]  # (arm, fold, replicate)
 class GateRefusal(PerceptionError):
     """The runs cannot be compared; `reasons` names every problem found."""
 
-    def __init__(self, reasons: list[str], notes: Optional[list[str]] = None):
+    def __init__(self, reasons: list[str], notes: Optional[list[str]] = None, running: Optional[list[str]] = None):
         super().__init__("; ".join(reasons))
         self.reasons = reasons
         self.notes = notes or []
+        self.running = running or []  # the RUNNING training runs ignored, one line each
 
 
 @dataclass
@@ -95,6 +98,7 @@ class SweepInputs:
     replicates: list[int]  # the replicate numbers every loaded arm has in every fold
     notes: list[str] = field(default_factory=list)
     parent_tags: dict[str, str] = field(default_factory=dict)
+    running: list[str] = field(default_factory=list)  # the RUNNING training runs ignored, one line each
 
     def run(self, arm: str, fold: int, replicate: int) -> ArmRun:
         return self.runs[(arm, fold, replicate)]
@@ -128,6 +132,7 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
                            f"{experiment!r} at {tracking_uri}"])
 
     notes: list[str] = []
+    running = _running(train)
     chosen_all = _choose_latest_finished(train, notes)
     present = {a for a, _, _ in chosen_all}
     arms = [control, treatment] + [a for a in optional_arms if a in present and a not in (control, treatment)]
@@ -135,11 +140,11 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
     reasons: list[str] = []
     params = _agreed_params(chosen, reasons)
     if reasons:  # without agreed horizons and folds nothing below is meaningful
-        raise GateRefusal(reasons, notes)
+        raise GateRefusal(reasons, notes, running)
     horizons = _parse_horizons(params["data.horizons"], reasons)
     n_folds, window, stride = (_parse_int(params, k, reasons) for k in ("data.n_folds", "data.window", "data.window_stride"))
     if reasons:
-        raise GateRefusal(reasons, notes)
+        raise GateRefusal(reasons, notes, running)
 
     replicates = sorted({r for a, _, r in chosen if a in (control, treatment)}) or [0]
     for arm in list(arms):
@@ -177,10 +182,10 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
         for other in fold_runs[1:]:
             _check_aligned(fold_runs[0], other, reasons)
     if reasons:
-        raise GateRefusal(reasons, notes)
+        raise GateRefusal(reasons, notes, running)
     return SweepInputs(sweep_id, tracking_uri, exp.experiment_id, parent.info.run_id if parent else None,
                        horizons, window, stride, n_folds, params, arm_runs, arms, replicates, notes,
-                       dict(parent.data.tags) if parent else {})
+                       dict(parent.data.tags) if parent else {}, running)
 
 
 # ---------------------------------------------------------------- runs
@@ -249,6 +254,18 @@ def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run
             notes.append(f"duplicate runs for {key[0]} fold {key[1]}" + (f" replicate {key[2]}" if key[2] else "")
                          + f": using the latest finished {chosen[key].info.run_id}, ignoring {', '.join(older)}")
     return chosen
+
+
+def _running(train: list[Run]) -> list[str]:
+    """A RUNNING run is ignored: it is training now, or its process died before it could end it (the
+    run's next start continues it)."""
+    out = []
+    for r in sorted((r for r in train if r.info.status == "RUNNING"), key=lambda r: r.info.start_time or 0):
+        tags, rep = r.data.tags, r.data.tags.get("replicate", "0")
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((r.info.start_time or 0) / 1000))
+        out.append(f"{tags.get('variant')} fold {tags.get('fold')}" + (f" replicate {rep}" if rep != "0" else "")
+                   + f": run {r.info.run_id}, RUNNING since {started}")
+    return out
 
 
 def _label(key: Key) -> str:

@@ -53,12 +53,13 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
         "block_len_windows": result.block_len, "window": inputs.window, "window_stride": inputs.stride,
         "per_fold": result.per_fold, "throughput": result.throughput,
         "params": inputs.params, "runs": runs, "parent_run_id": inputs.parent_run_id,
-        "tracking_uri": inputs.tracking_uri,
+        "tracking_uri": inputs.tracking_uri, "running_ignored": inputs.running,
     })
 
 
-def refusal_json(sweep_id: str, reasons: list[str], notes: list[str]) -> dict:
-    return {"sweep_id": sweep_id, "decision": None, "refused": True, "reasons": reasons, "notes": notes}
+def refusal_json(sweep_id: str, reasons: list[str], notes: list[str], running: Optional[list[str]] = None) -> dict:
+    return {"sweep_id": sweep_id, "decision": None, "refused": True, "reasons": reasons, "notes": notes,
+            "running_ignored": running or []}
 
 
 def write_report(out_dir: Path, summary: dict, inputs: Optional[SweepInputs] = None,

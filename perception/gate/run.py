@@ -77,7 +77,7 @@ def run_gate(
     try:
         inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, optional)
     except GateRefusal as refusal:
-        summary = refusal_json(sweep_id, refusal.reasons, refusal.notes)
+        summary = refusal_json(sweep_id, refusal.reasons, refusal.notes, refusal.running)
         outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
     except (MlflowException, requests.RequestException) as e:  # the store is unreachable or broken
         reasons = [f"cannot read sweep {sweep_id!r} from {uri}: {e}"]

@@ -11,20 +11,23 @@
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
 
 Exit codes: 0 success, 1 failed work (a training failed, the gate refused, the server said no),
-2 usage or config error. `submit --wait` and `status` answer with the gate's decision instead:
-0 a decision, 3 refused, 1 the workflow ended without a decision, 124 `--wait` timed out
-(`status` of a workflow still running: 0).
+2 usage or config error, or the sweep is in use by another `local` or `prepare` (its holder named),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM): running trainings end KILLED first.
+`submit --wait` and `status` answer with the gate's decision instead: 0 a decision, 3 refused, 1 the
+workflow ended without a decision, 124 `--wait` timed out (`status` of a workflow still running: 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
+from perception.locks import LockHeld
 
 PROG = "perception-sweep"
 
@@ -43,6 +46,8 @@ def _local(args: argparse.Namespace) -> int:
         print("decision: refused — " + "; ".join(gate.reasons))
     else:
         print(f"decision: {gate.decision}")
+    for line in getattr(gate, "summary", {}).get("running_ignored", []):
+        print(f"the gate ignored a training run still RUNNING: {line}")
     print(f"report: {gate.report_dir}")
     print(f"wall time: {result.wall_s:.1f} s ({result.wall_s / 60:.1f} min)")
     return result.exit_code
@@ -285,13 +290,29 @@ def _server_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--insecure", action="store_true", help="skip TLS verification")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the sweep is, so it ends its trainings and its parent run on the way out."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup short
+    raise Terminated(f"signal {signum} (SIGTERM)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = args.run(args)
     except ConfigError as exc:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
         code = 2
+    except LockHeld as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        code = 2
+    except Terminated:
+        print(f"{PROG}: terminated (SIGTERM); re-run with the same --sweep-id to continue", file=sys.stderr)
+        code = 143
     except PerceptionError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         code = 1

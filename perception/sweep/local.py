@@ -2,7 +2,8 @@
 
 Every step is the installed command a pod would run, so a local sweep exercises exactly what the
 Argo workflow does; re-running with the same sweep_id skips finished runs (done.json) and lets
-`perception-train` resume unfinished ones from their run directories."""
+`perception-train` resume unfinished ones from their run directories. One process at a time works on
+a sweep: both `local` and `prepare` hold its lock (perception.locks) for their lifetime."""
 
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from perception.arms import DEFAULT_ARMS, DEFAULT_CONTROL, DEFAULT_TREATMENT, TWIN_SUFFIX, get_arm, parse_arms
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
-from perception.paths import new_sweep_id, perception_home, run_dir, tracking_uri
+from perception.locks import RUN_LOCK, read_holder, sweep_lock
+from perception.paths import new_sweep_id, perception_home, run_dir, sweep_dir, tracking_uri
 from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
+from perception.sweep.trainers import Trainers
 
 DEFAULT_SCALE = "local"  # conf/config.yaml's default `experiment`
 AUTO_GATE_CONFIG = "auto"  # the gate config that belongs to the experiment (gate_config_for)
@@ -58,6 +62,7 @@ class RunOutcome:
     run_id: Optional[str] = None
     returncode: Optional[int] = None
     log: Optional[Path] = None
+    note: Optional[str] = None  # why it failed, when the exit code does not say (another trainer has it)
 
 
 @dataclass
@@ -198,10 +203,11 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
     check_overrides(overrides)
     cfg = compose(overrides)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
-    build_features(overrides, env, data_command)
-    gate_config = resolve_gate_config(gate_config, overrides)
-    plan = plan_tags(design, gate_config)
-    parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
+    with sweep_lock(sweep_dir(sweep_id), sweep_id):
+        build_features(overrides, env, data_command)
+        gate_config = resolve_gate_config(gate_config, overrides)
+        plan = plan_tags(design, gate_config)
+        parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
     if parent_run_id_file is not None:
         atomic_write_text(parent_run_id_file, parent)
     if outputs is not None:
@@ -221,19 +227,22 @@ def fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
 
 
 def _train_one(spec: RunSpec, args: list[str], env: dict[str, str], log: Optional[Path], home: Path,
-               sweep_id: str) -> RunOutcome:
+               sweep_id: str, trainers: Trainers) -> RunOutcome:
     t0 = time.perf_counter()
+    directory = spec.directory(sweep_id, home)
     if log is None:  # sequential: the trainer's own progress bar goes to the terminal
-        rc = subprocess.run(args, env=env).returncode
+        rc, pid = trainers.run(args, env)
     else:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as f:
-            rc = subprocess.run(args, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+            rc, pid = trainers.run(args, env, f)
     seconds = time.perf_counter() - t0
-    done = _read_done(spec.directory(sweep_id, home))
+    done = _read_done(directory)
     ok = rc == 0 and done is not None
+    holder = read_holder(directory / RUN_LOCK) if rc == 2 else None
+    note = f"trained by another process, {holder.describe()}" if holder and holder.pid != pid else None
     return RunOutcome(spec, "finished" if ok else "failed", seconds,
-                      done.get("run_id") if done else None, rc, log)
+                      done.get("run_id") if done else None, rc, log, note)
 
 
 def _read_done(directory: Path) -> Optional[dict]:
@@ -273,57 +282,86 @@ def run_local_sweep(
     gate_config = gate_config_for(experiment_of(overrides))
     lanes = gpus or ([CPU_LANE] * cpu_workers if cpu_workers > 1 else [])  # no lanes: one run at a time
 
+    trainers = Trainers()
+    with _sweep_lock_and_parent(sweep_id, home, uri, cfg.tracking.experiment, plan_tags(design, gate_config),
+                                say) as parent:
+        where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
+                 f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
+        say(f"sweep {sweep_id}: {len(runs)} runs {where}; parent run {parent}; tracking {uri}")
+        result = SweepResult(sweep_id, parent)
+
+        pending = []
+        for spec in runs:
+            done = _read_done(spec.directory(sweep_id, home))
+            if done is not None:
+                result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
+                say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
+            else:
+                pending.append(spec)
+
+        if pending:
+            say("building the feature cache (perception-data build)")
+            build_features(overrides, env, data_command)
+        trainer = train_command or command("perception-train")
+        for wave in plan_waves(pending, lanes):
+            for spec, device in wave:
+                d = spec.directory(sweep_id, home)
+                verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
+                say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{len(runs)}] {spec.label}: {verb}"
+                    + (f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
+                       if device is not None else ""))
+
+            def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
+                spec, device = item
+                args = [*trainer, *overrides, f"sweep_id={sweep_id}", *spec.overrides(), f"tracking.parent_run_id={parent}"]
+                log = spec.directory(sweep_id, home) / "train.log" if device is not None else None
+                return _train_one(spec, args, child_env(env, device), log, home, sweep_id, trainers)
+
+            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+                try:
+                    outcomes = list(pool.map(one, wave))
+                except BaseException:  # interrupted: end the trainings (KILLED) before the pool waits for them
+                    trainers.stop()
+                    raise
+            for out in outcomes:
+                result.runs.append(out)
+                say(_progress_line(out, result, len(runs), time.perf_counter() - t_start, max(1, len(lanes))))
+            if any(o.returncode == 2 and o.note is None for o in outcomes):  # the same config fails every run
+                raise ConfigError(f"perception-train rejected the configuration (exit 2) for "
+                                  f"{', '.join(o.spec.label for o in outcomes if o.returncode == 2 and o.note is None)}")
+
+        if gate is None:
+            from perception.gate.run import run_gate as gate
+        say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
+        result.gate = gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
+                           control=design.control, treatment=design.treatment)
+        result.wall_s = time.perf_counter() - t_start
+        return result
+
+
+@contextmanager
+def _sweep_lock_and_parent(sweep_id: str, home: Path, uri: str, experiment: str, plan: dict[str, str],
+                           say: Callable[[str], None]) -> Iterator[str]:
+    """Holds the sweep's lock (a second start on this id exits 2 here) and yields its parent run, which
+    ends KILLED or FAILED should the sweep end by an exception: a re-run sets it RUNNING again."""
     from perception.tracking import ensure_parent_run
 
-    parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment, plan_tags(design, gate_config))
-    where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
-             f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
-    say(f"sweep {sweep_id}: {len(runs)} runs {where}; parent run {parent}; tracking {uri}")
-    result = SweepResult(sweep_id, parent)
+    with sweep_lock(sweep_dir(sweep_id, home), sweep_id):
+        parent = ensure_parent_run(sweep_id, uri, experiment, plan)
+        try:
+            yield parent
+        except BaseException as exc:
+            _end_parent(parent, uri, "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED", say)
+            raise
 
-    pending = []
-    for spec in runs:
-        done = _read_done(spec.directory(sweep_id, home))
-        if done is not None:
-            result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
-            say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
-        else:
-            pending.append(spec)
 
-    if pending:
-        say("building the feature cache (perception-data build)")
-        build_features(overrides, env, data_command)
-    trainer = train_command or command("perception-train")
-    for wave in plan_waves(pending, lanes):
-        for spec, device in wave:
-            d = spec.directory(sweep_id, home)
-            verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
-            say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{len(runs)}] {spec.label}: {verb}"
-                + (f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
-                   if device is not None else ""))
+def _end_parent(parent: str, uri: str, status: str, say: Callable[[str], None]) -> None:
+    from perception.tracking import client
 
-        def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
-            spec, device = item
-            args = [*trainer, *overrides, f"sweep_id={sweep_id}", *spec.overrides(), f"tracking.parent_run_id={parent}"]
-            log = spec.directory(sweep_id, home) / "train.log" if device is not None else None
-            return _train_one(spec, args, child_env(env, device), log, home, sweep_id)
-
-        with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-            outcomes = list(pool.map(one, wave))
-        for out in outcomes:
-            result.runs.append(out)
-            say(_progress_line(out, result, len(runs), time.perf_counter() - t_start, max(1, len(lanes))))
-        if any(o.returncode == 2 for o in outcomes):  # the same config would fail every other run too
-            raise ConfigError(f"perception-train rejected the configuration (exit 2) for "
-                              f"{', '.join(o.spec.label for o in outcomes if o.returncode == 2)}")
-
-    if gate is None:
-        from perception.gate.run import run_gate as gate
-    say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
-    result.gate = gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
-                       control=design.control, treatment=design.treatment)
-    result.wall_s = time.perf_counter() - t_start
-    return result
+    try:
+        client(uri).set_terminated(parent, status)
+    except Exception as exc:  # the tracking server is down: say so, keep the original error
+        say(f"could not end the parent run {parent} as {status}: {type(exc).__name__}: {exc}")
 
 
 def _progress_line(out: RunOutcome, result: SweepResult, total: int, elapsed: float, lanes: int) -> str:
@@ -335,7 +373,7 @@ def _progress_line(out: RunOutcome, result: SweepResult, total: int, elapsed: fl
         body = f"finished in {out.seconds:.1f} s (run {out.run_id})"
     else:
         where = f"; log {out.log}" if out.log else ""
-        body = f"FAILED (exit {out.returncode}) after {out.seconds:.1f} s{where}"
+        body = f"FAILED (exit {out.returncode}) after {out.seconds:.1f} s{where}" + (f": {out.note}" if out.note else "")
     return head + body + f" · elapsed {_clock(elapsed)}" + (f" · ETA {_clock(eta)}" if n < total else "")
 
 

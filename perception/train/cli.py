@@ -1,5 +1,6 @@
 """`perception-train [overrides]`: a thin Hydra entry over `train(cfg)`. Exit codes: 0 success,
-1 failed work, 2 usage or config error (DESIGN §7), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
+1 failed work, 2 usage or config error (DESIGN §7) or the run is being trained by another process
+(its holder named), 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).
 
 SIGTERM (a pod being deleted or preempted, `kill`) raises Terminated, a KeyboardInterrupt, so the
 run records its end as KILLED and uploads its log before the process exits."""
@@ -13,6 +14,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.errors import ConfigError, PerceptionError
+from perception.locks import LockHeld
 from perception.train.compose import CONFIG_NAME, composed
 
 PROG = "perception-train"
@@ -48,6 +50,9 @@ def run_task(cfg: DictConfig) -> dict:
         sys.exit(130)
     except ConfigError as exc:
         print(f"{PROG}: config error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except LockHeld as exc:  # another trainer has this run: nothing was touched
+        print(f"{PROG}: {exc}", file=sys.stderr)
         sys.exit(2)
     except PerceptionError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -18,6 +18,7 @@ import torch
 from perception.atomic import atomic_path, atomic_write_text
 from perception.errors import ConfigError
 from perception.gitinfo import git_sha
+from perception.locks import run_lock
 from perception.paths import new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
 from perception.tracking import RunLedger, ensure_parent_run
 from perception.train.config import Config, apply_arm
@@ -27,7 +28,7 @@ from perception.train.evaluate import Evaluation, evaluate
 from perception.train.params import flatten_config
 from perception.train.precision import configure as configure_precision
 from perception.train.progress import progress
-from perception.train.run_record import RunRecord, write_config
+from perception.train.run_record import RunRecord, sigterm_deferred, write_config
 from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
@@ -67,6 +68,11 @@ def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
     However it ends, its MLflow run says so: FINISHED, FAILED (it raised) or KILLED (KeyboardInterrupt,
     which perception-train also raises on SIGTERM), with its train.log and config uploaded."""
     place = place_of(cfg)
+    with run_lock(place.dir, place.sweep_id):  # a second trainer of this run exits here, having touched nothing
+        return _train_locked(cfg, overrides, place)
+
+
+def _train_locked(cfg: Config, overrides: Sequence[str], place: RunPlace) -> dict[str, Any]:
     resume_from = check_before_work(cfg, place.dir)  # every config error, before any work
     done = place.dir / DONE_FILE
     if done.exists():
@@ -78,20 +84,16 @@ def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
                   + ("" if ok else f"; still unreachable: {ledger.failures()[-1]}"))
         print(f"[perception] {place.dir.name} of sweep {place.sweep_id} already finished; nothing to do")
         return json.loads(done.read_text())["metrics"]
-    place.dir.mkdir(parents=True, exist_ok=True)
     write_config(place.dir, cfg, overrides)
     record = RunRecord(RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment),
                        bool(cfg.tracking.system_metrics))
     with RunLog(place.dir / LOG_FILE) as log:
         try:
             return _train(cfg, place, resume_from, record)
-        except KeyboardInterrupt as exc:
-            log.exception(exc)
-            record.end("KILLED")
-            raise
         except BaseException as exc:
-            log.exception(exc)
-            record.end("FAILED")
+            with sigterm_deferred():  # a SIGTERM now must not cut the recording of this end short
+                log.exception(exc)
+                record.end("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
             raise
 
 

@@ -8,9 +8,12 @@ Run directory files uploaded at every end (artifact path in MLflow):
 
 from __future__ import annotations
 
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from omegaconf import OmegaConf
 
@@ -29,6 +32,22 @@ def write_config(run_dir: Path, cfg, overrides: Sequence[str]) -> None:
     atomic_write_text(run_dir / OVERRIDES_FILE, OmegaConf.to_yaml(OmegaConf.create(list(overrides))))
 
 
+@contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Holds back SIGTERM's handler for the block, then runs it once if a SIGTERM came meanwhile."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    came: list[tuple[int, Any]] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: came.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if came and callable(previous):
+            previous(*came[0])
+
+
 @dataclass
 class RunRecord:
     ledger: RunLedger
@@ -43,7 +62,12 @@ class RunRecord:
             self.monitor.keep_alive()
 
     def end(self, status: str) -> bool:
-        """Stops the system metrics, records the files and the end; True when all of it was sent."""
+        """Stops the system metrics, records the files and the end; True when all of it was sent.
+        A SIGTERM meanwhile waits until the end is recorded: cut short, the run would stay RUNNING."""
+        with sigterm_deferred():
+            return self._end(status)
+
+    def _end(self, status: str) -> bool:
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None

@@ -5,6 +5,7 @@ skipped on a re-run, and that the gate always runs. The trainer here is a record
 from __future__ import annotations
 
 import json
+import os
 import sys
 import textwrap
 import uuid
@@ -148,6 +149,29 @@ def test_a_config_error_in_training_stops_the_sweep(fakes, monkeypatch):
     with pytest.raises(ConfigError, match="exit 2"):
         fakes.sweep("experiment=ci")
     assert len(train_calls(fakes.calls())) == 1 and fakes.gate_calls == []
+
+
+def test_a_run_another_process_is_training_fails_alone_naming_it_and_the_sweep_goes_on(fakes, monkeypatch,
+                                                                                      perception_home):
+    from perception.locks import run_lock
+
+    monkeypatch.setenv("FAKE_FAIL", "shared-f1:2")  # the trainer's exit on a run in use
+    with run_lock(perception_home / "runs" / fakes.id / "shared-f1", fakes.id):  # held by this process
+        result, lines = fakes.sweep("experiment=ci")
+    assert [r.status for r in result.runs].count("failed") == 1 and result.exit_code == 1
+    [failed] = [r for r in result.runs if r.status == "failed"]
+    assert failed.note.startswith(f"trained by another process, pid {os.getpid()} on host ")
+    assert any("shared fold 1: FAILED (exit 2)" in line and "trained by another process" in line for line in lines)
+    assert len(train_calls(fakes.calls())) == 6 and len(fakes.gate_calls) == 1
+
+
+def test_a_second_sweep_on_a_sweep_in_use_is_refused_before_any_work(fakes, perception_home):
+    from perception.locks import LockHeld, sweep_lock
+
+    with sweep_lock(perception_home / "runs" / fakes.id, fakes.id):
+        with pytest.raises(LockHeld, match=f"sweep {fakes.id} is in use by pid {os.getpid()}"):
+            fakes.sweep("experiment=ci")
+    assert fakes.calls() == [] and fakes.gate_calls == []
 
 
 def test_gate_config_follows_the_experiment():
