@@ -9,6 +9,7 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
     python benchmarks/validity.py reseed --experiment local --n 20                # the fully reseeded A/A
     python benchmarks/validity.py no_signal --experiment local --n 20
     python benchmarks/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
+    python benchmarks/validity.py per_horizon_null --experiment local --n 20     # its twin: every ship is false
     python benchmarks/validity.py ab --experiment local --n 20                   # power at the study's own effect
     python benchmarks/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
     python benchmarks/validity.py calibrate --experiment local --n 8 --seed-base 90000   # the shipped A/A noise
@@ -17,7 +18,8 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
 Tests: `aa` (the control against its twin: every ship is false), `reseed` (the control against
 itself trained from another seed altogether, `<control>_reseed`: the noisier null), `no_signal` (the default arms in a
 world whose labels no feature predicts: every ship is false), `per_horizon` (`shared_skip` against
-`per_horizon` in the world built for per-horizon queries: ships are the gate's power), `ab` (the
+`per_horizon` in the world built for per-horizon queries: ships are the gate's power), `per_horizon_null`
+(the same arms in that world's null twin, whose events predict nothing: every ship is false), `ab` (the
 study's A/B, `shared` against `per_horizon`, in the default world, where per_horizon's lift is real
 and consistent across seeds: ships are the gate's power at the effect size the study has). `calibrate`
 runs A/A sweeps of both seed arms on seeds of their own and writes perception/gate/noise/<experiment>.json,
@@ -54,7 +56,8 @@ POWER_TESTS = ("per_horizon", "ab")  # tests whose treatment is better: a ship i
 # a row is only ever counted with rows of the same evidence, and a re-run redoes rows of another.
 EVIDENCE = "t"
 # Seed bases keep every test's seeds apart, and the calibration's apart from all of them.
-SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000, "calibrate": 90_000}
+SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000,
+             "per_horizon_null": 60_000, "calibrate": 90_000}
 
 
 def wilson(ships: int, n: int) -> tuple[float, float]:
@@ -76,9 +79,9 @@ def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
         return [], ["data.synthetic_world=no_signal"], "shared", "per_horizon"
     if test == "ab":
         return [], [], "shared", "per_horizon"
-    if test == "per_horizon":
+    if test in ("per_horizon", "per_horizon_null"):
         return (["--arms", "shared_skip,per_horizon", "--control", "shared_skip", "--treatment", "per_horizon"],
-                ["data.synthetic_world=per_horizon"], "shared_skip", "per_horizon")
+                [f"data.synthetic_world={test}"], "shared_skip", "per_horizon")
     raise SystemExit(f"unknown test {test!r}")
 
 
@@ -272,7 +275,8 @@ def _plot(rows: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "ab", "calibrate", "report"])
+    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", "calibrate",
+                                      "report"])
     p.add_argument("--experiment", default="local")
     p.add_argument("--n", type=int, default=40, help="independent sweeps (per control for calibrate)")
     p.add_argument("--control", default="shared", help="aa: the arm twinned")

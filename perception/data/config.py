@@ -17,7 +17,8 @@ class SyntheticWorld(str, Enum):
     """Synthetic worlds with a known answer, to measure the gate (perception/data/synthetic.py)."""
     default = "default"  # fast order-flow imbalance and a slow regime: any pooled context helps
     no_signal = "no_signal"  # labels independent of the features: no arm beats AUC 0.5 beyond noise
-    per_horizon = "per_horizon"  # short and long horizons announced by different events in the window
+    per_horizon = "per_horizon"  # short and longest horizons decided by different look-alike events
+    per_horizon_null = "per_horizon_null"  # per_horizon's books and labels, the events' sides independent
 
 
 @dataclass

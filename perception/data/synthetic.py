@@ -10,18 +10,38 @@ Worlds with a known answer (`data.synthetic_world`), to measure the gate rather 
 - `default`: the books above.
 - `no_signal`: the same books, labels from an independent random walk (`independent_labels`): no
   feature predicts them, so no arm can beat AUC 0.5 beyond noise and every ship is a false ship.
-- `per_horizon`: the books above plus two kinds of rare, recognisable events, each announcing a
-  drift that starts after a delay, so inside a window only the event itself tells what comes:
-  a *fast* event (every ~K/2 snapshots) flags a side with ten-fold size at level 9 and, h_1 snapshots
-  later, drifts the mid that way for 2·h_1 snapshots (it decides the short horizons); a *slow* event
-  (every ~K) flags a side with eight-fold order counts at level 8 and, K/4 later, drifts the mid for
-  h_max snapshots (it decides the long ones). Each drift totals about the noise over its span. The
-  short horizons' query should look at the last fast event, the long ones' at the last slow event:
-  one shared query has to split its attention between them, per-horizon queries need not. The
-  intended gate outcome is `ship_per_horizon` against `shared_skip`. Measured at the `local` scale
-  (20 sweeps, README "How far to trust a decision"): no lift, although the queries specialise, since
-  about eight slow drifts overlap (only the newest is in the window) and a shared query can attend to
-  both event snapshots at once; the expected outcome there is `keep_shared_skip` or `inconclusive`.
+- `per_horizon`: the books above plus rare marked events (`HorizonEvents`), built so that the true
+  answer to "do per-horizon queries help?" is yes. See "The per_horizon world" below.
+- `per_horizon_null`: its null twin. The same books, events, drifts and labels; only the side that
+  each event flags is drawn independently of the drift it announces, so no event predicts anything.
+The per_horizon world (`HorizonEvents`). Let K be the window, h_s = horizons[1] and h_max the longest
+horizon. Three kinds of rare event mark one snapshot each; every event flags a side s = +-1 the same
+way (ten-fold size at level 9 on the bid for +1, on the ask for -1), and its kind by eight-fold order
+counts at level 8 (marker a), level 7 (marker b) or both, on both sides:
+- *short* (a): the mid drifts s·r_S per snapshot for U = K + h_s snapshots from the event, so for
+  every lag of the event inside a window the horizons up to h_s lie wholly inside its drift;
+- *long* (b): after a delay of U (so it never reaches the horizons up to h_s of a window that shows
+  the event) the mid drifts s·r_L for h_max snapshots; r_L is set so that at h_max this drift
+  outweighs what is left of a short drift;
+- *distractor* (a and b): a side and no drift at all.
+Events of one kind are spaced more than their drift lasts, so at most one of each kind is in a window
+and its drift is the only one of its kind running. The short horizons are decided by the short
+event, the longest by the long one, and the distractor decides nothing.
+Why one shared query must lose information. The pool's scores are q·k over the window's snapshots.
+Where k is linear in the markers (as the book features are), a distractor scores the sum of what a
+short and a long event score, less a snapshot without markers: one softmax that weighs both the
+short and the long event above the background weighs the distractor above both. And all three kinds
+carry their side in the same coordinates, so the pooled context holds a weighted sum of the sides in
+which the relevant ones cannot be told apart from the distractor's. A shared query therefore reads at
+most one of the two events cleanly (q ~ a - b or q ~ b - a); trained on every horizon's loss it takes
+the short event that four horizons need, and the longest horizon (which the gate weighs) loses the
+long event. Per-horizon queries need not choose: q_h ~ a - b for the short horizons, b - a for the
+longest. The argument holds for keys that are linear in the markers; a trunk that learns the markers'
+conjunction, or a recurrence that carries a side to the window's end, could recover what the pool
+loses, so whether the gate sees the difference is measured (README "How far to trust a decision").
+`per_horizon_null` keeps every event, drift and label of `per_horizon` and redraws only the flagged
+sides, independently of the drifts: the books differ only at the flagged level of the event snapshots,
+and an event's side predicts nothing at any horizon.
 Books sit on a tick grid with a Markov spread of 1-3 ticks, ten dense levels, lognormal sizes and
 order counts. Vectorised: AR(1) recursions run through scipy.signal.lfilter, regimes and spreads
 from geometric durations.
@@ -76,8 +96,8 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     mu = prm.slow_snr * prm.sigma / np.sqrt(h_max)
     dp = prm.sigma * rng.standard_normal(n) + mu * regime
     dp[1:] += kappa * imb[:-1]
-    events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma) \
-        if world == "per_horizon" else None
+    events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma,
+                             null=world == "per_horizon_null") if world in EVENT_WORLDS else None
     if events is not None:
         dp += events.drift
     p = BASE_PRICE_TICKS + np.cumsum(dp)
@@ -112,40 +132,67 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     )
 
 
+EVENT_WORLDS = ("per_horizon", "per_horizon_null")
+SIDE_LEVEL, SIDE_FACTOR = 9, 10  # every event flags its side with ten-fold size at level 9
+MARKER_LEVELS, MARKER_FACTOR = {"short": (8,), "long": (7,), "distractor": (8, 7)}, 8  # order counts, both sides
+SHORT_SNR, LONG_SNR = 1.0, 5.0  # drift over h_s (short) and h_max (long) in units of the noise over it
+
+
 @dataclass
 class HorizonEvents:
-    """The per_horizon world's events: their drift of the latent price and where they are marked."""
+    """The per_horizon world's events: the drift of the latent price they announce and, per kind, the
+    snapshots they mark with the sides they flag (in the null twin, independent of the drift's sign)."""
     drift: np.ndarray  # (T,) ticks per snapshot
-    fast: tuple[np.ndarray, np.ndarray]  # (times, signs)
-    slow: tuple[np.ndarray, np.ndarray]
+    times: dict[str, np.ndarray]  # kind -> (E,) snapshot indices, increasing
+    sides: dict[str, np.ndarray]  # kind -> (E,) +-1, the side each event flags
+    drift_signs: dict[str, np.ndarray]  # kind -> (E,) +-1, the sign of the drift it announces (0: none)
 
     def mark(self, bid_sz, ask_sz, bid_ct, ask_ct) -> None:
-        """Fast events: ten-fold size at level 9 on the signed side; slow: eight-fold counts at level 8."""
-        for (times, signs), (bid, ask), level, factor in (
-                (self.fast, (bid_sz, ask_sz), 9, 10), (self.slow, (bid_ct, ask_ct), 8, 8)):
-            up, down = times[signs > 0], times[signs < 0]
-            bid[up, level] *= factor
-            ask[down, level] *= factor
+        for kind, times in self.times.items():
+            side = self.sides[kind]
+            bid_sz[times[side > 0], SIDE_LEVEL] *= SIDE_FACTOR
+            ask_sz[times[side < 0], SIDE_LEVEL] *= SIDE_FACTOR
+            for level in MARKER_LEVELS[kind]:
+                bid_ct[times, level] *= MARKER_FACTOR
+                ask_ct[times, level] *= MARKER_FACTOR
 
 
-def _horizon_events(rng: np.random.Generator, n: int, horizons: list[int], window: int,
-                    sigma: float) -> HorizonEvents:
-    drift = np.zeros(n)
-    kinds = []
-    # (mean gap, delay, duration): fast events decide h_1's span, slow ones the longest horizon's
-    for gap, delay, duration in ((window / 2, horizons[0], 2 * horizons[0]),
-                                 (window, max(1, window // 4), horizons[-1])):
-        times = np.cumsum(rng.geometric(1.0 / gap, size=int(2 * n / gap) + 8))
-        times = times[times < n]
-        signs = rng.choice([-1.0, 1.0], size=len(times))
-        rate = sigma / np.sqrt(duration)  # the drift totals about the noise over its span
+def drift_pieces(horizons: list[int], window: int) -> dict[str, list[tuple[int, int, float]]]:
+    """kind -> the drift it announces: (start, end, rate multiple) pieces, in snapshots after the event."""
+    u = window + horizons[min(1, len(horizons) - 1)]
+    fall = int(np.ceil((u - window / 2) / 2))  # at twice the rate, back to the window's mean lag
+    return {"short": [(0, u, 1.0), (u, u + fall, -2.0)], "long": [(u, u + horizons[-1], 1.0)], "distractor": []}
+
+
+def _horizon_events(rng: np.random.Generator, n: int, horizons: list[int], window: int, sigma: float,
+                    null: bool = False) -> HorizonEvents:
+    pieces = drift_pieces(horizons, window)
+    h_s = horizons[min(1, len(horizons) - 1)]
+    rates = {"short": SHORT_SNR * sigma / np.sqrt(h_s), "long": LONG_SNR * sigma / np.sqrt(horizons[-1]),
+             "distractor": 0.0}
+    reach = max(end for ps in pieces.values() for _, end, _ in ps)
+    times, taken = {}, np.zeros(0, np.int64)
+    for kind in ("short", "long", "distractor"):
+        # spaced beyond the drift (the distractor as the short events), plus a random gap ~ K/2
+        least = max([end for _, end, _ in pieces[kind] or pieces["short"]]) + 1
+        gaps = least + rng.geometric(2.0 / window, size=int(n / least) + 8)
+        t = np.cumsum(gaps) - rng.integers(0, reach)
+        t = t[(t >= 0) & (t < n) & ~np.isin(t, taken)]  # one event per snapshot: its markers stay its own
+        times[kind], taken = t, np.r_[taken, t]
+    drift, sides, signs = np.zeros(n), {}, {}
+    for kind, t in times.items():
+        s = rng.choice([-1.0, 1.0], size=len(t))
+        sign = s if pieces[kind] else np.zeros(len(t))
         step = np.zeros(n + 1)
-        starts, ends = np.minimum(times + delay, n), np.minimum(times + delay + duration, n)
-        np.add.at(step, starts, signs * rate)
-        np.add.at(step, ends, -signs * rate)
+        for start, end, mult in pieces[kind]:
+            np.add.at(step, np.minimum(t + start, n), sign * mult * rates[kind])
+            np.add.at(step, np.minimum(t + end, n), -sign * mult * rates[kind])
         drift += np.cumsum(step)[:n]
-        kinds.append((times, signs))
-    return HorizonEvents(drift, kinds[0], kinds[1])
+        signs[kind], sides[kind] = sign, s
+    if null:  # the same drifts; the flagged sides drawn apart from them
+        side_rng = np.random.default_rng(rng.integers(2**63))
+        sides = {k: side_rng.choice([-1.0, 1.0], size=len(t)) for k, t in times.items()}
+    return HorizonEvents(drift, times, sides, signs)
 
 
 def independent_labels(n: int, seed: int, horizons: list[int], mask: np.ndarray) -> np.ndarray:

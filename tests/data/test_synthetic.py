@@ -14,7 +14,7 @@ from perception.data import synthetic
 from perception.data.config import DataConfig, DataSource
 from perception.data.dataset import build_snapshots, load_dataset
 from perception.data.dbn_io import write_mbp10
-from perception.data.features import FEATURE_NAMES
+from perception.data.features import FEATURE_NAMES, compute_labels
 from perception.data.folds import eligible_ends
 
 SMOKE = dict(n_snapshots=40_000, window=64, window_stride=2, horizons=[5, 10, 30, 100, 300])
@@ -135,20 +135,100 @@ def test_no_signal_world_labels_are_unpredictable(worlds, j, tolerance):
     assert ds.y[ds.mask[:, j], j].mean() == pytest.approx(0.5, abs=0.05)
 
 
-def test_per_horizon_world_announces_the_horizons_by_separate_events():
-    horizons, K, n = SMOKE["horizons"], SMOKE["window"], SMOKE["n_snapshots"]
-    events = synthetic._horizon_events(np.random.default_rng([0, 0xE7E]), n, horizons, K, 0.6)
-    (fast_t, fast_s), (slow_t, slow_s) = events.fast, events.slow
-    assert len(fast_t) > len(slow_t) > 10 and set(np.unique(fast_s)) == {-1.0, 1.0}
-    # the drifts sum the events' signed steps: before the first event's delay ends there is none,
-    # and over the whole series the signs balance out to a drift of mean ~0
-    assert not events.drift[: int(min(fast_t[0] + horizons[0], slow_t[0] + K // 4))].any()
-    assert abs(events.drift.mean()) < 0.1 * np.abs(events.drift).max()
-    snaps = synthetic.generate(n, 0, horizons, K, world="per_horizon")
-    plain = synthetic.generate(n, 0, horizons, K)
-    marked = np.flatnonzero((snaps.bid_sz[:, 9] != plain.bid_sz[:, 9]) | (snaps.ask_sz[:, 9] != plain.ask_sz[:, 9]))
-    np.testing.assert_array_equal(marked, np.sort(fast_t))
-    assert np.array_equal(snaps.bid_ct[:, 8] != plain.bid_ct[:, 8], np.isin(np.arange(n), slow_t[slow_s > 0]))
+PH_HORIZONS, PH_K = [2, 5, 10, 20, 40], 32  # experiment=ci's scales
+
+
+def _last_event_sides(events, kind, ends, window):
+    """(N,) the side flagged by the last `kind` event inside each window ending at `ends`, 0 where none."""
+    t, side = events.times[kind], events.sides[kind]
+    i = np.searchsorted(t, ends, side="right") - 1
+    seen = (i >= 0) & (ends - t[np.maximum(i, 0)] < window)
+    return np.where(seen, side[np.maximum(i, 0)], 0.0)
+
+
+@pytest.fixture(scope="module")
+def per_horizon_worlds():
+    """Both worlds at ci's scales, large enough that an oracle's AUC is known to ~0.01."""
+    n, seed = 120_000, 3
+    out = {}
+    for world in ("per_horizon", "per_horizon_null"):
+        snaps = synthetic.generate(n, seed, PH_HORIZONS, PH_K, world=world)
+        events = synthetic._horizon_events(np.random.default_rng([seed, 0xE7E]), n, PH_HORIZONS, PH_K, 0.6,
+                                           null=world == "per_horizon_null")
+        y, _ = compute_labels(snaps, PH_HORIZONS)
+        ends = np.arange(PH_K, n - PH_HORIZONS[-1], 4)
+        sides = {kind: _last_event_sides(events, kind, ends, PH_K) for kind in events.times}
+        out[world] = snaps, events, y[ends], sides
+    return out
+
+
+def test_per_horizon_worlds_are_seeded_and_mark_every_event():
+    a = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon")
+    b = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon")
+    c = synthetic.generate(20_000, 6, PH_HORIZONS, PH_K, world="per_horizon")
+    np.testing.assert_array_equal(a.bid_px, b.bid_px)
+    np.testing.assert_array_equal(a.bid_ct, b.bid_ct)
+    assert not np.array_equal(a.bid_px, c.bid_px)
+    plain = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K)
+    events = synthetic._horizon_events(np.random.default_rng([5, 0xE7E]), 20_000, PH_HORIZONS, PH_K, 0.6)
+    for kind, levels in synthetic.MARKER_LEVELS.items():
+        t = events.times[kind]
+        assert len(t) > 50 and set(np.unique(events.sides[kind])) == {-1.0, 1.0}
+        for level in levels:  # the kind's markers: eight-fold counts on both sides
+            np.testing.assert_array_equal(a.ask_ct[t, level], plain.ask_ct[t, level] * synthetic.MARKER_FACTOR)
+        flagged = np.where(events.sides[kind] > 0, a.bid_sz[t, 9] // plain.bid_sz[t, 9],
+                           a.ask_sz[t, 9] // plain.ask_sz[t, 9])
+        assert np.all(flagged == synthetic.SIDE_FACTOR)
+    # events of one kind are spaced beyond their drift: at most one of each kind in a window
+    for kind, pieces in synthetic.drift_pieces(PH_HORIZONS, PH_K).items():
+        assert np.diff(events.times[kind]).min() > max([e for _, e, _ in pieces] + [PH_K])
+
+
+def test_null_twin_has_the_same_books_but_the_sides_flagged(per_horizon_worlds):
+    world, _, y, _ = per_horizon_worlds["per_horizon"]
+    twin, events, y_twin, _ = per_horizon_worlds["per_horizon_null"]
+    for name in ("ts", "bid_px", "ask_px", "bid_ct", "ask_ct", "dt", "segment"):
+        np.testing.assert_array_equal(getattr(twin, name), getattr(world, name), err_msg=name)
+    np.testing.assert_array_equal(y_twin, y)  # the same drifts, so the same labels
+    differs = np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=1) | (twin.ask_sz != world.ask_sz).any(axis=1))
+    all_events = np.concatenate(list(events.times.values()))
+    assert np.isin(differs, all_events).all() and len(differs) > 0.3 * len(all_events)
+    assert np.array_equal(np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=0)), [9])  # only the side flag
+    for kind, signs in events.drift_signs.items():  # the twin's flags are independent of the drifts
+        if signs.any():
+            assert abs(np.mean(events.sides[kind] == signs) - 0.5) < 0.05
+
+
+def _oracle_auc(score, labels):
+    seen = score != 0
+    return roc_auc_score(labels[seen], score[seen])
+
+
+@pytest.mark.parametrize("world", ["per_horizon", "per_horizon_null"])
+def test_each_horizon_is_decided_by_its_own_event(per_horizon_worlds, world):
+    """An oracle that reads the relevant event's side: the short event decides h2..h20 and says nothing
+    at h40, the long event decides h40 and not h2; the distractor decides nothing. In the twin no
+    event side predicts any horizon."""
+    _, _, y, sides = per_horizon_worlds[world]
+    auc = {kind: [_oracle_auc(sides[kind], y[:, j]) for j in range(len(PH_HORIZONS))] for kind in sides}
+    if world == "per_horizon":
+        assert min(auc["short"][:4]) > 0.6 and abs(auc["short"][4] - 0.5) < 0.03
+        assert auc["long"][4] > 0.72 and abs(auc["long"][0] - 0.5) < 0.03
+        assert max(abs(a - 0.5) for a in auc["distractor"]) < 0.03
+    else:
+        assert max(abs(a - 0.5) for aucs in auc.values() for a in aucs) < 0.03
+
+
+def test_one_shared_read_of_the_events_loses_the_longest_horizon(per_horizon_worlds):
+    """The construction's claim: over all windows, reading the short event (what a shared query serving
+    four horizons takes) leaves h40 at chance, while a per-horizon read of the long event predicts it;
+    the pooled sum of every event's side (attending to all of them) is worse than either at its horizons."""
+    _, _, y, sides = per_horizon_worlds["per_horizon"]
+    everything = sides["short"] + sides["long"] + sides["distractor"]
+    h40 = y[:, -1]
+    auc_long, auc_short, auc_sum = (roc_auc_score(h40, s) for s in (sides["long"], sides["short"], everything))
+    assert auc_long > 0.63 and abs(auc_short - 0.5) < 0.02 and auc_sum < auc_long - 0.03
+    assert roc_auc_score(y[:, 1], everything) < roc_auc_score(y[:, 1], sides["short"]) - 0.02
 
 
 def test_world_is_part_of_the_data_hash_and_default_keeps_old_hashes():
@@ -156,4 +236,4 @@ def test_world_is_part_of_the_data_hash_and_default_keeps_old_hashes():
 
     base = DataConfig(**SMOKE)
     assert data_hash(base) == data_hash(DataConfig(**SMOKE, synthetic_world="default"))
-    assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon")}) == 3
+    assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon", "per_horizon_null")}) == 4
