@@ -16,13 +16,14 @@ Worlds with a known answer (`data.synthetic_world`), to measure the gate rather 
   each event flags is drawn independently of the drift it announces, so no event predicts anything.
 The per_horizon world (`HorizonEvents`). Let K be the window, h_s = horizons[1] and h_max the longest
 horizon. Three kinds of rare event mark one snapshot each; every event flags a side s = +-1 the same
-way (ten-fold size at level 9 on the bid for +1, on the ask for -1), and its kind by eight-fold order
-counts at level 8 (marker a), level 7 (marker b) or both, on both sides:
+way (ten-fold sizes at levels 5-9 on the bid for +1, on the ask for -1), and its kind by eight-fold
+order counts on both sides at levels 7-9 (marker a), levels 2-4 (marker b) or both:
 - *short* (a): the mid drifts s·r_S per snapshot for U = K + h_s snapshots from the event, so for
-  every lag of the event inside a window the horizons up to h_s lie wholly inside its drift;
+  every lag of the event inside a window the horizons up to h_s lie wholly inside its drift, then
+  falls back at twice the rate to the rise of the window's mean lag: averaged over the lags at which
+  a window shows the event, it moves the mid over the longest horizon by about nothing;
 - *long* (b): after a delay of U (so it never reaches the horizons up to h_s of a window that shows
-  the event) the mid drifts s·r_L for h_max snapshots; r_L is set so that at h_max this drift
-  outweighs what is left of a short drift;
+  the event) the mid drifts s·r_L for h_max snapshots;
 - *distractor* (a and b): a side and no drift at all.
 Events of one kind are spaced more than their drift lasts, so at most one of each kind is in a window
 and its drift is the only one of its kind running. The short horizons are decided by the short
@@ -133,9 +134,10 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
 
 
 EVENT_WORLDS = ("per_horizon", "per_horizon_null")
-SIDE_LEVEL, SIDE_FACTOR = 9, 10  # every event flags its side with ten-fold size at level 9
-MARKER_LEVELS, MARKER_FACTOR = {"short": (8,), "long": (7,), "distractor": (8, 7)}, 8  # order counts, both sides
-SHORT_SNR, LONG_SNR = 1.0, 5.0  # drift over h_s (short) and h_max (long) in units of the noise over it
+SIDE_LEVELS, SIDE_FACTOR = (5, 6, 7, 8, 9), 10  # every event flags its side: ten-fold sizes at levels 5-9
+MARKER_LEVELS = {"short": (7, 8, 9), "long": (2, 3, 4), "distractor": (7, 8, 9, 2, 3, 4)}  # order counts,
+MARKER_FACTOR = 8  # eight-fold on both sides
+SHORT_SNR, LONG_SNR = 1.5, 8.0  # drift over h_s (short) and h_max (long) in units of the noise over it
 
 
 @dataclass
@@ -150,8 +152,9 @@ class HorizonEvents:
     def mark(self, bid_sz, ask_sz, bid_ct, ask_ct) -> None:
         for kind, times in self.times.items():
             side = self.sides[kind]
-            bid_sz[times[side > 0], SIDE_LEVEL] *= SIDE_FACTOR
-            ask_sz[times[side < 0], SIDE_LEVEL] *= SIDE_FACTOR
+            for level in SIDE_LEVELS:
+                bid_sz[times[side > 0], level] *= SIDE_FACTOR
+                ask_sz[times[side < 0], level] *= SIDE_FACTOR
             for level in MARKER_LEVELS[kind]:
                 bid_ct[times, level] *= MARKER_FACTOR
                 ask_ct[times, level] *= MARKER_FACTOR

@@ -176,9 +176,10 @@ def test_per_horizon_worlds_are_seeded_and_mark_every_event():
         assert len(t) > 50 and set(np.unique(events.sides[kind])) == {-1.0, 1.0}
         for level in levels:  # the kind's markers: eight-fold counts on both sides
             np.testing.assert_array_equal(a.ask_ct[t, level], plain.ask_ct[t, level] * synthetic.MARKER_FACTOR)
-        flagged = np.where(events.sides[kind] > 0, a.bid_sz[t, 9] // plain.bid_sz[t, 9],
-                           a.ask_sz[t, 9] // plain.ask_sz[t, 9])
-        assert np.all(flagged == synthetic.SIDE_FACTOR)
+        for level in synthetic.SIDE_LEVELS:  # the side: ten-fold sizes on the flagged side only
+            flagged = np.where(events.sides[kind] > 0, a.bid_sz[t, level] // plain.bid_sz[t, level],
+                               a.ask_sz[t, level] // plain.ask_sz[t, level])
+            assert np.all(flagged == synthetic.SIDE_FACTOR)
     # events of one kind are spaced beyond their drift: at most one of each kind in a window
     for kind, pieces in synthetic.drift_pieces(PH_HORIZONS, PH_K).items():
         assert np.diff(events.times[kind]).min() > max([e for _, e, _ in pieces] + [PH_K])
@@ -193,7 +194,7 @@ def test_null_twin_has_the_same_books_but_the_sides_flagged(per_horizon_worlds):
     differs = np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=1) | (twin.ask_sz != world.ask_sz).any(axis=1))
     all_events = np.concatenate(list(events.times.values()))
     assert np.isin(differs, all_events).all() and len(differs) > 0.3 * len(all_events)
-    assert np.array_equal(np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=0)), [9])  # only the side flag
+    assert set(np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=0))) == set(synthetic.SIDE_LEVELS)  # the flag only
     for kind, signs in events.drift_signs.items():  # the twin's flags are independent of the drifts
         if signs.any():
             assert abs(np.mean(events.sides[kind] == signs) - 0.5) < 0.05
