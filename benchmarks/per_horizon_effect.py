@@ -164,7 +164,7 @@ def summarize() -> dict:
             "verdicts": {v: sum(str(r["verdict"]) == v for r in rows) for v in sorted({str(r["verdict"]) for r in rows})},
             "diagnostics_median": {arm: {k: _median([r["diagnostics"][arm][k] for r in rows]) for k in DIAGNOSTICS}
                                    for arm in arms},
-            "W": {"mean": float(np.mean([r["W"] for r in rows if r.get("W") is not None] or [np.nan]))},
+            "W_mean": _mean([r.get("W") for r in rows]),  # the gate's weighted lift (sweeps only)
             "median_sweep_s": float(np.median([r["seconds"] for r in rows])), "machine": rows[0].get("machine"),
         })
     doc = {"settings": settings}
@@ -182,6 +182,11 @@ def summarize() -> dict:
             f"{arm}: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items() if v is not None)
             for arm, d in s["diagnostics_median"].items()))
     return doc
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
 
 
 def _median(values: list) -> float | None:
