@@ -48,11 +48,11 @@ benchmarks/results/per_horizon_effect.json).
 Measured (benchmarks/results/per_horizon_effect.json: ci's model on 60,000 snapshots, 4 epochs of 100
 batches, trainer.query_lr_scale=30 for both arms, fold 0, 10 seeds): no lift. per_horizon - shared_skip
 is +0.002 (sd 0.006) at h2-h10, -0.002 at h20 and -0.020 (sd 0.034) at h40, although the per-horizon
-queries specialise (median divergence 0.30). The premise that fails is "a shared query takes the short
-event": the short drift runs from its event on, so by a window's end the window's own price path shows
-it, and the trunk's last state serves the short horizons without the pool; the shared query is then
-free to read the long event (shared_skip reached h40 AUC 0.70-0.73 on 3 seeds, where per_horizon's own
-h40 query did not find it). A world that makes the pool necessary for both groups needs events whose
+queries specialise (median divergence 0.30); shared_skip reached h40 AUC 0.70-0.73 on 3 seeds, where
+per_horizon's own h40 query did not find the long event. The likely reason (an inference, not measured
+apart): the premise "a shared query takes the short event" fails, because the short drift runs from its
+event on, so by a window's end the window's own price path shows it and the trunk's last state can serve
+the short horizons without the pool, leaving the shared query free to read the long event. A world that makes the pool necessary for both groups needs events whose
 consequence has not yet shown inside the window at any lag, for the short horizons too.
 `per_horizon_null` keeps every event, drift and label of `per_horizon` and redraws only the flagged
 sides, independently of the drifts: the books differ only at the flagged levels of the event snapshots,
