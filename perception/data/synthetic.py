@@ -52,7 +52,11 @@ queries specialise (median divergence 0.30); shared_skip reached h40 AUC 0.70-0.
 per_horizon's own h40 query did not find the long event. The likely reason (an inference, not measured
 apart): the premise "a shared query takes the short event" fails, because the short drift runs from its
 event on, so by a window's end the window's own price path shows it and the trunk's last state can serve
-the short horizons without the pool, leaving the shared query free to read the long event. A world that makes the pool necessary for both groups needs events whose
+the short horizons without the pool, leaving the shared query free to read the long event. The twin (same seeds, books and labels) agrees:
+its events taken away, both arms score the same at h2-h10 as in the world (the short event added
+nothing the price path did not), shared_skip loses 0.030 at h40 (0.679 -> 0.649) and per_horizon 0.009;
+per_horizon - shared_skip there is -0.003 to +0.000 (sd <= 0.010) at every horizon, and the queries
+diverge as much as in the world (median 0.25 vs 0.30), so divergence does not tell the two apart here. A world that makes the pool necessary for both groups needs events whose
 consequence has not yet shown inside the window at any lag, for the short horizons too.
 `per_horizon_null` keeps every event, drift and label of `per_horizon` and redraws only the flagged
 sides, independently of the drifts: the books differ only at the flagged levels of the event snapshots,
