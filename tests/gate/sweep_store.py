@@ -117,6 +117,17 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
     return chosen
 
 
+def log_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec,
+              cells: dict[tuple[str, int, int], dict[str, np.ndarray]], experiment: str = "perception-ab") -> None:
+    """Logs a sweep of given predictions, {(variant, fold, replicate): npz fields}, as build_sweep does."""
+    exp_id = client.get_experiment_by_name(experiment).experiment_id
+    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        for (variant, fold, rep), pred in sorted(cells.items()):
+            _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep)
+    client.set_terminated(parent.info.run_id)
+
+
 def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp: Path,
              auc_shift: float = 0.0, finish: bool = True, replicate: int = 0) -> str:
     tags = {"mlflow.parentRunId": parent_id, "sweep_id": sweep_id, "variant": variant,
