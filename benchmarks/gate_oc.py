@@ -149,7 +149,7 @@ def run_world(task: tuple[Setting, int, str]) -> dict:
         client.create_experiment("perception-ab", artifact_location=(tmp / "artifacts").as_uri())
         spec = SweepSpec(mu_a=[0.0] * 5, mu_b=[0.0] * 5, horizons=list(HORIZONS), n_windows=s.windows,
                          window=WINDOW, stride=STRIDE, epochs=2, seed=world_seed(s, i), replicates=s.replicates)
-        log_sweep(client, "oc", spec, world_cells(s, world_seed(s, i)))
+        log_sweep(client, "oc", spec, world_cells(s, world_seed(s, i)), attention=False)  # decisions only
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "MLFLOW_DISABLE_TELEMETRY": "true"}
         done = subprocess.run([_gate_command(), "--sweep-id", "oc", "--tracking-uri", uri, "--config", "local",
@@ -298,11 +298,12 @@ def main() -> None:
     p.add_argument("--n", type=int, default=None, help="worlds per setting (default: the plan's)")
     p.add_argument("--workers", type=int, default=2, help="worlds at once (each gate runs single-threaded)")
     p.add_argument("--budget-s", type=float, default=None, help="stop taking results after this many seconds")
+    p.add_argument("--match", default="", help="only the plan's settings whose name contains this, e.g. R3-tau0.005")
     args = p.parse_args()
     if args.what == "report":
         summarize()
     else:
-        run(plan(args.plan, args.n), args.workers, args.budget_s)
+        run([s for s in plan(args.plan, args.n) if args.match in s.name], args.workers, args.budget_s)
 
 
 if __name__ == "__main__":
