@@ -56,7 +56,7 @@ class Setting:
     tau: float  # sd of a cell's training effect on its AUC, per horizon
     delta: float  # planted true AUC difference B − A at the weighted horizon
     n: int  # worlds
-    windows: int = 3000  # validation windows a fold
+    windows: int = 2000  # validation windows a fold (28 blocks of 71 at h1000)
     shared: float = 0.7  # share of a run's prediction-noise variance common to the fold's runs
     kind: str = "null"  # "null" | "power" | "mde"
 
