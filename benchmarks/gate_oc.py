@@ -133,8 +133,10 @@ def _gate_command() -> str:
     return str(here) if here.is_file() else "perception-gate"
 
 
-def run_world(task: tuple[Setting, int, str]) -> dict:
-    s, i, template = task
+def run_worlds(task: tuple[Setting, list[int], str]) -> list[dict]:
+    """Worlds i of one setting, each its own sweep in one fresh store, decided by one call of the
+    installed gate (repeated --sweep-id: each decided as if alone, one import of the gate for all)."""
+    s, worlds, template = task
     sys.path.insert(0, str(REPO))  # the tests' store builder logs runs exactly as the trainings do
     from mlflow.tracking import MlflowClient
 
@@ -147,17 +149,23 @@ def run_world(task: tuple[Setting, int, str]) -> dict:
         uri = f"sqlite:///{tmp / 'mlflow.db'}"
         client = MlflowClient(tracking_uri=uri)
         client.create_experiment("perception-ab", artifact_location=(tmp / "artifacts").as_uri())
-        spec = SweepSpec(mu_a=[0.0] * 5, mu_b=[0.0] * 5, horizons=list(HORIZONS), n_windows=s.windows,
-                         window=WINDOW, stride=STRIDE, epochs=2, seed=world_seed(s, i), replicates=s.replicates)
-        log_sweep(client, "oc", spec, world_cells(s, world_seed(s, i)), attention=False)  # decisions only
+        for i in worlds:
+            spec = SweepSpec(mu_a=[0.0] * 5, mu_b=[0.0] * 5, horizons=list(HORIZONS), n_windows=s.windows,
+                             window=WINDOW, stride=STRIDE, epochs=2, seed=world_seed(s, i), replicates=s.replicates)
+            log_sweep(client, f"oc-{i}", spec, world_cells(s, world_seed(s, i)), attention=False)  # decisions only
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
                "MLFLOW_DISABLE_TELEMETRY": "true"}
-        done = subprocess.run([_gate_command(), "--sweep-id", "oc", "--tracking-uri", uri, "--config", "local",
+        ids = [a for i in worlds for a in ("--sweep-id", f"oc-{i}")]
+        done = subprocess.run([_gate_command(), *ids, "--tracking-uri", uri, "--config", "local",
                                "--out", str(tmp / "report"), "--no-progress"], capture_output=True, text=True, env=env)
-        report = tmp / "report" / "report.json"
-        r = json.loads(report.read_text()) if report.is_file() else {}
-    row = {"setting": s.name, **asdict(s), "world": i, "returncode": done.returncode,
-           "seconds": round(time.perf_counter() - t0, 2)}
+        reports = {i: tmp / "report" / f"oc-{i}" / "report.json" for i in worlds}
+        decided = {i: json.loads(f.read_text()) for i, f in reports.items() if f.is_file()}
+    seconds = round((time.perf_counter() - t0) / len(worlds), 2)
+    return [_row(s, i, done, decided.get(i, {}), seconds) for i in worlds]
+
+
+def _row(s: Setting, i: int, done: subprocess.CompletedProcess, r: dict, seconds: float) -> dict:
+    row = {"setting": s.name, **asdict(s), "world": i, "returncode": done.returncode, "seconds": seconds}
     if not r or r.get("refused"):
         return {**row, "decision": None, "error": (done.stderr[-1500:] or "no report").strip()}
     rules = {x["name"]: x for x in r["rules"]}
@@ -186,25 +194,30 @@ def done_rows() -> list[dict]:
     return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
 
 
-def run(settings: list[Setting], workers: int, budget_s: float | None) -> None:
+def run(settings: list[Setting], workers: int, budget_s: float | None, batch: int = 6) -> None:
     have = {(r["setting"], r["world"]) for r in done_rows() if r.get("decision")}
-    # world by world across the settings, so a run cut short leaves every setting about as far along
-    todo = [(s, i) for i in range(max(s.n for s in settings)) for s in settings if i < s.n and (s.name, i) not in have]
-    print(f"{len(todo)} worlds to decide ({sum(s.n for s in settings) - len(todo)} done earlier)", file=sys.stderr)
+    left = {s.name: [i for i in range(s.n) if (s.name, i) not in have] for s in settings}
+    # batch by batch across the settings, so a run cut short leaves every setting about as far along
+    tasks = [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
+             for s in settings if left[s.name][k:k + batch]]
+    todo = sum(map(len, left.values()))
+    print(f"{todo} worlds to decide ({sum(s.n for s in settings) - todo} done earlier)", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + budget_s if budget_s else None
     with tempfile.TemporaryDirectory(prefix="gate-oc-template-") as tdir, open(runs_file(), "a") as out:
         template = _template(Path(tdir))
         with Pool(workers) as pool:
-            bar = tqdm(pool.imap_unordered(run_world, [(s, i, template) for s, i in todo]), total=len(todo),
-                       desc="worlds", unit="world")
-            for row in bar:
-                out.write(json.dumps(row) + "\n")
+            bar = tqdm(total=todo, desc="worlds", unit="world")
+            for rows in pool.imap_unordered(run_worlds, [(s, ws, template) for s, ws in tasks]):
+                for row in rows:
+                    out.write(json.dumps(row) + "\n")
                 out.flush()
-                bar.set_postfix(last=row["decision"], s=row["seconds"])
+                bar.update(len(rows))
+                bar.set_postfix(last=rows[-1]["decision"], s_per_world=rows[-1]["seconds"])
                 if deadline is not None and time.monotonic() > deadline:
                     pool.terminate()  # what was written stays; the rest is left for the next call
                     break
+            bar.close()
     summarize()
 
 

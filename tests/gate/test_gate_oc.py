@@ -37,11 +37,13 @@ def test_windows_are_autocorrelated_like_overlapping_windows():
     assert lag(1) > 0.8 and abs(lag(200)) < 0.1
 
 
-def test_a_world_is_decided_by_the_installed_gate(tmp_path):
+def test_worlds_are_decided_by_one_call_of_the_installed_gate(tmp_path):
     template = oc._template(tmp_path)
-    row = oc.run_world((oc.Setting(2, 0.005, 0.0, 1, windows=600), 0, template))
-    assert row["returncode"] == 0 and row["decision"] in ("ship_per_horizon", "keep_shared", "inconclusive")
-    assert row["variance"] == "windows + replicates" and row["mde_W"] > row["se_W"] > 0
+    rows = oc.run_worlds((oc.Setting(2, 0.005, 0.0, 2, windows=600), [0, 1], template))
+    assert [r["world"] for r in rows] == [0, 1] and rows[0]["W"] != rows[1]["W"]  # each its own world
+    for row in rows:
+        assert row["returncode"] == 0 and row["decision"] in ("ship_per_horizon", "keep_shared", "inconclusive")
+        assert row["variance"] == "windows + replicates" and row["mde_W"] > row["se_W"] > 0
 
 
 def test_summary_counts_ships_with_wilson_intervals_against_the_targets(tmp_path, monkeypatch):
