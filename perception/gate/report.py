@@ -32,6 +32,7 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
         "delta": {f"h{h}": d for h, d in result.delta.items()},
         "training_noise": result.training_noise,
         "multiplicity": result.multiplicity, "mde": result.mde,
+        "noise_file": study.noise.source if study.noise is not None else None,
         "attribution": None if study.attribution is None else {
             "control": study.attribution.control, "treatment": study.attribution.treatment,
             "decision": study.attribution.decision, "W": study.attribution.W, "G": study.attribution.G,
