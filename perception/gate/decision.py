@@ -139,7 +139,8 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
     w = np.array([cfg.weights.get(h, 0.0) for h in horizons])
     W = float((w * delta_h).sum() / w.sum())
     G = float(np.mean([delta[h] for h in cfg.shift_horizons]))
-    noise_words = _noise_words(len(reps), noise)
+    experiment = inputs.run(control, 0, reps[0]).params.get("experiment") or "<experiment>"
+    noise_words = _noise_words(len(reps), noise, experiment)
     thinned = _thinned(inputs, control, treatment)  # shared by both rules and the per-fold rows
 
     rule1_h = [h for h in horizons if cfg.weights.get(h, 0.0) > 0]
@@ -316,7 +317,7 @@ def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples, thinned: di
     return rows
 
 
-def _noise_words(replicates: int, noise: Optional[TrainingNoise]) -> str:
+def _noise_words(replicates: int, noise: Optional[TrainingNoise], experiment: str) -> str:
     if replicates >= 2:
         return (f"training noise from {replicates} replicates per fold (between-replicate variance of the "
                 f"lift, pooled over folds, beside the windows' variance of what replicates share)")
@@ -326,10 +327,7 @@ def _noise_words(replicates: int, noise: Optional[TrainingNoise]) -> str:
     return ("training noise from the folds alone: one replicate and no A/A measurement for this experiment, "
             "so the evidence is the between-fold variance of the per-fold lift (F - 1 degrees of freedom), "
             "a weak test; for a stronger one run --replicates 2 or more, or measure this experiment's "
-            "training noise once with " + COVERING_COMMAND)
-
-
-COVERING_COMMAND = "perception-sweep calibrate --experiment <experiment> --sweeps 5"
+            f"training noise once with perception-sweep calibrate --experiment {experiment} --sweeps 5")
 
 
 def _rule_line(r: RuleResult) -> str:
