@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from multiprocessing import Pool
 from pathlib import Path
@@ -122,7 +123,8 @@ def world_cells(s: Setting, seed: int, folds: int = 3) -> dict[tuple[str, int, i
 
 
 def world_seed(s: Setting, i: int) -> int:
-    return int.from_bytes(s.name.encode(), "little") % (2 ** 31) * 100_003 + i
+    """Its own seed per setting and world: no two settings share a world's draws."""
+    return zlib.crc32(s.name.encode()) * 100_003 + i
 
 
 # ---------------------------------------------------------------- one world through the installed gate
@@ -165,7 +167,8 @@ def run_worlds(task: tuple[Setting, list[int], str]) -> list[dict]:
 
 
 def _row(s: Setting, i: int, done: subprocess.CompletedProcess, r: dict, seconds: float) -> dict:
-    row = {"setting": s.name, **asdict(s), "world": i, "returncode": done.returncode, "seconds": seconds}
+    row = {"setting": s.name, **asdict(s), "world": i, "seed": world_seed(s, i), "returncode": done.returncode,
+           "seconds": seconds}
     if not r or r.get("refused"):
         return {**row, "decision": None, "error": (done.stderr[-1500:] or "no report").strip()}
     rules = {x["name"]: x for x in r["rules"]}
