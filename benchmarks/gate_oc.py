@@ -72,13 +72,15 @@ def plan(name: str, n: int | None) -> list[Setting]:
     if name == "power":
         return [Setting(r, tau, d, n or 60, kind="power") for r, tau in ((3, 0.005), (3, 0.015), (1, 0.005))
                 for d in (0.005, 0.01, 0.02, 0.04)]
-    if name == "mde":  # δ = the median MDE the matching null worlds reported
+    if name == "mde":  # δ = the median MDE that worlds at the last δ reported (first the null's), once more
         out = []
         for r, tau in ((3, 0.005), (2, 0.015), (1, 0.005)):
-            null = [row for row in done_rows() if row["setting"] == Setting(r, tau, 0.0, 0).name]
-            mdes = [row["mde_W"] for row in null if row.get("mde_W") is not None]
-            if not mdes:
+            rows = [row for row in done_rows() if row["replicates"] == r and row["tau"] == tau
+                    and row["kind"] in ("null", "mde") and row.get("mde_W") is not None]
+            if not any(row["kind"] == "null" for row in rows):
                 raise SystemExit(f"no null worlds at R = {r}, τ = {tau} yet: run --plan null first")
+            last = max(rows, key=lambda row: (row["kind"] == "mde", row["delta"]))["delta"]
+            mdes = [row["mde_W"] for row in rows if row["delta"] == last]
             out.append(Setting(r, tau, round(float(np.median(mdes)), 4), n or 150, kind="mde"))
         return out
     raise SystemExit(f"unknown plan {name!r}: expected null, power or mde")
@@ -255,6 +257,8 @@ def summarize() -> list[dict]:
             row["target"] = f"rate <= {TARGET_FALSE_SHIP}, Wilson upper <= {TARGET_UPPER}"
             row["met"] = row["rate"] <= TARGET_FALSE_SHIP and hi <= TARGET_UPPER
         elif row["kind"] == "mde":
+            # the claim holds where the worlds at δ report δ as their MDE: a sweep's se grows with its lift
+            row["reports_its_delta"] = abs(row["median_mde_W"] - row["delta"]) <= 0.1 * row["delta"]
             row["target"] = f"P(ship) at the reported MDE in {list(MDE_BAND)}"
             row["met"] = MDE_BAND[0] <= row["rate"] <= MDE_BAND[1]
         out.append(row)
