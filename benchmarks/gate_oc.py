@@ -254,8 +254,8 @@ def summarize() -> list[dict]:
                "median_mde_W": float(np.median([r["mde_W"] for r in rs if r.get("mde_W") is not None] or [math.nan])),
                "median_world_s": float(np.median([r["seconds"] for r in rs]))}
         if row["kind"] == "null":
-            row["target"] = f"rate <= {TARGET_FALSE_SHIP}, Wilson upper <= {TARGET_UPPER}"
-            row["met"] = row["rate"] <= TARGET_FALSE_SHIP and hi <= TARGET_UPPER
+            row["target"] = f"rate <= {TARGET_FALSE_SHIP}, Wilson upper <= {TARGET_UPPER}, n >= 300"
+            row["met"] = row["rate"] <= TARGET_FALSE_SHIP and hi <= TARGET_UPPER and len(rs) >= 300
         elif row["kind"] == "mde":
             # the claim holds where the worlds at δ report δ as their MDE: a sweep's se grows with its lift
             row["reports_its_delta"] = abs(row["median_mde_W"] - row["delta"]) <= 0.1 * row["delta"]
