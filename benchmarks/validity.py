@@ -23,7 +23,8 @@ world whose labels no feature predicts: every ship is false), `per_horizon` (`sh
 study's A/B, `shared` against `per_horizon`, in the default world, where per_horizon's lift is real
 and consistent across seeds: ships are the gate's power at the effect size the study has). `calibrate`
 runs A/A sweeps of both seed arms on seeds of their own and writes perception/gate/noise/<experiment>.json,
-the training noise a one-replicate gate adds to its evidence. Every sweep's outcome is appended to
+the training noise a one-replicate gate adds to its evidence (users measure a new experiment with the product's
+`perception-sweep calibrate --experiment NAME --sweeps 5`, which writes the same file with its provenance). Every sweep's outcome is appended to
 benchmarks/results/validity_runs.jsonl as it ends, so a re-run resumes.
 """
 

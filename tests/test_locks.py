@@ -44,6 +44,15 @@ def start_holder(tmp_path: Path, lock: Path, release: Path, env: dict | None = N
                             stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
 
 
+def killed_holder(tmp_path: Path, lock: Path, release: Path) -> subprocess.Popen:
+    """A holder that took the lock and was killed -9: its lock file is left behind."""
+    holder = start_holder(tmp_path, lock, release)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait(timeout=60)
+    return holder
+
+
 def wait_until(condition, what: str, limit_s: float = 60.0) -> None:
     deadline = time.monotonic() + limit_s
     while not condition():
@@ -77,10 +86,7 @@ def test_a_live_holder_refuses_a_second_taker_naming_itself(tmp_path):
 
 def test_a_holder_killed_9_is_taken_over_with_a_notice(tmp_path):
     lock, release = tmp_path / "sweep.lock", tmp_path / "release"
-    holder = start_holder(tmp_path, lock, release)
-    assert holder.stdout.readline().strip() == "held"
-    holder.kill()
-    holder.wait(timeout=60)
+    holder = killed_holder(tmp_path, lock, release)
     assert read_holder(lock).pid == holder.pid  # left behind by the kill
     notices: list[str] = []
     with Lock(lock, "sweep test", say=notices.append) as taken:
@@ -129,10 +135,7 @@ def test_a_holder_elsewhere_that_beats_is_alive(tmp_path, fast):
 
 def test_racing_takers_of_a_dead_holders_lock_get_one_winner(tmp_path):
     lock, release = tmp_path / "sweep.lock", tmp_path / "release"
-    dead = start_holder(tmp_path, lock, release)
-    assert dead.stdout.readline().strip() == "held"
-    dead.kill()
-    dead.wait(timeout=60)
+    killed_holder(tmp_path, lock, release)
     takers = [start_holder(tmp_path, lock, release) for _ in range(4)]
     try:
         outs = [t.stdout.readline().strip() for t in takers]

@@ -106,14 +106,19 @@ def _view_records(path: Path, body: memoryview, ts_out: bool) -> np.ndarray:
             f"{size}-byte MBP-10 records)"
         )
     records = np.frombuffer(body, dtype=dtype)
+    check_records(path, records, offset=0, size=size)
+    return records
+
+
+def check_records(path: Path, records: np.ndarray, offset: int, size: int) -> None:
+    """Every record is MBP-10 of the header's record size; `offset` numbers them within the file."""
     bad = (records["length"].astype(np.int64) * 4 != size) | (records["rtype"] != MBP10_RTYPE)
     if bad.any():
         i = int(np.argmax(bad))
         raise DataError(
-            f"{path}: record {i} is not an MBP-10 record (rtype {records['rtype'][i]}, "
+            f"{path}: record {offset + i} is not an MBP-10 record (rtype {records['rtype'][i]}, "
             f"length {int(records['length'][i]) * 4} bytes)"
         )
-    return records
 
 
 def _symbol_map(meta) -> dict[str, int]:

@@ -24,7 +24,7 @@ try:
 except ImportError:  # Python < 3.14
     from backports.zstd import ZstdDecompressor, ZstdError
 
-from perception.data.dbn_io import _DBZ_MAGIC, _ZSTD_MAGIC, MBP10_DTYPE, MBP10_RTYPE
+from perception.data.dbn_io import _DBZ_MAGIC, _ZSTD_MAGIC, MBP10_DTYPE, check_records
 from perception.errors import DataError
 
 CHUNK_RECORDS = 262_144  # records per chunk: 96 MB of buffer
@@ -178,21 +178,11 @@ class Mbp10Stream:
             if not got:
                 return
             records = buf[:got].view(dtype)
-            _check_records(self.path, records, offset, size)
+            check_records(self.path, records, offset, size)
             yield offset, records
             offset += len(records)
             if got < buf.nbytes:  # the stream is exhausted (and the zstd end check has run)
                 return
-
-
-def _check_records(path: Path, records: np.ndarray, offset: int, size: int) -> None:
-    bad = (records["length"].astype(np.int64) * 4 != size) | (records["rtype"] != MBP10_RTYPE)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise DataError(
-            f"{path}: record {offset + i} is not an MBP-10 record (rtype {records['rtype'][i]}, "
-            f"length {int(records['length'][i]) * 4} bytes)"
-        )
 
 
 def _mappings(meta) -> dict[str, list[Interval]]:

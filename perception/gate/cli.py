@@ -1,10 +1,13 @@
-"""perception-gate --sweep-id ID [--tracking-uri URI] [--experiment NAME] [--config NAME]
+"""perception-gate --sweep-id ID [--sweep-id ID ...] [--tracking-uri URI] [--experiment NAME] [--config NAME]
 [--control ARM] [--treatment ARM] [--out DIR] [--decision-file PATH] [--workflow-url URL]
 [gate.KEY=VALUE ...]
 
 Decides the A/B of one sweep (DESIGN §7). Prints the decision as one JSON line on stdout.
 Exit codes: 0 a decision was made (ship_<treatment>, keep_<control> or inconclusive), 3 refused
 (the runs cannot be compared; the reasons say why), 2 usage error.
+
+Several --sweep-id are decided one after another in one process, each as if alone (its own report
+under --out/<sweep_id>, its own gate run, one JSON line each); the exit code is 3 if any was refused.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="perception-gate", description=__doc__.split("\n\n")[1])
-    p.add_argument("--sweep-id", required=True, help="the sweep's id (tag sweep_id of its runs)")
+    p.add_argument("--sweep-id", required=True, action="append",
+                   help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")
     p.add_argument("--experiment", default=MLFLOW_EXPERIMENT, help=f"MLflow experiment (default: {MLFLOW_EXPERIMENT})")
@@ -41,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
     p.add_argument("--control", default=DEFAULT_CONTROL, help=f"arm A (default: {DEFAULT_CONTROL})")
     p.add_argument("--treatment", default=DEFAULT_TREATMENT, help=f"arm B (default: {DEFAULT_TREATMENT})")
-    p.add_argument("--out", type=Path, default=None, help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>; with several ids, OUT/<sweep_id>)")
     p.add_argument("--decision-file", type=Path, default=None,
                    help="write the decision word here (ship_<treatment> | keep_<control> | inconclusive | refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -59,27 +64,36 @@ def _http_or_none(url: Optional[str]) -> Optional[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    several = len(args.sweep_id) > 1
+    if several and args.decision_file is not None:
+        parser.error("--decision-file takes one --sweep-id; got " + str(len(args.sweep_id)))
     # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from perception.gate.run import run_gate  # imported late so --help and usage errors are instant
 
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON line
-            outcome = run_gate(args.sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
-                               config_name=args.config, config_overrides=args.overrides, out_dir=args.out,
-                               decision_file=args.decision_file, control=args.control, treatment=args.treatment,
-                               progress=not args.no_progress, workflow_url=_http_or_none(args.workflow_url))
-    except ConfigError as e:
-        print(f"perception-gate: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    for line in outcome.reasons:
-        print(("refused: " if outcome.refused else "") + line, file=sys.stderr)
-    for line in outcome.summary.get("running_ignored", []):
-        print(f"ignored, still RUNNING: {line}", file=sys.stderr)
-    print(f"report: {outcome.report_dir}", file=sys.stderr)
-    print(json.dumps(outcome.json_line()), flush=True)
-    return outcome.exit_code
+    codes = []
+    for sweep_id in args.sweep_id:
+        out = args.out / sweep_id if several and args.out is not None else args.out
+        try:
+            with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON lines
+                outcome = run_gate(sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
+                                   config_name=args.config, config_overrides=args.overrides, out_dir=out,
+                                   decision_file=args.decision_file, control=args.control,
+                                   treatment=args.treatment, progress=not args.no_progress,
+                                   workflow_url=_http_or_none(args.workflow_url))
+        except ConfigError as e:
+            print(f"perception-gate: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        for line in outcome.reasons:
+            print(("refused: " if outcome.refused else "") + line, file=sys.stderr)
+        for line in outcome.summary.get("running_ignored", []):
+            print(f"ignored, still RUNNING: {line}", file=sys.stderr)
+        print(f"report: {outcome.report_dir}", file=sys.stderr)
+        print(json.dumps(outcome.json_line()), flush=True)
+        codes.append(outcome.exit_code)
+    return max(codes)
 
 
 if __name__ == "__main__":

@@ -6,22 +6,28 @@ Rule 1 (first): W ≥ min_lift.  Rule 2: G > 0 and G ≥ max(0, −W) (and W ≥
 No rule: keep_<A>. The first rule that fires decides: with evidence ship_<B>, else inconclusive.
 
 Evidence for a rule's lift L (W or G, a weighted mean of Δ_h over the rule's horizons), with F folds
-and R replicates per fold:
-  se² = se²_windows + se²_training
-  - se_windows: a paired moving-block bootstrap of the validation windows, the same blocks for every
-    run of a fold (replicates of a fold share their windows), of the fold's replicate-mean lift;
-    folds are independent: se²_windows = Σ_f var_f / F².
-  - se²_training = s² / (F·R), s² the variance of one (fold, replicate) cell's lift from training
-    randomness: with R ≥ 2 the between-replicate variance pooled over folds (F·(R−1) degrees of
-    freedom); with R = 1 the variance an A/A measurement shipped with the package found for this
-    experiment (perception/gate/noise.py), else not covered (0, and the report says so).
+and R replicates per fold, one of three:
+  - R ≥ 2: se² = se²_windows + se²_training. se²_training = s²/(F·R), s² the between-replicate
+    variance of a cell's lift pooled over folds (F·(R−1) degrees of freedom): it holds training noise
+    and each replicate's own prediction noise on the fold's windows. se²_windows is the paired
+    moving-block bootstrap (the same blocks for every run of a fold) of what the fold's replicates
+    share: the bootstrap variance of the replicate-mean lift less its replicate-specific part
+    (Σ_r var*(L*_r − L̄*)/(R−1), divided by R), so prediction noise is not counted twice; folds
+    independent: se²_windows = Σ_f v_f / F².
+  - R = 1 with an A/A measurement shipped for this experiment (perception/gate/noise.py, the file
+    named): se²_windows the fold's bootstrap, se²_training = s²_A/A / F (the file's cells as df).
+  - R = 1 without one: se² = the between-fold variance of the per-fold lift / F with F − 1 degrees
+    of freedom. A fold's lift varies with its windows, its trained models and the fold itself, so
+    this covers training noise with no replicate; with F = 3 it is a weak test, and the report names
+    the commands that make it stronger.
   t = L / se, one-sided p = P(T_ν ≥ t) with Satterthwaite's degrees of freedom
-  ν = se⁴ / (se⁴_training / ν_training): the training variance is itself estimated, from F·(R−1) or
-  from the A/A file's cells, and a normal quantile would trust it as if known (with 15 cells it
-  understates the one-sided 5 % quantile by 7 %, with F·(R−1) = 3 by 30 %); the window bootstrap's
-  variance counts as known (thousands of resamples of many blocks). Not covered: ν = ∞.
-  Evidence: p < alpha, or the noise floor: the lift's lower confidence bound L − t_{ν,1−α}·se ≥
-  noise_floor when training noise is covered, else L ≥ noise_floor.
+  ν = se⁴ / (se⁴_training / ν_training) (the window bootstrap's variance counts as known).
+One α over every route to a ship (perception/gate/evidence.py): Holm's step-down over the two rules'
+tests, so a rule's test is at α/2, or at α once the other rule's test is rejected at α/2. Evidence
+for the rule that decides: p < its Holm level, or the noise floor: the lift's lower confidence bound
+L − t_{ν,1−level}·se ≥ noise_floor (with a floor ≥ 0 that implies the test, so the floor opens no
+route of its own). Each rule's minimum detectable effect is the true lift it would ship 8 times in 10
+at level α/2 (the other rule silent), from its own se, ν and threshold.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from tqdm import tqdm
 
 from perception.gate import stats
 from perception.gate.config import GateConfig
+from perception.gate.evidence import MULTIPLICITY, holm_levels, minimum_detectable, t_quantile
 from perception.gate.inputs import SweepInputs
 from perception.gate.noise import TrainingNoise
 
@@ -57,9 +64,12 @@ class RuleResult:
     se_windows: float = math.nan
     se_training: float = 0.0
     df: float = math.inf  # Satterthwaite's degrees of freedom of se
-    lower_bound: float = math.nan  # L − t_{df,1−α}·se
+    variance: str = ""  # where se comes from: "windows + replicates" | "windows + A/A file" | "between folds"
+    level: float = math.nan  # the test's Holm level: alpha / 2, or alpha once the other rule's test rejects
+    lower_bound: float = math.nan  # L − t_{df,1−level}·se
     evidence_floor: bool = False
     evidence_test: bool = False
+    mde: float = math.nan  # the true lift this rule would ship with probability 0.8 (level alpha / 2)
 
 
 @dataclass
@@ -90,6 +100,12 @@ class GateResult:
     replicates: int
     training_noise: str  # how training noise enters the evidence, in words
     notes: list[str] = field(default_factory=list)
+    multiplicity: str = MULTIPLICITY
+
+    @property
+    def mde(self) -> dict[str, float]:
+        """{"W": rule 1's minimum detectable effect, "G": rule 2's}."""
+        return {r.lift_name: r.mde for r in self.rules}
 
 
 def resample(inputs: SweepInputs, cfg: GateConfig, progress: bool = True) -> Resamples:
@@ -123,18 +139,23 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
     w = np.array([cfg.weights.get(h, 0.0) for h in horizons])
     W = float((w * delta_h).sum() / w.sum())
     G = float(np.mean([delta[h] for h in cfg.shift_horizons]))
-    noise_words = _noise_words(len(reps), noise)
+    experiment = inputs.run(control, 0, reps[0]).params.get("experiment") or "<experiment>"
+    noise_words = _noise_words(len(reps), noise, experiment)
     thinned = _thinned(inputs, control, treatment)  # shared by both rules and the per-fold rows
 
     rule1_h = [h for h in horizons if cfg.weights.get(h, 0.0) > 0]
     rule1 = _rule(RuleResult("rule 1", f"W >= min_lift ({cfg.min_lift:g})", "W", W, rule1_h,
                              [cfg.weights[h] for h in rule1_h], W >= cfg.min_lift, math.nan, math.nan),
-                  inputs, cfg, control, treatment, boot, cells, noise, thinned)
+                  inputs, control, treatment, boot, cells, noise, thinned)
     rule2_fires = G > 0 and G >= max(0.0, -W) and (cfg.shift_allows_loss or W >= 0)
     rule2_text = "G > 0 and G >= max(0, -W)" + ("" if cfg.shift_allows_loss else " and W >= 0")
     rule2 = _rule(RuleResult("rule 2", rule2_text, "G", G, list(cfg.shift_horizons),
                              [1.0] * len(cfg.shift_horizons), rule2_fires, math.nan, math.nan),
-                  inputs, cfg, control, treatment, boot, cells, noise, thinned)
+                  inputs, control, treatment, boot, cells, noise, thinned)
+    for r, level, threshold in zip((rule1, rule2), holm_levels(rule1.p_bootstrap, rule2.p_bootstrap, cfg.alpha),
+                                   (cfg.min_lift, 0.0)):
+        _conclude(r, level, cfg)
+        r.mde = minimum_detectable(r.se, r.df, cfg.alpha / 2, threshold)
 
     fired = next((r for r in (rule1, rule2) if r.fired), None)
     reasons = [_rule_line(r) for r in (rule1, rule2)]
@@ -168,46 +189,67 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
     )
 
 
-def _rule(rule: RuleResult, inputs: SweepInputs, cfg: GateConfig, a: str, b: str, boot: Resamples,
-          cells: np.ndarray, noise: Optional[TrainingNoise], thinned: dict) -> RuleResult:
-    """Fills the rule's evidence: se from windows and training noise, p, lower bound, floor and test."""
+def _rule(rule: RuleResult, inputs: SweepInputs, a: str, b: str, boot: Resamples, cells: np.ndarray,
+          noise: Optional[TrainingNoise], thinned: dict) -> RuleResult:
+    """Fills the rule's evidence: se from windows and training noise, its degrees of freedom and p."""
     hw = dict(zip(rule.horizons, rule.weights))
     w = np.array([hw.get(h, 0.0) for h in inputs.horizons])
     w = w / w.sum()
     F, R = cells.shape[0], cells.shape[1]
-    var_windows, usable = 0.0, 0
-    for f in range(F):
-        d = np.mean([boot.resampled[(b, f, r)] - boot.resampled[(a, f, r)] for r in inputs.replicates], axis=0)
-        lift = d @ w  # (n_boot,) replicate-mean lift of the fold
-        lift = lift[np.isfinite(lift)]
-        if len(lift) > 1:
-            var_windows += float(lift.var(ddof=1))
-            usable += 1
-    if usable < F:  # a fold without bootstrap evidence: no test
-        rule.se_windows = math.nan
-    else:
-        rule.se_windows = math.sqrt(var_windows) / F
     cell_lift = cells @ w  # (F, R)
+    shared_var = _windows_variance(inputs, a, b, boot, w)  # (F,) NaN where a fold has no bootstrap evidence
+    rule.se_windows = math.sqrt(float(shared_var.sum())) / F if np.isfinite(shared_var).all() else math.nan
     if R >= 2:
         s2, df_training = float(np.mean(cell_lift.var(axis=1, ddof=1))), F * (R - 1)  # pooled over folds
+        rule.variance = "windows + replicates"
     elif noise is not None:
         s2, df_training = noise.cell_variance(w)
+        rule.variance = "windows + A/A file"
     else:
-        s2, df_training = 0.0, math.inf
-    rule.se_training = math.sqrt(s2 / (F * R))
-    rule.se = math.sqrt(rule.se_windows ** 2 + rule.se_training ** 2) if math.isfinite(rule.se_windows) else math.nan
-    rule.df = satterthwaite_df(rule.se, rule.se_training, df_training)
+        s2, df_training = math.nan, F - 1
+        rule.variance = "between folds"
+    if rule.variance == "between folds":  # the per-fold lifts' own spread holds every noise at once
+        rule.se_training = math.nan
+        rule.se = math.sqrt(float(cell_lift[:, 0].var(ddof=1)) / F) if F >= 2 else math.nan
+        rule.df = float(df_training) if F >= 2 else math.inf
+    else:
+        rule.se_training = math.sqrt(s2 / (F * R))
+        rule.se = math.sqrt(rule.se_windows ** 2 + rule.se_training ** 2) if math.isfinite(rule.se_windows) else math.nan
+        rule.df = satterthwaite_df(rule.se, rule.se_training, df_training)
     rule.p_bootstrap = one_sided_p_t(stats.z_score(rule.lift, rule.se), rule.df)
-    t_alpha = float(student_t.isf(cfg.alpha, rule.df))
-    rule.lower_bound = rule.lift - t_alpha * rule.se if math.isfinite(rule.se) else math.nan
-    covered = R >= 2 or noise is not None
-    floor_on = rule.lower_bound if covered else rule.lift
-    rule.evidence_floor = bool(math.isfinite(floor_on) and floor_on >= cfg.noise_floor)
-    rule.evidence_test = math.isfinite(rule.p_bootstrap) and rule.p_bootstrap < cfg.alpha
     rows = [(h, t.z) for (_, h), t in thinned.items() if h in hw]
     rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, z in rows]),
                                                              np.array([hw[h] for h, _ in rows])))
     return rule
+
+
+def _windows_variance(inputs: SweepInputs, a: str, b: str, boot: Resamples, w: np.ndarray) -> np.ndarray:
+    """Per fold, the block bootstrap's variance of what the fold's replicates share: the variance of
+    the replicate-mean lift less its replicate-specific part, which the between-replicate variance
+    already holds. (F,), NaN for a fold without bootstrap evidence."""
+    out = []
+    R = len(inputs.replicates)
+    for f in range(inputs.n_folds):
+        lifts = np.stack([(boot.resampled[(b, f, r)] - boot.resampled[(a, f, r)]) @ w
+                          for r in inputs.replicates], axis=1)  # (n_boot, R)
+        lifts = lifts[np.isfinite(lifts).all(axis=1)]
+        if len(lifts) < 2:
+            out.append(math.nan)
+            continue
+        mean_var = float(lifts.mean(axis=1).var(ddof=1))
+        if R >= 2:
+            specific = float((lifts - lifts.mean(axis=1, keepdims=True)).var(axis=0, ddof=1).sum()) / (R - 1)
+            mean_var = max(mean_var - specific / R, 0.0)
+        out.append(mean_var)
+    return np.asarray(out)
+
+
+def _conclude(rule: RuleResult, level: float, cfg: GateConfig) -> None:
+    """The test and the noise floor at the rule's Holm level."""
+    rule.level = level
+    rule.evidence_test = math.isfinite(rule.p_bootstrap) and rule.p_bootstrap < level
+    rule.lower_bound = rule.lift - t_quantile(level, rule.df) * rule.se if math.isfinite(rule.se) else math.nan
+    rule.evidence_floor = bool(math.isfinite(rule.lower_bound) and rule.lower_bound >= cfg.noise_floor)
 
 
 def satterthwaite_df(se: float, se_training: float, df_training: float) -> float:
@@ -275,15 +317,17 @@ def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples, thinned: di
     return rows
 
 
-def _noise_words(replicates: int, noise: Optional[TrainingNoise]) -> str:
+def _noise_words(replicates: int, noise: Optional[TrainingNoise], experiment: str) -> str:
     if replicates >= 2:
         return (f"training noise from {replicates} replicates per fold (between-replicate variance of the "
-                f"lift, pooled over folds)")
+                f"lift, pooled over folds, beside the windows' variance of what replicates share)")
     if noise is not None:
         return (f"training noise from the A/A measurement {noise.source} "
                 f"({', '.join(f'{a}: {n} cells' for a, n in noise.n_cells.items())})")
-    return ("training noise NOT covered: one replicate and no A/A measurement for this experiment; the "
-            "evidence holds the two trained models fixed (run --replicates 2 or more)")
+    return ("training noise from the folds alone: one replicate and no A/A measurement for this experiment, "
+            "so the evidence is the between-fold variance of the per-fold lift (F - 1 degrees of freedom), "
+            "a weak test; for a stronger one run --replicates 2 or more, or measure this experiment's "
+            f"training noise once with perception-sweep calibrate --experiment {experiment} --sweeps 5")
 
 
 def _rule_line(r: RuleResult) -> str:
@@ -292,12 +336,12 @@ def _rule_line(r: RuleResult) -> str:
 
 
 def _evidence_line(r: RuleResult, cfg: GateConfig, noise_words: str) -> str:
-    bound = "lower bound" if r.se_training > 0 else "lift"
-    value = r.lower_bound if r.se_training > 0 else r.lift
-    floor = f"{bound} {value:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
-    test = (f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} alpha {cfg.alpha:g} "
-            f"(se {r.se:.4f}: windows {r.se_windows:.4f}, training {r.se_training:.4f}"
-            + (f"; t with {r.df:.1f} df" if math.isfinite(r.df) else "") + ")"
+    floor = (f"lower bound {r.lower_bound:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
+             if math.isfinite(r.lower_bound) else "no lower bound")
+    parts = (f"windows {r.se_windows:.4f}, training {r.se_training:.4f}" if r.variance != "between folds"
+             else "between folds")
+    test = (f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} Holm level {r.level:g} of alpha "
+            f"{cfg.alpha:g} (se {r.se:.4f}: {parts}" + (f"; t with {r.df:.1f} df" if math.isfinite(r.df) else "") + ")"
             if math.isfinite(r.p_bootstrap) else "p unavailable")
     verdict = "evidence" if (r.evidence_floor or r.evidence_test) else "no evidence"
     return (f"{verdict} for {r.name}: {floor}; {test}; {noise_words} "

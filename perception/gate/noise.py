@@ -13,6 +13,7 @@ differences Δ_h of an arm against its twin (its expected value is 0, so uncentr
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -27,7 +28,7 @@ MATCH_KEYS = ("experiment", "trainer.epochs", "data.window", "data.window_stride
 
 @dataclass(frozen=True)
 class TrainingNoise:
-    source: str  # the file
+    source: str  # the file's path (perception-sweep calibrate writes it)
     horizons: list[int]
     covs: dict[str, np.ndarray]  # arm -> (H, H) per-cell covariance of Δ under no effect
     n_cells: dict[str, int]
@@ -40,20 +41,30 @@ class TrainingNoise:
         return float(w @ self.covs[arm] @ w), self.n_cells[arm]
 
 
+NOISE_DIR_ENV = "PERCEPTION_GATE_NOISE_DIR"  # a folder of measurements of one's own, read before the shipped ones
+
+
 def noise_dir() -> Path:
+    """Where `perception-sweep calibrate` writes: $PERCEPTION_GATE_NOISE_DIR, else the package's folder."""
+    return Path(os.environ[NOISE_DIR_ENV]) if os.environ.get(NOISE_DIR_ENV) else shipped_dir()
+
+
+def shipped_dir() -> Path:
     return Path(str(resources.files("perception.gate") / "noise"))
 
 
 def matching_noise(params: dict[str, str], horizons: list[int], folder: Optional[Path] = None) -> Optional[TrainingNoise]:
-    """The shipped measurement whose `match` agrees with every one of the runs' params, if any."""
-    folder = folder or noise_dir()
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    """The measurement whose `match` agrees with every one of the runs' params, if any: in `folder`, else
+    in $PERCEPTION_GATE_NOISE_DIR and then the shipped folder."""
+    folders = [folder] if folder is not None else list(dict.fromkeys([noise_dir(), shipped_dir()]))
+    paths = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.json"))]
+    for path in paths:
         doc = json.loads(path.read_text())
         if doc.get("horizons") != horizons:
             continue
         if all(str(params.get(k)) == str(v) for k, v in doc["match"].items()):
             covs = {arm: np.asarray(m["cov"], dtype=np.float64) for arm, m in doc["arms"].items()}
-            return TrainingNoise(path.name, horizons, covs, {arm: int(m["n_cells"]) for arm, m in doc["arms"].items()})
+            return TrainingNoise(str(path), horizons, covs, {arm: int(m["n_cells"]) for arm, m in doc["arms"].items()})
     return None
 
 

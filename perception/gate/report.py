@@ -31,6 +31,8 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
         "replicates": inputs.replicates, "W": result.W, "G": result.G, "p": result.p,
         "delta": {f"h{h}": d for h, d in result.delta.items()},
         "training_noise": result.training_noise,
+        "multiplicity": result.multiplicity, "mde": result.mde,
+        "noise_file": study.noise.source if study.noise is not None else None,
         "attribution": None if study.attribution is None else {
             "control": study.attribution.control, "treatment": study.attribution.treatment,
             "decision": study.attribution.decision, "W": study.attribution.W, "G": study.attribution.G,
@@ -55,6 +57,17 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
         "params": inputs.params, "runs": runs, "parent_run_id": inputs.parent_run_id,
         "tracking_uri": inputs.tracking_uri, "running_ignored": inputs.running,
     })
+
+
+def mde_sentence(result: GateResult) -> str:
+    """How large an effect this sweep could see: a "no" rules out effects of this size, not smaller ones."""
+    mde = result.mde
+    if not math.isfinite(mde.get("W", math.nan)):
+        return "Minimum detectable effect: not available (no standard error for rule 1)."
+    g = (f"; by rule 2 a true G of {mde['G']:+.4f} or more (with W = 0)" if math.isfinite(mde.get("G", math.nan))
+         else "")
+    return (f"Power: this sweep would ship a true W of {mde['W']:+.4f} or more 8 times in 10 (rule 1 at its "
+            f"Holm level alpha / 2){g}; it saw W = {result.W:+.4f}, G = {result.G:+.4f}.")
 
 
 def refusal_json(sweep_id: str, reasons: list[str], notes: list[str], running: Optional[list[str]] = None) -> dict:
@@ -94,6 +107,7 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
               + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
               + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
               "", f"W = {s['W']:+.4f}, G = {s['G']:+.4f}, p = {_num(s['p'])} (one-sided test of the rule's lift)",
+              "", mde_sentence(result),
               "", f"Evidence: {result.training_noise}.", ""]
     lines += ["## Why", ""] + [f"- {r}" for r in s["reasons"]] + [""]
     cfg = s["config"]
@@ -120,20 +134,25 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
               f"Validation windows overlap (window {inputs.window}, label up to {max(inputs.horizons)} snapshots "
               f"ahead, stride {inputs.stride}), so the bootstrap resamples blocks of {result.block_len} windows, "
               "the same blocks for every run of a fold. A rule's lift is tested against se² = se²(windows) + "
-              "se²(training): the block bootstrap of the fold's replicate-mean lift, plus the variance of one "
+              "se²(training): the block bootstrap of what the fold's replicates share, plus the variance of one "
               "(fold, replicate) cell's lift from training noise over F·R cells (between replicates with R ≥ 2, "
-              "else a shipped A/A measurement, else none). The test is a t with Satterthwaite's degrees of "
-              "freedom, because the training variance is estimated from few cells (df ∞: not estimated). "
+              "else a shipped A/A measurement); with one replicate and no A/A measurement, se² is the "
+              "between-fold variance of the per-fold lift over F (F − 1 df). The test is a t with "
+              "Satterthwaite's degrees of freedom, because the training variance is estimated from few cells "
+              "(df ∞: not estimated). One alpha covers both rules: Holm's step-down tests the smaller p at "
+              "alpha / 2 and, if it is rejected, the other at alpha; the lower bound is taken at the same level. "
               "Assumes folds independent, replicates exchangeable and cell lifts roughly normal. DeLong on "
               "windows thinned to one per K + h snapshots is reported beside it; the i.i.d. DeLong on all "
               "windows only exposes how much it overstates.", "",
-              "| rule | lift | fired | se (windows, training) | df | lower bound | floor met | p | thinned DeLong p |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| rule | lift | fired | se (windows, training) | df | Holm level | lower bound | floor met | p | "
+              "minimum detectable | thinned DeLong p |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result.rules:
         lines.append(f"| {r.name}: {r.statement} | {r.lift_name} = {r.lift:+.4f} | {'yes' if r.fired else 'no'} | "
                      f"{_num(r.se)} ({_num(r.se_windows)}, {_num(r.se_training)}) | "
-                     f"{'∞' if math.isinf(r.df) else format(r.df, '.1f')} | {_num(r.lower_bound, '+.4f')} | "
-                     f"{'yes' if r.evidence_floor else 'no'} | {_num(r.p_bootstrap)} | {_num(r.p_delong_thinned)} |")
+                     f"{'∞' if math.isinf(r.df) else format(r.df, '.1f')} | {_num(r.level)} | "
+                     f"{_num(r.lower_bound, '+.4f')} | {'yes' if r.evidence_floor else 'no'} | {_num(r.p_bootstrap)} | "
+                     f"{_num(r.mde, '+.4f')} | {_num(r.p_delong_thinned)} |")
     lines += ["", "| fold | horizon | windows | Δ (predictions) | bootstrap se | bootstrap p | "
               "thinned DeLong (n, p) | i.i.d. DeLong p (invalid) |", "|---|---|---|---|---|---|---|---|"]
     for row in result.per_fold:

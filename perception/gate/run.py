@@ -130,7 +130,9 @@ def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent
 def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, files: list[Path]) -> bool:
     s = outcome.summary
     attr = s.get("attribution") or {}
+    mde = s.get("mde") or {}
     metrics = {"gate_W": s.get("W"), "gate_G": s.get("G"), "gate_p": s.get("p"),
+               "gate_mde_W": mde.get("W"), "gate_mde_G": mde.get("G"),
                **{f"gate_delta_{h}": d for h, d in (s.get("delta") or {}).items()},
                **{f"gate_attr_{k}": attr.get(k) for k in ("W", "G", "p")}}
     if attr:
@@ -154,7 +156,8 @@ def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, fi
 def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent: Optional[str],
                     outcome: GateOutcome, workflow_url: Optional[str]) -> None:
     """The sweep's parent run ends with the outcome, so the list of sweeps shows it: FINISHED with
-    the decision, FAILED when the gate refused; gate_W, gate_p and the workflow's page beside it."""
+    the decision, FAILED when the gate refused; gate_W, gate_p, gate_mde_W (how large a true W it could
+    see) and the workflow's page beside it."""
     s = outcome.summary
     try:
         if parent is None:
@@ -166,8 +169,8 @@ def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent
         tags = [RunTag("decision", outcome.decision or REFUSED)]
         if workflow_url:
             tags.append(RunTag("workflow_url", workflow_url))
-        metrics = [Metric(k, float(v), _now_ms(), 0) for k, v in (("gate_W", s.get("W")), ("gate_p", s.get("p")))
-                   if v is not None and math.isfinite(v)]
+        pairs = (("gate_W", s.get("W")), ("gate_p", s.get("p")), ("gate_mde_W", (s.get("mde") or {}).get("W")))
+        metrics = [Metric(k, float(v), _now_ms(), 0) for k, v in pairs if v is not None and math.isfinite(v)]
         client.log_batch(parent, metrics=metrics, tags=tags)
         client.set_terminated(parent, "FAILED" if outcome.refused else "FINISHED")
     except (MlflowException, requests.RequestException) as e:

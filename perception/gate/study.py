@@ -16,6 +16,7 @@ import numpy as np
 from perception.arms import ATTRIBUTION_CONTROL
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult, decide, resample
+from perception.gate.evidence import MULTIPLICITY
 from perception.gate.inputs import SweepInputs
 from perception.gate.noise import TrainingNoise, matching_noise
 
@@ -113,7 +114,8 @@ def gate_plan(cfg: GateConfig, control: str, treatment: str, arms: list[str], re
 def plan_settings(cfg: GateConfig) -> dict:
     return {"weights": {str(h): float(w) for h, w in sorted(cfg.weights.items())}, "min_lift": cfg.min_lift,
             "noise_floor": cfg.noise_floor, "shift_horizons": list(cfg.shift_horizons),
-            "shift_allows_loss": cfg.shift_allows_loss, "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap,
+            "shift_allows_loss": cfg.shift_allows_loss, "alpha": cfg.alpha, "multiplicity": MULTIPLICITY,
+            "n_bootstrap": cfg.n_bootstrap,
             "seed": cfg.seed}
 
 

@@ -9,6 +9,8 @@
     perception-sweep logs NAME [--task T] [-f] --host URL --namespace NS
     perception-sweep stop NAME --host URL --namespace NS    Argo's stop: exit handlers still run
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
+    perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE] [overrides…]
+                                                            A/A sweeps -> the gate's noise file for NAME
 
 Exit codes: 0 success, 1 failed work (a training failed, the gate refused, the server said no),
 2 usage or config error, or the sweep is in use by another `local` or `prepare` (its holder named),
@@ -51,6 +53,17 @@ def _local(args: argparse.Namespace) -> int:
     print(f"report: {gate.report_dir}")
     print(f"wall time: {result.wall_s:.1f} s ({result.wall_s / 60:.1f} min)")
     return result.exit_code
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from perception.sweep.calibrate import calibrate
+
+    if args.cpu_workers < 1:
+        raise ConfigError(f"--cpu-workers {args.cpu_workers}: expected 1 or more")
+    path = calibrate(args.experiment, args.sweeps, args.overrides, cpu_workers=args.cpu_workers,
+                     seed_base=args.seed_base, out=args.out, arms=tuple(args.arms.split(",")))
+    print(f"noise file: {path}")
+    return 0
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -276,6 +289,21 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--message", default="", help="recorded as the reason in the workflow's status")
     _server_options(s)
     s.set_defaults(run=_stop)
+
+    s = sub.add_parser("calibrate", help="measure an experiment's training noise with A/A sweeps and write the "
+                                         "noise file the one-replicate gate uses")
+    s.add_argument("--experiment", required=True, help="the experiment to measure, e.g. production")
+    s.add_argument("--sweeps", type=int, default=5, help="A/A sweeps per seed arm (default 5: 15 cells an arm)")
+    s.add_argument("--cpu-workers", type=int, default=1,
+                   help="without GPUs, train this many runs side by side, one core each (default 1)")
+    s.add_argument("--seed-base", type=int, default=90_000, help="the first sweep's seed (default 90000)")
+    s.add_argument("--arms", default="shared,per_horizon",
+                   help="the seed arms to twin (default shared,per_horizon; the gate uses the widest measured)")
+    s.add_argument("--out", type=Path, help="write the noise file here (default: the gate's "
+                                            "perception/gate/noise/<experiment>.json)")
+    s.add_argument("overrides", nargs="*", help="Hydra overrides for every run (the file matches only runs "
+                                                "made with the same epochs and data scale)")
+    s.set_defaults(run=_calibrate)
 
     s = sub.add_parser("sync", help="re-send tracking data runs could not send")
     s.add_argument("--sweep-id", required=True)

@@ -117,8 +117,22 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
     return chosen
 
 
+def log_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec,
+              cells: dict[tuple[str, int, int], dict[str, np.ndarray]], experiment: str = "perception-ab",
+              attention: bool = True) -> None:
+    """Logs a sweep of given predictions, {(variant, fold, replicate): npz fields}, as build_sweep does
+    (without diagnostics/attention_by_lag.npz when `attention` is false: runs may lack it)."""
+    exp_id = client.get_experiment_by_name(experiment).experiment_id
+    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        for (variant, fold, rep), pred in sorted(cells.items()):
+            _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep,
+                     attention=attention)
+    client.set_terminated(parent.info.run_id)
+
+
 def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp: Path,
-             auc_shift: float = 0.0, finish: bool = True, replicate: int = 0) -> str:
+             auc_shift: float = 0.0, finish: bool = True, replicate: int = 0, attention: bool = True) -> str:
     tags = {"mlflow.parentRunId": parent_id, "sweep_id": sweep_id, "variant": variant,
             "fold": str(fold), "role": "train"}
     if spec.replicates > 1:
@@ -155,6 +169,10 @@ def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp
         d.mkdir(parents=True)
         np.savez(d / "val_final.npz", **pred)
         client.log_artifact(rid, str(d / "val_final.npz"), artifact_path="predictions")
+    if not attention:
+        if finish:
+            client.set_terminated(rid, "FINISHED")
+        return rid
     names = [f"h{h}" for h in spec.horizons] if variant == "per_horizon" else ["shared"]
     edges = np.array([0, 1, 2, 4, 8, 16, spec.window], dtype=np.int64)
     mass = np.random.default_rng(fold).dirichlet(np.ones(6), size=len(names)).astype(np.float32)

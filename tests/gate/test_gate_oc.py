@@ -1,0 +1,62 @@
+"""benchmarks/gate_oc.py: its worlds plant what they say, one world goes through the installed gate, and
+the summary counts ships with Wilson intervals against the targets."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import benchmarks.gate_oc as oc
+from perception.gate import stats
+
+
+def test_the_planted_lift_is_the_population_auc_difference():
+    """Large sample (4 folds x 200,000 autocorrelated windows, no training effect): B − A is δ at the
+    weighted horizon and 0 elsewhere, and A sits at BASE_AUC."""
+    delta = 0.04
+    cells = oc.world_cells(oc.Setting(1, 0.0, delta, 1, windows=200_000), seed=7, folds=4)
+    for j, h in enumerate(oc.HORIZONS):
+        diffs, base = [], []
+        for f in range(4):
+            a, b = cells[("shared", f, 0)], cells[("per_horizon", f, 0)]
+            m = a["mask"][:, j]
+            auc_a = stats.auc(a["probs"][m, j], a["labels"][m, j])
+            diffs.append(stats.auc(b["probs"][m, j], b["labels"][m, j]) - auc_a)
+            base.append(auc_a)
+        planted = delta if h == oc.WEIGHTED else 0.0
+        assert np.mean(diffs) == pytest.approx(planted, abs=0.004), h
+        assert np.mean(base) == pytest.approx(oc.BASE_AUC[j], abs=0.004), h
+
+
+def test_windows_are_autocorrelated_like_overlapping_windows():
+    cells = oc.world_cells(oc.Setting(1, 0.0, 0.0, 1, windows=20_000), seed=3, folds=1)
+    y = cells[("shared", 0, 0)]["labels"][:, -1].astype(float)  # h1000: a label spans 62 windows
+    lag = lambda k: np.corrcoef(y[:-k], y[k:])[0, 1]  # noqa: E731
+    assert lag(1) > 0.8 and abs(lag(200)) < 0.1
+
+
+def test_worlds_are_decided_by_one_call_of_the_installed_gate(tmp_path):
+    template = oc._template(tmp_path)
+    rows = oc.run_worlds((oc.Setting(2, 0.005, 0.0, 2, windows=600), [0, 1], template))
+    assert [r["world"] for r in rows] == [0, 1] and rows[0]["W"] != rows[1]["W"]  # each its own world
+    for row in rows:
+        assert row["returncode"] == 0 and row["decision"] in ("ship_per_horizon", "keep_shared", "inconclusive")
+        assert row["variance"] == "windows + replicates" and row["mde_W"] > row["se_W"] > 0
+
+
+def test_summary_counts_ships_with_wilson_intervals_against_the_targets(tmp_path, monkeypatch):
+    monkeypatch.setattr(oc, "RESULTS", tmp_path)
+    s = oc.Setting(3, 0.005, 0.0, 300)
+    rows = [{"setting": s.name, "kind": "null", "replicates": 3, "tau": 0.005, "delta": 0.0, "windows": 2000,
+             "world": i, "decision": "ship_per_horizon" if i < 9 else "keep_shared", "rule": "rule 1",
+             "W": 0.001 * (i % 7 - 3), "se_W": 0.002, "mde_W": 0.02, "variance": "windows + replicates",
+             "seconds": 1.0} for i in range(300)]
+    (tmp_path / "gate_oc_runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out,) = oc.summarize()
+    assert (out["n"], out["ships"], out["rate"]) == (300, 9, 0.03)
+    assert out["wilson95"] == pytest.approx(oc.wilson(9, 300)) and out["met"] is True
+    assert out["by_rule"] == {"rule 1": 9, "rule 2": 0} and out["median_mde_W"] == 0.02
+    assert json.loads((tmp_path / "gate_oc.json").read_text())["rows"][0]["ships"] == 9
+    assert (tmp_path / "gate_oc.png").stat().st_size > 0
