@@ -4,21 +4,23 @@ Opened plainly, MLflow 3.17's UI shows an experiment's GenAI overview ("Traces 0
 collapsed parent row with no metric or tag columns, and its charts the system metrics. What MLflow
 lets a URL and the experiment's tags preset, this sets:
 
-- the experiment tag `mlflow.experimentKind = custom_model_development`: the UI then treats the
-  experiment as model training and opens its runs, not its traces;
-- a shared view, as the UI's own "Share" button stores one: the experiment tag
-  `mlflow.sharedViewState.<key>` holds the runs page's state as JSON (its filter, sort, columns,
-  grouping, charts), and `#/experiments/<id>/runs?viewStateShareKey=<key>` opens it. Two per sweep:
-  grouped by `variant` (a group row is the arm's mean over folds and replicates, what the gate
-  compares) and grouped by `fold` (each fold's arms next to each other, paired as the gate pairs them);
-- `workflowType=machine_learning` in the URL: the UI's navigation in its machine-learning mode (its
-  default, kept per browser, is GenAI), and the filter again as `searchFilter`, so the runs are the
-  sweep's even where a shared view cannot be read.
+- a saved view, as the UI's own "Save & share view" stores one: the experiment tag
+  `mlflow.sharedViewState.<key>` holds {name, createdAt, updatedAt, state}, the state the runs page's
+  JSON (filter, sort, columns and their order, grouping, a filter on the charts' names), and
+  `#/experiments/<id>/runs?viewStateShareKey=<key>` opens it; it is also listed in the UI's "Views" menu.
+  Two per sweep: grouped by `variant` (a group row is the arm's mean over folds and replicates, what the
+  gate compares) and by `fold` (each fold's arms next to each other, paired as the gate pairs them).
+  The URL carries no search parameter beside the key: with one, the UI ignores the view;
+- `workflowType=machine_learning` in the URL: the UI in its "Model training" mode, whose experiment page
+  is the runs view. Its default, kept per browser, is GenAI; the experiment tag
+  `mlflow.experimentKind = custom_model_development` does not change that (measured with 3.17.2 in
+  headless Chromium: with or without it a plain experiment link opens the GenAI overview), so it is not
+  set.
 
-What it cannot preset: a table with one row per fold and one column per arm (a pivot; the UI groups
-rows, it does not pivot them), the per-fold difference B − A the gate computes (the gate's
-`report.md` has it), or the charts' layout beyond a filter on their names (the UI builds its default
-charts from the metrics it finds; `val_auc` keeps only the AUC ones).
+What it cannot preset: a table with one row per fold and one column per arm (the UI groups rows, it
+does not pivot them), the per-fold difference B − A the gate computes (the gate's `report.md` has it),
+column widths, or the charts' layout beyond a filter on their names (the UI builds its default charts
+from the metrics it finds; `val_auc` keeps the AUC ones).
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from perception.errors import ConfigError, PerceptionError
 
-KIND_TAG, KIND_TRAINING = "mlflow.experimentKind", "custom_model_development"
 SHARE_TAG_PREFIX, SHARE_URL_PARAM = "mlflow.sharedViewState.", "viewStateShareKey"
 GROUPINGS = ("variant", "fold")  # the shared views, one per grouping; the first is printed first
 IDENTITY_TAGS = ("variant", "fold", "replicate")
@@ -69,8 +70,8 @@ def training_filter(sweep_id: str) -> str:
 
 
 def prepare_view(client, experiment: str, sweep_id: Optional[str]) -> SweepView:
-    """Finds the sweep (default: the latest) and writes the experiment's kind and the sweep's shared
-    views; returns what the URLs are made of."""
+    """Finds the sweep (default: the latest) and writes its saved views into the experiment's tags;
+    returns what the URLs are made of."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise ConfigError(f"--experiment {experiment!r}: no such MLflow experiment at {client.tracking_uri} "
@@ -83,7 +84,6 @@ def prepare_view(client, experiment: str, sweep_id: Optional[str]) -> SweepView:
     horizons = sorted({int(m.group(1)) for r in runs for k in r.data.metrics if (m := AUC_METRIC.match(k))})
     view = SweepView(exp.experiment_id, sweep_id, training_filter(sweep_id), horizons,
                      {g: f"perception.{sweep_id}.by-{g}" for g in GROUPINGS})
-    client.set_experiment_tag(exp.experiment_id, KIND_TAG, KIND_TRAINING)
     now_ms = int(time.time() * 1000)
     for grouping, key in view.share_keys.items():
         state = json.dumps(view_state(view.search_filter, horizons, grouping), separators=(",", ":"))
