@@ -142,7 +142,7 @@ def serve(store_uri: str, host: str, port: int, artifacts: Path, log: Path) -> s
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_healthy(f"http://{host}:{port}", proc, log)
+        wait_healthy(f"http://{host}:{port}", proc, log)
     except BaseException:
         stop(proc)
         raise
@@ -161,7 +161,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """Ends the server and its workers (its process group)."""
+    """Ends a server started in its own process group, with its workers."""
     if proc.poll() is not None:
         return
     try:
@@ -174,7 +174,8 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def _wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> None:
+def wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> None:
+    """Returns once the server at `base` answers /health; raises if it exits or never answers."""
     import requests
 
     deadline = time.monotonic() + START_TIMEOUT_S
