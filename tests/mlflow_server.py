@@ -8,51 +8,20 @@ the whole group (server + its workers) is killed at the end.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import requests
-
-START_TIMEOUT_S = 120.0  # first start migrates the sqlite schema; slow on 2 busy cores
+from perception.sweep.ui import stop, wait_healthy  # the same start and stop as `perception-sweep ui`
 
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_healthy(uri: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {proc.returncode}; log {log}:\n{log.read_text()[-4000:]}")
-        try:
-            if requests.get(f"{uri}/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"mlflow server at {uri} not healthy after {START_TIMEOUT_S:.0f} s; log {log}")
 
 
 @contextmanager
@@ -76,7 +45,7 @@ def mlflow_server(root: Path) -> Iterator[str]:
         proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env, cwd=root,
                                 start_new_session=True)
     try:
-        _wait_healthy(uri, proc, log)
+        wait_healthy(uri, proc, log)
         yield uri
     finally:
-        _kill_group(proc)
+        stop(proc)

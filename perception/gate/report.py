@@ -14,7 +14,7 @@ from perception.atomic import atomic_path, atomic_write_text
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult
 from perception.gate.inputs import SweepInputs
-from perception.gate.study import Study
+from perception.gate.study import UNATTRIBUTED, Study
 
 
 def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
@@ -70,6 +70,50 @@ def mde_sentence(result: GateResult) -> str:
             f"Holm level alpha / 2){g}; it saw W = {result.W:+.4f}, G = {result.G:+.4f}.")
 
 
+def lead_lines(result: GateResult, noise_floor: float) -> list[str]:
+    """The rule that decided and the evidence that carried it (the test's p, or the noise floor), in
+    words: what a reader needs before any caveat or table."""
+    fired = next((r for r in result.rules if r.name == result.rule), None)
+    if fired is None:
+        needs = "; ".join(f"{r.name} needs {r.statement}, saw {r.lift_name} = {r.lift:+.4f}" for r in result.rules)
+        return [f"**Rule:** none fired ({needs}), so the control is kept.", "",
+                "**Evidence:** none is needed to keep the control; the power line under Caveats says how large a "
+                "lift this sweep could have missed.", ""]
+    others = [r for r in result.rules if r is not fired]
+    order = "".join(f"; {r.name} {'also holds, but ' + fired.name + ' decides' if r.fired else 'did not fire'}"
+                    f" ({r.lift_name} = {r.lift:+.4f})" for r in others)
+    rule = (f"**Rule:** {fired.name} fired ({fired.statement}) on {', '.join(f'h{h}' for h in fired.horizons)}: "
+            f"{fired.lift_name} = {fired.lift:+.4f}{order}.")
+    test = (f"p = {fired.p_bootstrap:.4g} {'<' if fired.evidence_test else '>='} its Holm level {fired.level:g}"
+            if math.isfinite(fired.p_bootstrap) else "no p")
+    floor = (f"lower bound {fired.lower_bound:+.4f} {'>=' if fired.evidence_floor else '<'} noise floor "
+             f"{noise_floor:g}" if math.isfinite(fired.lower_bound) else "no lower bound")
+    if fired.evidence_test and fired.evidence_floor:
+        evidence = f"**Carried by the test and the noise floor:** {test}; {floor}."
+    elif fired.evidence_test:
+        evidence = f"**Carried by the test:** {test} (the noise floor was not needed: {floor})."
+    elif fired.evidence_floor:
+        evidence = f"**Carried by the noise floor:** {floor} (the test: {test})."
+    else:
+        evidence = (f"**Not carried:** neither the test ({test}) nor the noise floor ({floor}) gives evidence, "
+                    f"so the lift may be noise: `{result.decision}`.")
+    return [rule, "", evidence, ""]
+
+
+def _caveats(s: dict, study: Study) -> list[str]:
+    """What qualifies the decision, most important first: the plan, attribution, power, evidence, notes."""
+    result = study.main
+    caveats = []
+    if study.exploratory:
+        caveats.append("exploratory: the gate's settings differ from the sweep's plan: " + "; ".join(study.exploratory))
+    caveats += [r for r in result.reasons if r.startswith(UNATTRIBUTED)]
+    caveats += [f"flag: {f}" for f in study.flags if not any(r.startswith(UNATTRIBUTED) for r in result.reasons)]
+    if study.verdict:
+        caveats.append(f"attribution ({study.attribution.control} → {study.attribution.treatment}): {study.verdict}")
+    caveats += [mde_sentence(result), f"Evidence: {result.training_noise}."]
+    return caveats + s["notes"]
+
+
 def refusal_json(sweep_id: str, reasons: list[str], notes: list[str], running: Optional[list[str]] = None) -> dict:
     return {"sweep_id": sweep_id, "decision": None, "refused": True, "reasons": reasons, "notes": notes,
             "running_ignored": running or []}
@@ -106,9 +150,8 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
     lines += [f"**Decision: `{s['decision']}`**" + (f" (by {s['rule']})" if s["rule"] else "")
               + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
               + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
-              "", f"W = {s['W']:+.4f}, G = {s['G']:+.4f}, p = {_num(s['p'])} (one-sided test of the rule's lift)",
-              "", mde_sentence(result),
-              "", f"Evidence: {result.training_noise}.", ""]
+              ""] + lead_lines(result, s["config"]["noise_floor"])
+    lines += ["## Caveats", ""] + [f"- {c}" for c in _caveats(s, study)] + [""]
     lines += ["## Why", ""] + [f"- {r}" for r in s["reasons"]] + [""]
     cfg = s["config"]
     lines += [f"Config `{cfg['source']}`: weights {cfg['weights']}, min_lift {cfg['min_lift']}, "
@@ -194,7 +237,6 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
     p = s["params"]
     lines += ["", f"data_hash `{p.get('data_hash')}`, git_sha `{p.get('git_sha')}`, "
               f"epochs {p.get('trainer.epochs')}, folds {p.get('data.n_folds')}, replicates {inputs.replicates}."]
-    lines += _notes(s["notes"])
     return "\n".join(lines) + "\n"
 
 

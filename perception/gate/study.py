@@ -29,6 +29,7 @@ NO_SIGNAL_RATIO = 1e-6
 MIN_DIVERGENCE = 0.01
 TRUNK_GROUPS = ("grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc")
 PLAN_TAG = "gate_plan"  # the parent run's pre-registered gate plan (JSON), written when a sweep starts
+UNATTRIBUTED = "the lift cannot be attributed to per-horizon queries"  # a reason the report leads with
 
 
 @dataclass
@@ -59,7 +60,7 @@ def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: 
     study.flags = _flags(study, control, treatment)
     if study.flags and study.main.decision == f"ship_{treatment}" and study.attribution is None:
         study.main.reasons.append(
-            "the lift cannot be attributed to per-horizon queries: " + "; ".join(study.flags)
+            f"{UNATTRIBUTED}: " + "; ".join(study.flags)
             + ". Run the three-arm sweep to separate them: perception-sweep local --arms "
             f"shared,per_horizon,{ATTRIBUTION_CONTROL} (same overrides)")
     elif study.verdict:

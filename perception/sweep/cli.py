@@ -9,6 +9,7 @@
     perception-sweep logs NAME [--task T] [-f] --host URL --namespace NS
     perception-sweep stop NAME --host URL --namespace NS    Argo's stop: exit handlers still run
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
+    perception-sweep ui [--sweep-id ID] [--port 5000]       the MLflow UI on a sweep's runs, folds side by side
     perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE] [overrides…]
                                                             A/A sweeps -> the gate's noise file for NAME
 
@@ -30,6 +31,7 @@ from typing import Optional, Sequence
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.locks import LockHeld
+from perception.paths import MLFLOW_EXPERIMENT
 
 PROG = "perception-sweep"
 
@@ -189,6 +191,34 @@ def _sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui(args: argparse.Namespace) -> int:
+    from perception.paths import perception_home, tracking_uri
+    from perception.sweep import ui
+    from perception.tracking import client
+
+    uri = tracking_uri(args.tracking_uri)
+    view = ui.prepare_view(client(uri), args.experiment, args.sweep_id)
+    base, server = uri, None  # a tracking server is its own UI
+    if not ui.is_server(uri):
+        base, log = f"http://{args.host}:{args.port}", perception_home() / "mlflow-ui.log"
+        server = ui.serve(uri, args.host, args.port, perception_home() / "mlartifacts", log)
+    print(f"sweep {view.sweep_id}: columns variant, fold, replicate, "
+          + ", ".join(f"val_auc_h{h}" for h in view.horizons) + ", val_auc_mean", flush=True)
+    print(f"grouped by variant (a group row: the arm's mean over folds): {view.url(base, 'variant')}", flush=True)
+    print(f"grouped by fold (each fold's arms side by side): {view.url(base, 'fold')}", flush=True)
+    print(f"filter: {view.search_filter}", flush=True)
+    if server is None:
+        return 0
+    print(f"the MLflow UI serves {uri} at {base} (log {log}); Ctrl-C stops it", flush=True)
+    try:
+        return server.wait()  # it ended on its own: its exit code
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: how the UI is closed
+        print("the MLflow UI stopped", flush=True)
+        return 0
+    finally:
+        ui.stop(server)
+
+
 def _params(items: Optional[list[str]]) -> dict[str, str]:
     out = {}
     for item in items or []:
@@ -304,6 +334,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run (the file matches only runs "
                                                 "made with the same epochs and data scale)")
     s.set_defaults(run=_calibrate)
+
+    s = sub.add_parser("ui", help="open the MLflow UI on a sweep's training runs: prints the runs view's URLs "
+                                  "(grouped by variant, by fold); starts the UI for a local store")
+    s.add_argument("--sweep-id", help="the sweep (default: the latest)")
+    s.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else $PERCEPTION_HOME/mlflow.db; a "
+                                          "server's URL is pointed at, a local store is served")
+    s.add_argument("--experiment", default=MLFLOW_EXPERIMENT)
+    s.add_argument("--host", default="127.0.0.1", help="where a local store's UI listens (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=5000, help="its port (default 5000)")
+    s.set_defaults(run=_ui)
 
     s = sub.add_parser("sync", help="re-send tracking data runs could not send")
     s.add_argument("--sweep-id", required=True)

@@ -95,6 +95,13 @@ def test_ship_by_rule_1_on_the_test_when_the_lift_is_under_the_floor(gate_store,
     assert 0.01 <= outcome.summary["W"] < 0.024 and not r1["evidence_floor"]
     assert r1["p_bootstrap"] < r1["level"] == 0.025 and r1["evidence_test"]  # Holm: the other rule has no evidence
     assert outcome.decision == "ship_per_horizon"
+    # the report leads with the decision, the rule and the evidence that carried it, then the caveats
+    lines = (tmp_path / "report" / "report.md").read_text().splitlines()
+    assert lines[2].startswith("**Decision: `ship_per_horizon`**")
+    assert lines[4].startswith("**Rule:** rule 1 fired (W >= min_lift (0.01)) on h40")
+    assert lines[6].startswith(f"**Carried by the test:** p = {r1['p_bootstrap']:.4g} < its Holm level 0.025")
+    assert "the noise floor was not needed" in lines[6]
+    assert lines.index("## Caveats") == 8 < lines.index("## Why")
 
 
 def test_ship_by_rule_2_a_shift_toward_short_horizons(gate_store, tmp_path):
@@ -119,6 +126,9 @@ def test_keep_shared_when_per_horizon_is_worse(gate_store, tmp_path):
     outcome, _ = gate(gate_store, tmp_path, "keep", SweepSpec(mu_a=BASE, mu_b=[0.5] * 5))
     assert outcome.summary["W"] < 0 and outcome.summary["G"] < 0
     assert (outcome.decision, outcome.exit_code) == ("keep_shared", 0)
+    lines = (tmp_path / "report" / "report.md").read_text().splitlines()
+    assert lines[4].startswith("**Rule:** none fired (rule 1 needs W >= min_lift (0.01), saw W = ")
+    assert lines[6].startswith("**Evidence:** none is needed to keep the control")
     assert (tmp_path / "decision").read_text().strip() == "keep_shared"
 
 
@@ -131,6 +141,8 @@ def test_inconclusive_when_the_rule_fires_without_evidence(gate_store, tmp_path)
     assert r1["fired"] and not r1["evidence_floor"] and r1["p_bootstrap"] >= 0.05
     assert outcome.decision == "inconclusive"
     assert any(r.startswith("no evidence for rule 1") for r in outcome.reasons)
+    lead = (tmp_path / "report" / "report.md").read_text().splitlines()[6]
+    assert lead.startswith(f"**Not carried:** neither the test (p = {r1['p_bootstrap']:.4g} >= its Holm level")
 
 
 def test_autocorrelated_lift_iid_test_significant_block_bootstrap_not(gate_store, tmp_path):
@@ -244,6 +256,9 @@ def test_a_control_without_learning_signal_and_unspecialised_queries_are_flagged
     assert any("did not specialise" in f for f in s["flags"])
     (why,) = [r for r in outcome.reasons if r.startswith("the lift cannot be attributed")]
     assert "--arms shared,per_horizon,shared_skip" in why
+    # what carried the ship comes first; that it cannot be attributed is the first caveat
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert md.index("**Carried by") < md.index("## Caveats\n\n- the lift cannot be attributed") < md.index("## Why")
     assert s["diagnostics"]["shared"]["grad_norm_pool_query"] == 0.0
 
 
