@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # its background thread races client calls
+# Scratch on tmpfs where there is one (pytest reads this root when it makes its first tmp_path): an
+# MLflow sqlite store commits, and fsyncs, dozens of times while creating its tables.
+if "PYTEST_DEBUG_TEMPROOT" not in os.environ and os.access("/dev/shm", os.W_OK | os.X_OK):
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = "/dev/shm"
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,10 +24,26 @@ settings.register_profile("ci", derandomize=True, max_examples=100, deadline=Non
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's torch gets its share of the cores: torch's default (every core) in each
+    worker has the workers' thread pools contend for the same cores."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first (a stable sort): the workers start on the long end-to-end runs together, and the
-    short tests fill in after them, instead of one worker finishing alone on a long run at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Slow tests first, the costliest first (`@pytest.mark.slow(seconds=...)`, a stable sort): the
+    workers start on the long end-to-end runs together and the short tests fill in after them, instead
+    of one worker finishing alone on a long run at the end."""
+
+    def cost(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return -1.0 if mark is None else float(mark.kwargs.get("seconds", 30))
+
+    items.sort(key=cost, reverse=True)
 
 
 # A small synthetic book for loader, prefetch and validation tests: 3000 snapshots, windows of 16
@@ -45,11 +66,24 @@ def databento_dir() -> Path:
     return FIXTURES / "databento"
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow sqlite store with its tables made and nothing logged: the first open of a new store
+    runs ~50 schema migrations, which a test that only needs a fresh store should not pay again."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("empty-mlflow-db") / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()  # opening the store makes the tables
+    return path
+
+
 @pytest.fixture
-def perception_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh PERCEPTION_HOME per test, with no tracking URI leaking in from the environment."""
+def perception_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_mlflow_db: Path) -> Path:
+    """A fresh PERCEPTION_HOME per test, with no tracking URI leaking in from the environment; its
+    default MLflow store (home/mlflow.db) is a copy of an empty one whose tables are made."""
     home = tmp_path / "home"
     home.mkdir()
+    shutil.copyfile(empty_mlflow_db, home / "mlflow.db")
     monkeypatch.setenv("PERCEPTION_HOME", str(home))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return home

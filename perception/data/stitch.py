@@ -85,6 +85,7 @@ def stitch(cfg: DataConfig, parts: list[FilePart], names: str) -> Clock:
 
 
 def _in_time_order(parts: list[FilePart]) -> list[FilePart]:
+    parts = sorted(parts, key=lambda p: p.job.index)  # data.paths order: the same message whichever reader ends first
     first = parts[0]
     for p in parts[1:]:
         if p.dataset != first.dataset:

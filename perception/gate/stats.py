@@ -16,17 +16,9 @@ from typing import Iterator
 import numpy as np
 from scipy.stats import norm, rankdata
 
+from perception.metrics import auc  # the trainer's AUC: the gate recomputes exactly what was logged
+
 BOOTSTRAP_CHUNK = 256  # resamples per batch: (256, N) int32 counts stay a few tens of MB at N = 30k
-
-
-def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann–Whitney AUC with midranks (ties count one half); NaN when a class is empty."""
-    labels = np.asarray(labels).astype(bool)
-    m, n = int(labels.sum()), int((~labels).sum())
-    if m == 0 or n == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[labels].sum() - m * (m + 1) / 2) / (m * n))
 
 
 # ---------------------------------------------------------------- DeLong (Sun & Xu 2014)

@@ -1,4 +1,4 @@
-"""Validation pass: loss, per-horizon AUC (scikit-learn), predictions and attention by lag."""
+"""Validation pass: loss, per-horizon AUC (perception.metrics), predictions and attention by lag."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.metrics import roc_auc_score
 
 from perception.data.prefetch import prefetched
+from perception.metrics import auc
 from perception.train.diagnostics import AttentionByLag, AttentionStats
 from perception.train.precision import forward_context
 
@@ -35,7 +35,7 @@ def per_horizon_auc(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray, hor
     out = {}
     for j, h in enumerate(horizons):
         y, p = labels[mask[:, j], j], probs[mask[:, j], j]
-        out[h] = float(roc_auc_score(y, p)) if len(np.unique(y)) == 2 else float("nan")
+        out[h] = auc(p, y)
     return out
 
 

@@ -35,7 +35,7 @@ def test_the_compiled_forms_equal_the_eager_forms():
     torch.testing.assert_close(causal_conv_shifted(later, conv)[:, :5], causal_conv_shifted(xbc, conv)[:, :5])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=10)
 def test_the_compiled_trunk_matches_eager_without_graph_breaks():
     x, dt = torch.randn(3, 32, 6, generator=torch.Generator().manual_seed(1)), torch.ones(3, 32)
     counters.clear()

@@ -16,7 +16,7 @@ def cli(*args: str, env: dict, timeout: int = 1200) -> subprocess.CompletedProce
                           env={k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"})
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=130)
 @pytest.mark.timeout(1800)
 def test_calibrate_writes_the_noise_file_the_gate_then_uses(perception_home, mlflow_server, tmp_path):
     env = {**os.environ, "PERCEPTION_GATE_NOISE_DIR": str(tmp_path / "noise")}

@@ -46,7 +46,7 @@ def train_runs(uri: str, sweep_id: str):
     return c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'train'")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=290)
 def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(perception_home, mlflow_server):
     sweep_id = f"e2e-{uuid.uuid4().hex[:8]}"
     args = ["local", "--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}"]
@@ -80,6 +80,7 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     assert r.returncode == 0 and "sent 0 pending" in r.stdout, r.stderr
 
 
+@pytest.mark.slow(seconds=100)
 def test_prepare_builds_the_cache_and_writes_the_parent_run_id(perception_home, mlflow_server, tmp_path):
     sweep_id = f"prep-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "parent-run-id"
@@ -111,7 +112,7 @@ def test_sync_of_an_unknown_sweep_is_a_usage_error(perception_home):
     assert r.returncode == 2 and "nope" in r.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=600)
 def test_three_arm_sweep_trains_nine_runs_and_reports_the_attribution(perception_home, mlflow_server):
     sweep_id = "three-" + uuid.uuid4().hex[:8]
     head = git_head()

@@ -36,7 +36,7 @@ def runs_of(uri: str, sweep_id: str, role: str):
     return c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = '{role}'")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=115)
 def test_two_sweeps_started_together_on_one_id_one_refuses_the_other_trains_each_run_once(perception_home,
                                                                                        mlflow_server):
     sweep_id = f"twice-{uuid.uuid4().hex[:8]}"
@@ -69,7 +69,7 @@ def wait_for(path: Path, proc: subprocess.Popen, limit_s: float = 600) -> None:
         time.sleep(0.05)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=210)
 def test_a_stopped_sweep_ends_its_runs_and_one_killed_9_is_taken_over_by_the_same_command(perception_home,
                                                                                        mlflow_server):
     sweep_id = f"kill9-{uuid.uuid4().hex[:8]}"

@@ -48,7 +48,7 @@ def test_a_refused_submission_posts_nothing(argo):  # noqa: F811
     assert argo.requests == []
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=70)
 def test_submit_sweep_id_labels_the_workflow_and_waits_for_no_other(argo):  # noqa: F811
     first = sweep("submit", *server_args(argo), "--smoke")
     assert first.returncode == 0, first.stderr

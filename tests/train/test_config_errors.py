@@ -35,7 +35,7 @@ def test_bad_config_exits_2_naming_the_key(perception_home, overrides, expected)
     assert not (perception_home / "runs").exists() or not any((perception_home / "runs").rglob("*.safetensors"))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=85)
 def test_resuming_into_the_other_variant_is_refused(perception_home):
     ok = cli("perception-train", "experiment=ci", "sweep_id=s1", "trainer.epochs=1", home=perception_home)
     assert ok.returncode == 0, ok.stderr[-3000:]

@@ -9,7 +9,7 @@ import pytest
 from tests.train.helpers import cli
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)
 def test_multirun_then_gate(perception_home):
     res = cli("perception-train", "-m", "experiment=ci", "trainer.epochs=1", "sweep_id=multirun",
               "model.attention_pool=shared,per_horizon", "data.fold=0,1,2", home=perception_home, timeout=1200)

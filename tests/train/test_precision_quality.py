@@ -119,7 +119,7 @@ def test_joining_refuses_a_run_twice_and_a_run_of_another_experiment(tmp_path):
     assert not (tmp_path / "out" / "joined.json").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=160)
 def test_paired_verdict_end_to_end_on_cpu(tmp_path):
     """On CPU tf32 is fp32 bit for bit, so every paired difference is 0 and the verdict must be `holds`."""
     env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path)}

@@ -24,7 +24,7 @@ def _exact_metrics(run_dir):
     return metrics
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=65)
 def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(perception_home):
     ref = cli("perception-train", *ARGS, "sweep_id=uninterrupted", home=perception_home)
     assert ref.returncode == 0, ref.stderr[-3000:]

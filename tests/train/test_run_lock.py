@@ -45,6 +45,7 @@ def train_runs(uri: str, sweep_id: str):
     return c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'train'")
 
 
+@pytest.mark.slow(seconds=80)
 def test_a_second_trainer_of_a_run_exits_2_naming_the_holder_and_touches_nothing(perception_home, mlflow_server):
     sweep_id = f"twice-{uuid.uuid4().hex[:8]}"
     args = [*ARGS, f"sweep_id={sweep_id}", f"tracking.uri={mlflow_server}"]
@@ -70,6 +71,7 @@ def test_a_second_trainer_of_a_run_exits_2_naming_the_holder_and_touches_nothing
     assert not (run_dir / RUN_LOCK).exists()
 
 
+@pytest.mark.slow(seconds=95)
 def test_a_trainer_killed_9_is_taken_over_by_the_next_start_which_resumes(perception_home, mlflow_server):
     sweep_id = f"kill9-{uuid.uuid4().hex[:8]}"
     args = [*ARGS, f"sweep_id={sweep_id}", f"tracking.uri={mlflow_server}"]
@@ -93,6 +95,7 @@ def test_a_trainer_killed_9_is_taken_over_by_the_next_start_which_resumes(percep
     assert not (run_dir / RUN_LOCK).exists()
 
 
+@pytest.mark.slow(seconds=70)
 def test_a_crash_in_the_checkpoint_write_ends_the_run_failed_and_loses_nothing(perception_home, mlflow_server):
     sweep_id = f"ckpt-crash-{uuid.uuid4().hex[:8]}"
     args = ["experiment=ci", "trainer.epochs=2", "tracking.system_metrics=false", f"sweep_id={sweep_id}",

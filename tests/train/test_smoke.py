@@ -18,7 +18,7 @@ def _epoch_metrics(run_dir):
     return [e["values"] for e in map(json.loads, lines) if e["op"] == "metrics"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=150)
 def test_smoke_both_variants_learn_and_warm_start(perception_home, capsys):
     timings = {}
     for variant in ("shared", "per_horizon"):

@@ -56,7 +56,7 @@ def test_ci_run_logs_the_contract_to_a_server(perception_home, mlflow_server, tm
     assert (local / "diagnostics" / "attention_by_lag.png").stat().st_size > 1000
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_default_store_needs_no_server(perception_home):
     res = cli("perception-train", "experiment=ci", "sweep_id=local", "trainer.epochs=1", home=perception_home)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=50)
 def test_wheel_in_fresh_venv_runs_ci(tmp_path):
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)],
