@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from perception.errors import ConfigError
-from perception.sweep.local import resolve_gate_config
+from perception.sweep.overrides import resolve_gate_config
 from perception.sweep.render import render
 
 from . import fake_argo
