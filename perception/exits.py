@@ -1,11 +1,12 @@
 """How every command ends (DESIGN §7): the one table of exit codes, the gate's word for no decision, and
 the one mapping from an error to its exit code and its one-line message.
 
-    perception-train, perception-data, perception-sweep   0 ok, 1 failed work, 2 usage or config error
-                                                           (or the sweep or run is held by another process)
-    perception-gate, submit --wait, status                0 a decision, 3 refused (1: no decision at all)
-    submit --wait                                          124 timed out
-    perception-train, perception-sweep                     130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
+    perception-train, perception-data, perception-sweep  0 ok, 1 failed work, 2 usage or config error
+                                                         (or the sweep or run is held by another process)
+    perception-gate                                      0 a decision, 3 refused, 2 usage error
+    perception-sweep submit --wait, status               0 a decision, 3 refused, 1 ended without one,
+                                                         124 --wait timed out
+    perception-train, perception-sweep                   130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
 """
 
 from __future__ import annotations
