@@ -37,6 +37,15 @@ def make_block(d_model: int, chunk: int) -> Mamba2Block:
     return block.cuda()
 
 
+def compile_as(block: Mamba2Block, decay_from_cumsum: bool, shape_padding: bool) -> None:
+    """The block compiled as `Mamba2Block.compile_fused` does (from the cumulative sum, no shape padding), or
+    with the choice it rejected in either: the mixer reads its decay form when the first call traces it."""
+    block.compile_fused()
+    block.mixer._decay_from_cumsum = decay_from_cumsum
+    if shape_padding:
+        block.compile(dynamic=False, options={"shape_padding": True})  # replaces compile_fused's compiled call
+
+
 def fwd_bwd(block: Mamba2Block, u: torch.Tensor, grad: torch.Tensor, precision: str):
     """-> (output, input grad, parameter grads) of one forward + backward."""
     block.zero_grad(set_to_none=True)
@@ -92,7 +101,7 @@ def main() -> None:
                 torch._dynamo.reset()
                 configure_precision(precision, u.device)
                 block = make_block(args.d_model, chunk)
-                block.compile_fused(decay_from_cumsum=from_cumsum, shape_padding=padding)
+                compile_as(block, from_cumsum, padding)
                 got = fwd_bwd(block, u, grad, precision)  # compiles
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()

@@ -14,6 +14,7 @@ the sweep, the gate and the workflow. The MLflow tag `variant` and the run direc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from perception.errors import ConfigError
 
@@ -41,9 +42,39 @@ BASE_ARMS = {a.name: a for a in (
 TWIN_SUFFIX = "_twin"
 RESEED_SUFFIX = "_reseed"
 RESEED_OFFSET = 7_919_000  # far from seed + replicate of any real sweep, so a reseeded run shares no seed
-DEFAULT_ARMS = ("shared", "per_horizon")  # the seed study's A/B: six trainings over three folds
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The study's three arms: does the treatment's lift over the control come from a query per horizon,
+    or only from pooled context reaching the heads, which the context-path control has as well?"""
+    control: str
+    context_control: str
+    treatment: str
+
+    @property
+    def arms(self) -> tuple[str, str, str]:
+        return (self.control, self.treatment, self.context_control)
+
+    def read_beside(self, treatment: str) -> list[str]:
+        """The arms a gate of `treatment` also reads where the sweep trained them."""
+        return [self.context_control, self.control] if treatment == self.treatment else []
+
+    def comparisons(self, control: str, treatment: str, present: Sequence[str]) -> dict[str, tuple[str, str]]:
+        """What is compared beside control -> treatment, as (control, treatment) by name: the attribution
+        (context-path control -> treatment) where the sweep has the context-path control, and with it the
+        context path's own effect (control -> context-path control) where it has the control too."""
+        if treatment != self.treatment or control == self.context_control or self.context_control not in present:
+            return {}
+        out = {"attribution": (self.context_control, treatment)}
+        if self.control in present:
+            out["context_path"] = (self.control, self.context_control)
+        return out
+
+
+ATTRIBUTION = Attribution(control="shared", context_control="shared_skip", treatment="per_horizon")
+DEFAULT_ARMS = (ATTRIBUTION.control, ATTRIBUTION.treatment)  # the seed study's A/B: six trainings over three folds
 DEFAULT_CONTROL, DEFAULT_TREATMENT = DEFAULT_ARMS
-ATTRIBUTION_CONTROL = "shared_skip"  # with per_horizon as treatment: the lift beyond the context path
 
 
 def arm_names() -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from perception.contract import ROLE, ROLE_SWEEP, SWEEP_ID
 from perception.paths import MLFLOW_EXPERIMENT as DEFAULT_EXPERIMENT, perception_home, tracking_uri as resolve_tracking_uri
 
 LEDGER = "tracking.jsonl"
@@ -69,7 +70,7 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
     c = client(uri)
     found = c.search_runs(
         [exp_id],
-        filter_string=f"tags.sweep_id = '{sweep_id}' and tags.role = 'sweep'",
+        filter_string=f"tags.{SWEEP_ID} = '{sweep_id}' and tags.{ROLE} = '{ROLE_SWEEP}'",
         order_by=["attributes.start_time DESC"],  # the latest, as the gate reads it
         max_results=1,
     )
@@ -80,7 +81,7 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
             if key not in found[0].data.tags:
                 c.set_tag(found[0].info.run_id, key, value)
         return found[0].info.run_id
-    run = c.create_run(exp_id, tags={**(first_tags or {}), "sweep_id": sweep_id, "role": "sweep"}, run_name=sweep_id)
+    run = c.create_run(exp_id, tags={**(first_tags or {}), SWEEP_ID: sweep_id, ROLE: ROLE_SWEEP}, run_name=sweep_id)
     return run.info.run_id
 
 
@@ -157,7 +158,7 @@ class RunLedger:
                 exp_id = get_or_create_experiment(self.experiment, self.tracking_uri)
                 tags = dict(entry["tags"])
                 if "mlflow.parentRunId" not in tags:  # started during an outage: nest it now
-                    tags["mlflow.parentRunId"] = ensure_parent_run(tags["sweep_id"], self.tracking_uri,
+                    tags["mlflow.parentRunId"] = ensure_parent_run(tags[SWEEP_ID], self.tracking_uri,
                                                                    self.experiment)
                 run = c.create_run(exp_id, tags=tags, run_name=entry.get("run_name"))
                 _write_json(self.run_dir / RUN_ID_FILE, {"run_id": run.info.run_id})

@@ -22,20 +22,21 @@ from typing import Optional
 
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT
 from perception.errors import ConfigError
+from perception.exits import EXIT_USAGE, exit_code
 from perception.paths import MLFLOW_EXPERIMENT
 
-EXIT_USAGE = 2
+PROG = "perception-gate"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse exits 2 too; this keeps the message one line
         self.print_usage(sys.stderr)
-        print(f"perception-gate: error: {message}", file=sys.stderr)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="perception-gate", description=__doc__.split("\n\n")[1])
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[1])
     p.add_argument("--sweep-id", required=True, action="append",
                    help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another")
     p.add_argument("--tracking-uri", default=None,
@@ -83,9 +84,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    decision_file=args.decision_file, control=args.control,
                                    treatment=args.treatment, progress=not args.no_progress,
                                    workflow_url=_http_or_none(args.workflow_url))
-        except ConfigError as e:
-            print(f"perception-gate: error: {e}", file=sys.stderr)
-            return EXIT_USAGE
+        except ConfigError as e:  # said as argparse says a usage error
+            return exit_code(e, PROG, labels={ConfigError: "error"})
         for line in outcome.reasons:
             print(("refused: " if outcome.refused else "") + line, file=sys.stderr)
         for line in outcome.summary.get("running_ignored", []):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import math
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -24,21 +23,11 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT, RESEED_SUFFIX, arm_names
-from perception.errors import ConfigError, PerceptionError
+from perception.contract import (AGREED_PARAMS, ATTENTION, DIAGNOSTICS, GPU_UTILIZATION, PARAM_DEFAULTS, PREDICTIONS,
+                                 REPLICATE, ROLE, ROLE_SWEEP, ROLE_TRAIN, SAMPLES_PER_S, SEED, param, tag, val_auc)
+from perception.errors import PerceptionError
+from perception.paths import check_sweep_id
 
-PREDICTIONS = "predictions/val_final.npz"
-ATTENTION = "diagnostics/attention_by_lag.npz"
-GPU_UTILIZATION = "system/gpu_0_utilization_percentage"  # a training pod has one GPU
-# Params every run must carry and all runs must agree on (DESIGN §4 "Config keys"); `seed` must agree
-# between the arms of a replicate only (replicate r trains with seed + r).
-AGREED_PARAMS = ("data_hash", "git_sha", "trainer.epochs", "data.n_folds",
-                 "data.window", "data.window_stride", "data.horizons")
-# Absent in runs made before the field existed: they read as this value (DESIGN §6).
-DEFAULTED_PARAMS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
-# Per-epoch learning-signal diagnostics (DESIGN §6); runs made before them read "not measured".
-DIAGNOSTICS = ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
-               "query_divergence", "attention_entropy_ratio", "query_drift")
-SWEEP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 Key = tuple[str, int, int]  # (arm, fold, replicate)
 
 
@@ -107,17 +96,12 @@ class SweepInputs:
         return [r for (a, _, _), r in sorted(self.runs.items()) if a == arm]
 
 
-def check_sweep_id(sweep_id: str) -> None:
-    if not SWEEP_ID.match(sweep_id or ""):
-        raise ConfigError(f"--sweep-id {sweep_id!r}: expected letters, digits, '.', '_' or '-'")
-
-
 def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_id: str,
                control: str = DEFAULT_CONTROL, treatment: str = DEFAULT_TREATMENT,
                optional_arms: Sequence[str] = ()) -> SweepInputs:
     """The sweep's runs of `control` and `treatment` (required, every fold and replicate) and of each
     of `optional_arms` found complete (the attribution's arms); anything unsound is a GateRefusal."""
-    check_sweep_id(sweep_id)
+    check_sweep_id(sweep_id, "--sweep-id")
     try:
         exp = client.get_experiment_by_name(experiment)
     except MlflowException as e:
@@ -125,8 +109,8 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
     if exp is None:
         raise GateRefusal([f"experiment {experiment!r} does not exist at {tracking_uri}"])
     runs = _search(client, exp.experiment_id, sweep_id)
-    parent = _latest([r for r in runs if r.data.tags.get("role") == "sweep"])
-    train = [r for r in runs if r.data.tags.get("role") == "train"]
+    parent = _latest([r for r in runs if r.data.tags.get(ROLE) == ROLE_SWEEP])
+    train = [r for r in runs if r.data.tags.get(ROLE) == ROLE_TRAIN]
     if not train:
         raise GateRefusal([f"no training runs (role=train) of sweep {sweep_id!r} in experiment "
                            f"{experiment!r} at {tracking_uri}"])
@@ -174,7 +158,7 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
             if final_auc is not None and preds is not None:
                 diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
                 arm_runs[(arm, fold, rep)] = ArmRun(
-                    run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, "samples_per_s"), preds,
+                    run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, SAMPLES_PER_S), preds,
                     attention, diagnostics, dict(run.data.params), _median_metric(client, run, GPU_UTILIZATION))
     for fold in range(n_folds):
         fold_runs = [r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2]))
@@ -193,7 +177,7 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
 
 def find_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str) -> Optional[str]:
     """The sweep's parent run (role=sweep), the latest if several."""
-    parent = _latest([r for r in _search(client, experiment_id, sweep_id) if r.data.tags.get("role") == "sweep"])
+    parent = _latest([r for r in _search(client, experiment_id, sweep_id) if r.data.tags.get(ROLE) == ROLE_SWEEP])
     return parent.info.run_id if parent else None
 
 
@@ -227,8 +211,7 @@ def _missing_runs(arm: str, chosen: dict[Key, Run], train: list[Run], n_folds: i
 
 
 def _replicate(run: Run) -> int:
-    """Runs made before replicates existed carry no tag: replicate 0."""
-    value = run.data.tags.get("replicate", "0")
+    value = tag(run.data.tags, REPLICATE)
     return int(value) if value.isdigit() else -1
 
 
@@ -261,7 +244,7 @@ def _running(train: list[Run]) -> list[str]:
     run's next start continues it)."""
     out = []
     for r in sorted((r for r in train if r.info.status == "RUNNING"), key=lambda r: r.info.start_time or 0):
-        tags, rep = r.data.tags, r.data.tags.get("replicate", "0")
+        tags, rep = r.data.tags, tag(r.data.tags, REPLICATE)
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((r.info.start_time or 0) / 1000))
         out.append(f"{tags.get('variant')} fold {tags.get('fold')}" + (f" replicate {rep}" if rep != "0" else "")
                    + f": run {r.info.run_id}, RUNNING since {started}")
@@ -275,10 +258,10 @@ def _label(key: Key) -> str:
 
 def _agreed_params(chosen: dict[Key, Run], reasons: list[str]) -> dict[str, str]:
     agreed = {}
-    for key in (*AGREED_PARAMS, *DEFAULTED_PARAMS):
+    for key in (*AGREED_PARAMS, *PARAM_DEFAULTS):
         values: dict[str, list[str]] = {}
         for k, run in sorted(chosen.items()):
-            value = run.data.params.get(key, DEFAULTED_PARAMS.get(key))
+            value = param(run.data.params, key)
             if value is None:
                 reasons.append(f"{k[0]} fold {k[1]} (run {run.info.run_id}): param {key} is missing")
                 continue
@@ -296,9 +279,9 @@ def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
     A reseeded A/A arm (`<arm>_reseed`) trains from another seed by design."""
     by_rep: dict[int, dict[str, list[str]]] = {}
     for k, run in sorted(chosen.items()):
-        seed = run.data.params.get("seed")
+        seed = run.data.params.get(SEED)
         if seed is None:
-            reasons.append(f"{k[0]} fold {k[1]} (run {run.info.run_id}): param seed is missing")
+            reasons.append(f"{k[0]} fold {k[1]} (run {run.info.run_id}): param {SEED} is missing")
             continue
         if k[0].endswith(RESEED_SUFFIX):
             continue
@@ -339,9 +322,9 @@ def _final_aucs(run: Run, horizons: list[int], where: str, reasons: list[str]) -
     """MLflow's latest value of a metric is the one at the largest step: the final epoch."""
     out, ok = [], True
     for h in horizons:
-        value = run.data.metrics.get(f"val_auc_h{h}")
+        value = run.data.metrics.get(val_auc(h))
         if value is None or not math.isfinite(value):
-            reasons.append(f"{where}: metric val_auc_h{h} is {'missing' if value is None else value}")
+            reasons.append(f"{where}: metric {val_auc(h)} is {'missing' if value is None else value}")
             ok = False
         out.append(value)
     return np.asarray(out, dtype=np.float64) if ok else None

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import numpy as np
 
 from perception.atomic import atomic_path, atomic_write_text
+from perception.contract import NOT_MEASURED
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult
 from perception.gate.inputs import SweepInputs
@@ -259,7 +260,7 @@ def _diagnostics_section(study: Study) -> list[str]:
     lines = ["## Learning signal (final epoch, median over runs)", "",
              "| arm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
     for arm, d in study.diagnostics.items():
-        lines.append(f"| {arm} | " + " | ".join("not measured" if d.get(k) is None else f"{d[k]:.3g}" for k in keys) + " |")
+        lines.append(f"| {arm} | " + " | ".join(NOT_MEASURED if d.get(k) is None else f"{d[k]:.3g}" for k in keys) + " |")
     lines += [""] + [f"- **flag**: {f}" for f in study.flags] + ([""] if study.flags else [])
     return lines
 

@@ -21,14 +21,13 @@ from mlflow.tracking import MlflowClient
 from perception import paths
 from perception.atomic import atomic_write_text
 from perception.gate.config import check_horizons, load_gate_config
-from perception.arms import ATTRIBUTION_CONTROL, DEFAULT_CONTROL, DEFAULT_TREATMENT, get_arm
+from perception.arms import ATTRIBUTION, DEFAULT_CONTROL, DEFAULT_TREATMENT, get_arm
+from perception.contract import ROLE, ROLE_GATE, SWEEP_ID
 from perception.errors import ConfigError
-from perception.gate.inputs import GateRefusal, SweepInputs, check_sweep_id, find_parent_run, load_sweep
+from perception.exits import EXIT_DECIDED, EXIT_REFUSED, REFUSED
+from perception.gate.inputs import GateRefusal, SweepInputs, find_parent_run, load_sweep
 from perception.gate.report import refusal_json, summary_json, write_report
 from perception.gate.study import study_result
-
-EXIT_DECIDED, EXIT_REFUSED = 0, 3
-REFUSED = "refused"  # what the decision file says when there is no decision
 
 
 @dataclass
@@ -66,16 +65,15 @@ def run_gate(
     get_arm(control), get_arm(treatment)  # unknown arms are usage errors
     if control == treatment:
         raise ConfigError(f"--control and --treatment are both {control!r}: expected two different arms")
-    check_sweep_id(sweep_id)
+    paths.check_sweep_id(sweep_id, "--sweep-id")
     uri = paths.tracking_uri(tracking_uri)
     out_dir = Path(out_dir) if out_dir is not None else paths.perception_home() / "gate" / sweep_id
     client = MlflowClient(tracking_uri=uri)
 
     inputs: Optional[SweepInputs] = None
     result = None
-    optional = [ATTRIBUTION_CONTROL, "shared"] if treatment == "per_horizon" else []
     try:
-        inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, optional)
+        inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, ATTRIBUTION.read_beside(treatment))
     except GateRefusal as refusal:
         summary = refusal_json(sweep_id, refusal.reasons, refusal.notes, refusal.running)
         outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
@@ -114,7 +112,7 @@ def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent
         if exp is None:
             notes.append(f"experiment {experiment!r} does not exist: no gate run logged")
             return None
-        tags = {"role": "gate", "sweep_id": sweep_id, "decision": outcome.decision or REFUSED,
+        tags = {ROLE: ROLE_GATE, SWEEP_ID: sweep_id, "decision": outcome.decision or REFUSED,
                 "exploratory": str(bool(outcome.summary.get("exploratory"))).lower()}
         parent = parent or find_parent_run(client, exp.experiment_id, sweep_id)  # refusals nest too
         if parent:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from perception.arms import ATTRIBUTION_CONTROL
+from perception.arms import ATTRIBUTION
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult, decide, resample
 from perception.gate.evidence import MULTIPLICITY
@@ -51,20 +51,20 @@ def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: 
         noise = matching_noise(inputs.run(control, 0, inputs.replicates[0]).params, inputs.horizons)
     boot = resample(inputs, cfg, progress)
     study = Study(decide(inputs, cfg, control, treatment, boot, noise), noise=noise)
-    if treatment == "per_horizon" and control != ATTRIBUTION_CONTROL and ATTRIBUTION_CONTROL in inputs.arms:
-        study.attribution = decide(inputs, cfg, ATTRIBUTION_CONTROL, treatment, boot, noise)
+    beside = {name: decide(inputs, cfg, a, b, boot, noise)
+              for name, (a, b) in ATTRIBUTION.comparisons(control, treatment, inputs.arms).items()}
+    study.attribution, study.context_path = beside.get("attribution"), beside.get("context_path")
+    if study.attribution is not None:
         study.verdict = _verdict(study.attribution, study.main)
-        if "shared" in inputs.arms:
-            study.context_path = decide(inputs, cfg, "shared", ATTRIBUTION_CONTROL, boot, noise)
     study.diagnostics = {arm: _diagnostics(inputs, arm) for arm in inputs.arms}
     study.flags = _flags(study, control, treatment)
     if study.flags and study.main.decision == f"ship_{treatment}" and study.attribution is None:
         study.main.reasons.append(
             f"{UNATTRIBUTED}: " + "; ".join(study.flags)
             + ". Run the three-arm sweep to separate them: perception-sweep local --arms "
-            f"shared,per_horizon,{ATTRIBUTION_CONTROL} (same overrides)")
+            f"{','.join(ATTRIBUTION.arms)} (same overrides)")
     elif study.verdict:
-        study.main.reasons.append(f"attribution ({ATTRIBUTION_CONTROL} -> {treatment}): {study.verdict}")
+        study.main.reasons.append(f"attribution ({ATTRIBUTION.context_control} -> {treatment}): {study.verdict}")
     study.plan, study.exploratory = _against_plan(inputs, cfg, control, treatment)
     return study
 
@@ -100,7 +100,7 @@ def _flags(study: Study, control: str, treatment: str) -> list[str]:
             flags.append(f"the control's pool query received no learning signal (gradient norm "
                          f"{c['grad_norm_pool_query']:.3g} against the trunk's {c['grad_norm_trunk']:.3g})")
     t = study.diagnostics.get(treatment, {})
-    if treatment == "per_horizon" and t.get("query_divergence") is not None and t["query_divergence"] < MIN_DIVERGENCE:
+    if treatment == ATTRIBUTION.treatment and t.get("query_divergence") is not None and t["query_divergence"] < MIN_DIVERGENCE:
         flags.append(f"the treatment's queries did not specialise (query divergence {t['query_divergence']:.3g} "
                      f"< {MIN_DIVERGENCE:g})")
     return flags

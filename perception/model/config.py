@@ -19,7 +19,9 @@ class OpsBackend(str, Enum):
 
 class SSDBackend(str, Enum):
     chunked = "chunked"  # the chunked SSD in PyTorch (any device; deterministic)
-    fla = "fla"  # fla-core's Triton kernels (CUDA; saves q, k, v, g only): perception/model/ssd_fla.py
+    # EXPERIMENTAL: fla-core's Triton kernels (CUDA; saves q, k, v, g only): perception/model/ssd_fla.py.
+    # Not yet verified where it would matter: untested on the L40S, refused on Hopper with Triton < 3.7.1
+    fla = "fla"
 
 
 @dataclass
@@ -35,7 +37,7 @@ class MambaConfig:
     expand: int = 2
     d_conv: int = 4
     chunk: int = 128  # the chunk's [chunk x chunk] decay matrices dominate activation memory
-    ssd: SSDBackend = SSDBackend.chunked
+    ssd: SSDBackend = SSDBackend.chunked  # chunked | fla (experimental)
 
 
 @dataclass

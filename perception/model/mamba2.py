@@ -200,15 +200,15 @@ class Mamba2Block(nn.Module):
         self.norm.reset_parameters()
         self.mixer.reset_parameters(gen)
 
-    def compile_fused(self, decay_from_cumsum: bool = True, shape_padding: bool = False) -> None:
+    def compile_fused(self) -> None:
         """torch.compile (static shapes, in place: parameter names unchanged) with the convolution in its
         shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses.
-        `shape_padding`: Inductor's padding of matmul dimensions to multiples of 8; off, because padding the
-        (c + 1)-chunk recurrence's bmm copies its (b h, c + 1, p n) states each step, which costs more than the
-        padded bmm saves (benchmarks/results/mamba_ssd_h200.md)."""
+        Without Inductor's padding of matmul dimensions to multiples of 8: padding the (c + 1)-chunk
+        recurrence's bmm copies its (b h, c + 1, p n) states each step, which costs more than the padded bmm
+        saves (benchmarks/results/mamba_ssd_h200.md; benchmarks/mamba_ssd.py measures the other choices)."""
         self.mixer._conv = causal_conv_shifted
-        self.mixer._decay_from_cumsum = decay_from_cumsum
-        self.compile(dynamic=False, options={"shape_padding": shape_padding})
+        self.mixer._decay_from_cumsum = True
+        self.compile(dynamic=False, options={"shape_padding": False})
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         return u + self.mixer(self.norm(u))

@@ -44,22 +44,22 @@ class PerceptionModel(nn.Module):
         with torch.random.fork_rng(devices=[]):  # module constructors must not move the global RNG
             self.vsn = VSN(self.n_features, int(cfg.vsn.d_var), d)
             self.mamba = Mamba2(d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk),
-                                getattr(m, "ssd", "chunked"))
+                                m.ssd)
             self.ln_b = nn.LayerNorm(d)
             self.pool = AttentionPool(self.n_queries, d, per_horizon, backend)
             self.inv_pool = InvertedPool(backend) if cfg.inverted_pool else None
             self.cfc = CfC(d, backend)
-            path_a = per_horizon or bool(getattr(cfg, "shared_context_to_heads", False))
+            path_a = per_horizon or bool(cfg.shared_context_to_heads)
             self.head = Heads(len(self.horizons), d, path_a, float(cfg.head_aux_weight))
         self.backend = backend
-        self.checkpointing = bool(getattr(cfg, "activation_checkpointing", False))
+        self.checkpointing = bool(cfg.activation_checkpointing)
         self.register_buffer("dt_scale", torch.ones(()), persistent=True)  # median Δt of training data
 
-        twin = "/twin" if getattr(cfg, "twin", False) else ""
+        twin = "/twin" if cfg.twin else ""
         for name, module in (("vsn", self.vsn), ("mamba", self.mamba), ("pool", self.pool), ("cfc", self.cfc), ("head", self.head)):
             module.reset_parameters(module_generator(seed, name + (twin if name in ARM_MODULES else "")))
         self.ln_b.reset_parameters()  # ones / zeros: nothing to draw
-        if getattr(cfg, "compile_trunk", False):
+        if cfg.compile_trunk:
             self.vsn.compile_regions()
             for block in self.mamba.layers:
                 block.compile_fused()

@@ -31,7 +31,8 @@ def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cp
               say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Path:
     """Runs the A/A sweeps and writes the noise file; returns its path."""
     from perception.gate.noise import noise_dir
-    from perception.sweep.local import Design, run_local_sweep
+    from perception.sweep.design import Design
+    from perception.sweep.local import run_local_sweep
 
     for arm in arms:
         if arm not in SEED_ARMS:

@@ -23,17 +23,17 @@ workflow ended without a decision, 124 `--wait` timed out (`status` of a workflo
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
-from perception.locks import LockHeld
+from perception.exits import EXIT_DECIDED, EXIT_INTERRUPTED, EXIT_TIMED_OUT, exit_code, raise_on_sigterm
 from perception.paths import MLFLOW_EXPERIMENT
 
 PROG = "perception-sweep"
+STOPPED = "re-run with the same --sweep-id to continue"
 
 
 def _local(args: argparse.Namespace) -> int:
@@ -69,7 +69,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from perception.sweep.local import prepare
+    from perception.sweep.prepare import prepare
 
     parent = prepare(args.sweep_id, args.overrides, args.parent_run_id_file, design=_design(args),
                      outputs=args.outputs, gate_config=args.gate_config)
@@ -111,16 +111,16 @@ def _wait(server, name: str, poll_interval: float, timeout: Optional[float]) -> 
     except KeyboardInterrupt:
         print(f"{PROG}: stopped following; {name} keeps running: perception-sweep status {name} "
               f"--host {server.host} --namespace {server.namespace}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     if waited.last is None:
         print(f"{PROG}: the Argo server never answered about {name} within {timeout:g} s", file=sys.stderr)
-        return follow.EXIT_TIMED_OUT
+        return EXIT_TIMED_OUT
     s = waited.last
     code = follow.outcome(s)
     if waited.timed_out:
         print(f"timed out after {timeout:g} s; {name} is {s.phase}: "
               f"perception-sweep status {name} --host {server.host} --namespace {server.namespace}")
-        code = follow.EXIT_TIMED_OUT
+        code = EXIT_TIMED_OUT
     else:
         print(f"decision: {s.decision or 'none'}" + ("" if s.decision else f" ({name} {s.phase}"
                                                       + (f": {s.message})" if s.message else ")")))
@@ -137,7 +137,7 @@ def _status(args: argparse.Namespace) -> int:
     for line in follow.status_lines(s) + follow.summary_lines(s, server.link(args.name)):
         print(line)
     code = follow.outcome(s)
-    return follow.EXIT_DECIDED if code is None else code  # still running: 0
+    return EXIT_DECIDED if code is None else code  # still running: 0
 
 
 def _logs(args: argparse.Namespace) -> int:
@@ -245,7 +245,7 @@ def _design_options(s: argparse.ArgumentParser) -> None:
 
 
 def _design(args: argparse.Namespace):
-    from perception.sweep.local import Design
+    from perception.sweep.design import Design
 
     return Design.of(args.arms, args.replicates or 1, args.aa == "true", args.control, args.treatment)
 
@@ -358,35 +358,13 @@ def _server_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--insecure", action="store_true", help="skip TLS verification")
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the sweep is, so it ends its trainings and its parent run on the way out."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup short
-    raise Terminated(f"signal {signum} (SIGTERM)")
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    raise_on_sigterm()  # SIGTERM reaches the sweep as Terminated: it ends its trainings and parent run first
     try:
         code = args.run(args)
-    except ConfigError as exc:
-        print(f"{PROG}: config error: {exc}", file=sys.stderr)
-        code = 2
-    except LockHeld as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        code = 2
-    except Terminated:
-        print(f"{PROG}: terminated (SIGTERM); re-run with the same --sweep-id to continue", file=sys.stderr)
-        code = 143
-    except PerceptionError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        code = 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; re-run with the same --sweep-id to continue", file=sys.stderr)
-        code = 130
+    except (PerceptionError, KeyboardInterrupt) as exc:  # a sweep held by another process exits 2
+        code = exit_code(exc, PROG, stopped=STOPPED)
     sys.exit(code)
 
 

@@ -16,17 +16,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Callable, Optional
 
+from perception.exits import EXIT_DECIDED, EXIT_FAILED, EXIT_REFUSED, REFUSED
 from perception.paths import run_name
 
 FINISHED = ("Succeeded", "Failed", "Error")  # Argo's final workflow phases
-REFUSED = "refused"  # the gate's decision output when it refuses (perception.gate.run.REFUSED)
 NO_DECISION = ("", "none")  # "none": the output's default, when the gate never wrote the file
 GATE_TEMPLATE = "gate"
 DECISION_OUTPUT = "decision"
 SWEEP_ID_PARAMETER = "sweep-id"
 SWEEP_ID_LABEL = "perception/sweep-id"
-
-EXIT_DECIDED, EXIT_FAILED, EXIT_REFUSED, EXIT_TIMED_OUT = 0, 1, 3, 124
 
 
 @dataclass(frozen=True)

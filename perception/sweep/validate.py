@@ -18,7 +18,8 @@ def check_parameters(defaults: Mapping[str, str], values: Mapping[str, str], sha
     """`defaults`: the definition's parameter values; `values`: the same with the user's applied;
     `shared`: the overrides every pod runs with, holding {{workflow.parameters.NAME}} placeholders."""
     from perception.gate.config import check_horizons, load_gate_config
-    from perception.sweep.local import AUTO_GATE_CONFIG, check_sweep_id, resolve_gate_config
+    from perception.paths import check_sweep_id
+    from perception.sweep.overrides import AUTO_GATE_CONFIG, resolve_gate_config
 
     if values.get("sweep-id"):
         try:

@@ -7,26 +7,17 @@ run records its end as KILLED and uploads its log before the process exits."""
 
 from __future__ import annotations
 
-import signal
 import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.errors import ConfigError, PerceptionError
-from perception.locks import LockHeld
+from perception.exits import exit_code, raise_on_sigterm
 from perception.train.compose import CONFIG_NAME, composed
 
 PROG = "perception-train"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the training is, so its except path records the end."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not cut the cleanup short
-    raise Terminated(f"signal {signum} (SIGTERM)")
+STOPPED = "the run is recorded as KILLED; the same command resumes it from its last checkpoint"
 
 
 def _overrides() -> list[str]:
@@ -40,23 +31,8 @@ def run_task(cfg: DictConfig) -> dict:
 
     try:
         return train(OmegaConf.to_object(cfg), _overrides())
-    except Terminated:
-        print(f"{PROG}: terminated (SIGTERM); the run is recorded as KILLED; the same command resumes it "
-              f"from its last checkpoint", file=sys.stderr)
-        sys.exit(143)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; the run is recorded as KILLED; the same command resumes it from its last "
-              f"checkpoint", file=sys.stderr)
-        sys.exit(130)
-    except ConfigError as exc:
-        print(f"{PROG}: config error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except LockHeld as exc:  # another trainer has this run: nothing was touched
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except PerceptionError as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        sys.exit(1)
+    except (PerceptionError, KeyboardInterrupt) as exc:  # a held run lock exits 2: nothing was touched
+        sys.exit(exit_code(exc, PROG, stopped=STOPPED))
 
 
 @hydra.main(version_base="1.3", config_path="pkg://perception.conf", config_name=CONFIG_NAME)
@@ -73,12 +49,11 @@ def _precheck(args: list[str]) -> None:
     try:
         composed(overrides)
     except ConfigError as exc:  # composition or validation: the message names the key and allowed values
-        print(f"{PROG}: config error: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(exit_code(exc, PROG))
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    raise_on_sigterm()
     _precheck(sys.argv[1:])
     _hydra_main()
 

@@ -14,6 +14,9 @@ import sys
 from typing import Optional, Sequence
 
 from perception.errors import ConfigError, DataError
+from perception.exits import exit_code
+
+PROG = "perception-data"
 
 
 def compose_data_config(overrides: Sequence[str]):
@@ -37,7 +40,7 @@ def build(overrides: Sequence[str], progress: bool = True) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="perception-data", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_build = sub.add_parser("build", help="build (or reuse) the feature cache")
     p_build.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=ci")
@@ -45,12 +48,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)  # exits 2 on a usage error
     try:
         info = build(args.overrides, progress=not args.no_progress)
-    except ConfigError as e:
-        print(f"perception-data: config error: {e}", file=sys.stderr)
-        return 2
-    except DataError as e:
-        print(f"perception-data: data error: {e}", file=sys.stderr)
-        return 1
+    except (ConfigError, DataError) as e:
+        return exit_code(e, PROG, labels={DataError: "data error"})
     print(f"data_hash: {info['data_hash']}")
     print(f"cache:     {info['cache']}")
     print(f"T:         {info['T']}")

@@ -51,8 +51,7 @@ def query_names(n_queries: int, horizons: list[int]) -> list[str]:
     return ["shared"] if n_queries == 1 else [f"h{h}" for h in horizons]
 
 
-def save_attention_by_lag(out_dir: Path, acc: AttentionByLag, names: list[str], title: str) -> tuple[Path, Path]:
-    npz_path, png_path = out_dir / "attention_by_lag.npz", out_dir / "attention_by_lag.png"
+def save_attention_by_lag(npz_path: Path, png_path: Path, acc: AttentionByLag, names: list[str], title: str) -> None:
     mass = acc.mass()
     with atomic_path(npz_path) as tmp:
         with open(tmp, "wb") as f:
@@ -77,7 +76,6 @@ def save_attention_by_lag(out_dir: Path, acc: AttentionByLag, names: list[str], 
     with atomic_path(png_path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
-    return npz_path, png_path
 
 
 # ---------------------------------------------------------------- learning signal (DESIGN §6)

@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from perception.atomic import atomic_path, atomic_write_text
+from perception.contract import ATTENTION, ATTENTION_PLOT, PREDICTIONS, SAMPLES_PER_S, train_tags, val_auc
 from perception.errors import ConfigError
 from perception.gitinfo import git_sha
 from perception.locks import run_lock
-from perception.paths import new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
+from perception.paths import DONE_FILE, new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
 from perception.tracking import RunLedger, ensure_parent_run
 from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import GradNorms, query_drift, query_names, save_attention_by_lag
@@ -33,8 +34,6 @@ from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
 from perception.train.validate import check_before_work, resolve_device
-
-DONE_FILE = "done.json"
 
 
 @dataclass
@@ -155,8 +154,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     uri, ledger = record.ledger.tracking_uri, record.ledger
     if not ledger.entries():
         parent = cfg.tracking.parent_run_id or _parent_or_none(place.sweep_id, uri, cfg.tracking.experiment)
-        tags = {"sweep_id": place.sweep_id, "variant": place.variant, "fold": str(place.fold),
-                "replicate": str(place.replicate), "role": "train"}
+        tags = train_tags(place.sweep_id, place.variant, place.fold, place.replicate)
         if parent:
             tags["mlflow.parentRunId"] = parent
         params = flatten_config(cfg)
@@ -183,9 +181,9 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
                                  bar=bar, after_step=ledger.flush)  # sends what an outage kept, as the backoff allows
         bar.close()
         last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device, cfg.trainer.precision)
-        metrics = {f"val_auc_h{h}": v for h, v in last_eval.auc.items()}
-        metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=totals.mean_loss,
-                       val_loss=last_eval.loss, samples_per_s=totals.samples_per_s)
+        metrics = {val_auc(h): v for h, v in last_eval.auc.items()}
+        metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=totals.mean_loss, val_loss=last_eval.loss)
+        metrics[SAMPLES_PER_S] = totals.samples_per_s
         metrics.update(grad_norms.means(), **last_eval.attention_stats.metrics(),
                        query_drift=query_drift(model.pool.query, query_init))
         if not ledger.has_metrics_for(epoch):
@@ -227,18 +225,17 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
 
 
 def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> list[tuple[str, str]]:
-    pred_dir, diag_dir = place.dir / "predictions", place.dir / "diagnostics"
-    pred_dir.mkdir(exist_ok=True)
-    diag_dir.mkdir(exist_ok=True)
-    with atomic_path(pred_dir / "val_final.npz") as tmp:
+    """The contract's artifacts, each as (its path in the run directory, its folder in the MLflow run)."""
+    written = (PREDICTIONS, ATTENTION, ATTENTION_PLOT)
+    for rel in written:
+        (place.dir / rel).parent.mkdir(exist_ok=True)
+    with atomic_path(place.dir / PREDICTIONS) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, probs=ev.probs, labels=ev.labels, mask=ev.mask, index=ev.index)
     names = query_names(ev.attention.sums.shape[0], horizons)
-    save_attention_by_lag(diag_dir, ev.attention, names,
+    save_attention_by_lag(place.dir / ATTENTION, place.dir / ATTENTION_PLOT, ev.attention, names,
                           title=f"attention by lag: {place.name}")
-    return [("predictions/val_final.npz", "predictions"),
-            ("diagnostics/attention_by_lag.npz", "diagnostics"),
-            ("diagnostics/attention_by_lag.png", "diagnostics")]
+    return [(rel, Path(rel).parent.as_posix()) for rel in written]
 
 
 def _param_groups(model: torch.nn.Module, query_lr: float, base_lr: float) -> list[dict]:

@@ -93,3 +93,13 @@ def test_shipped_gate_configs_are_deltas_over_the_defaults():
         written = OmegaConf.to_container(OmegaConf.load(conf_path(name)))
         for key, value in written.items():
             assert value != defaults[key], f"conf/gate/{name}.yaml repeats the default {key}: {value}"
+
+
+def test_a_sweep_id_longer_than_an_argo_label_is_a_usage_error(tmp_path):
+    """The gate accepts the ids the sweep accepts, and no others: at most 63 characters (the id is an Argo
+    label value); it says so before it reads anything."""
+    done = gate_cli("--sweep-id", "s" * 64, "--config", "ci", "--tracking-uri", str(tmp_path / "no-store"),
+                    home=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"perception-gate: error: --sweep-id '{'s' * 64}'" in done.stderr and "at most 63 characters" in done.stderr
+    assert done.stdout == "" and not (tmp_path / "no-store").exists()

@@ -64,6 +64,24 @@ def test_runs_that_disagree_are_refused(gate_store, tmp_path, param, value):
     assert reason.startswith(f"runs disagree on {param}: ") and f"'{value}' in per_horizon f0" in reason
 
 
+def test_runs_made_before_the_optional_fields_are_gated_beside_runs_that_log_them(gate_store, tmp_path):
+    """The treatment's runs log replicate 0, trainer.precision fp32 and model.mamba.ssd chunked; the
+    control's were made before those fields existed and lack them: they read as the same values (the
+    contract's defaults), so the sweep is gated, not refused."""
+    uri, client = gate_store
+    logged = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
+    chosen = build_sweep(client, "old-beside-new", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8],
+                                                             param_override={("per_horizon", f): logged for f in range(3)}))
+    for (arm, _), run_id in chosen.items():
+        if arm == "per_horizon":
+            client.set_tag(run_id, "replicate", "0")
+    outcome = run_gate("old-beside-new", tracking_uri=uri, config_name="ci", out_dir=tmp_path, progress=False)
+    assert not outcome.refused, outcome.reasons
+    assert outcome.decision == "ship_per_horizon" and outcome.summary["replicates"] == [0]
+    assert {k: outcome.summary["params"][k] for k in logged} == logged
+    assert all("ignored" not in n for n in outcome.summary["notes"])
+
+
 def test_unknown_sweep_is_refused(gate_store, tmp_path):
     uri, _ = gate_store
     outcome = run_gate("no-such-sweep", tracking_uri=uri, config_name="ci", out_dir=tmp_path, progress=False)

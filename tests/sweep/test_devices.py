@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perception.sweep.devices import child_env, plan_waves, visible_gpus
-from perception.sweep.local import study_runs
+from perception.sweep.design import study_runs
 
 
 def test_visible_gpus_follow_torch_count_and_cuda_visible_devices():

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from perception.errors import ConfigError
-from perception.sweep.local import gate_config_for, run_local_sweep
+from perception.sweep.local import run_local_sweep
+from perception.sweep.overrides import gate_config_for
 
 FAKE_TRAIN = textwrap.dedent("""
     import json, os, sys, time

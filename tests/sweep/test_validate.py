@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from perception.errors import ConfigError
-from perception.sweep.local import resolve_gate_config
+from perception.sweep.overrides import resolve_gate_config
 from perception.sweep.render import render
 
 from . import fake_argo
@@ -26,6 +26,7 @@ def params_of(text: str) -> dict[str, str]:
     ({"epochs": "0"}, ["-p epochs=0", "positive"]),
     ({"data": "dbn"}, ["-p data=dbn", "data-paths"]),
     ({"sweep-id": "bad/id"}, ["-p sweep-id=bad/id", "letters, digits"]),
+    ({"sweep-id": "s" * 64}, ["-p sweep-id=" + "s" * 64, "at most 63 characters"]),  # an Argo label value
 ])
 def test_a_mistake_in_the_parameters_is_named(params, names):
     with pytest.raises(ConfigError) as err:
@@ -40,6 +41,12 @@ def test_auto_is_the_gate_config_of_the_experiment():
     assert resolve_gate_config("auto", ["experiment=production"]) == "default"
     assert resolve_gate_config("shift_viable", ["experiment=production"]) == "shift_viable"
     render(params={"data": "dbn", "data-paths": "[/data/ES/*.dbn.zst]"})  # globs are the cluster's: not read here
+
+
+def test_the_checks_need_no_part_of_the_local_runner():
+    from tests.test_layout import PACKAGE, imports
+
+    assert not {m for m in imports(PACKAGE / "sweep" / "validate.py") if m.startswith("perception.sweep.local")}
 
 
 def test_a_refused_submission_posts_nothing(argo):  # noqa: F811

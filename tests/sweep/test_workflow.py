@@ -99,7 +99,8 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
     ("shared,per_horizon", 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
 ])
 def test_the_fan_out_follows_the_design(arms, replicates, aa, expected):
-    from perception.sweep.local import Design, fan_out
+    from perception.sweep.design import Design
+    from perception.sweep.prepare import fan_out
 
     items = fan_out(3, Design.of(arms, replicates, aa))
     assert len(items) == len(expected) and {(i["arm"], i["fold"], i["replicate"]) for i in items} == expected
@@ -218,7 +219,7 @@ def test_the_workflow_literal_arms_are_the_registry_defaults():
 
 
 def test_aa_with_other_arms_is_a_usage_error():
-    from perception.sweep.local import Design
+    from perception.sweep.design import Design
 
     with pytest.raises(ConfigError, match="--aa trains the control against its twin"):
         Design.of("shared,shared_skip", 1, True)

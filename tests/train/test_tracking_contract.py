@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from perception.contract import AGREED_PARAMS, DIAGNOSTICS, PARAM_DEFAULTS
 from tests.train.helpers import cli
 
 EPOCHS = 2
@@ -37,7 +38,10 @@ def test_ci_run_logs_the_contract_to_a_server(perception_home, mlflow_server, tm
     assert params["trainer.epochs"] == str(EPOCHS) and params["seed"] == "0"
     assert len(params["git_sha"]) >= 7 and len(params["data_hash"]) >= 8
 
-    for key in [f"val_auc_h{h}" for h in HORIZONS] + ["val_auc_mean", "train_loss", "val_loss", "samples_per_s"]:
+    assert {k: tags[k] for k in ("sweep_id", "replicate")} == {"sweep_id": "contract", "replicate": "0"}
+    assert set(PARAM_DEFAULTS) | set(AGREED_PARAMS) | {"seed"} <= set(params)  # what the gate reads
+    for key in [f"val_auc_h{h}" for h in HORIZONS] + ["val_auc_mean", "train_loss", "val_loss", "samples_per_s",
+                                                       *DIAGNOSTICS]:
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in history) == list(range(EPOCHS)), key
         assert all(np.isfinite(m.value) for m in history), key

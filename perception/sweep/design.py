@@ -1,0 +1,77 @@
+"""The study a sweep runs (DESIGN §7): which arms train, how many replicates, which two the gate compares,
+the runs that follow (arm x fold x replicate), and the gate plan its parent run pre-registers before any
+training. Checked from the command line before anything runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from perception.arms import DEFAULT_ARMS, DEFAULT_CONTROL, DEFAULT_TREATMENT, TWIN_SUFFIX, get_arm, parse_arms
+from perception.errors import ConfigError
+from perception.paths import run_dir
+
+
+@dataclass(frozen=True)
+class Design:
+    """Which arms train, how many replicates, and which two the gate compares."""
+    arms: tuple[str, ...] = DEFAULT_ARMS
+    replicates: int = 1
+    control: str = DEFAULT_CONTROL
+    treatment: str = DEFAULT_TREATMENT
+
+    @classmethod
+    def of(cls, arms: Optional[str] = None, replicates: int = 1, aa: bool = False,
+           control: Optional[str] = None, treatment: Optional[str] = None) -> "Design":
+        """From the command line: `--aa` trains the control against its twin (the A/A test)."""
+        if replicates < 1:
+            raise ConfigError(f"--replicates {replicates}: expected 1 or more")
+        if aa:
+            # the workflow always passes its `arms` parameter: the default list means "not chosen"
+            if (arms and parse_arms(arms) != DEFAULT_ARMS) or treatment:
+                raise ConfigError("--aa trains the control against its twin: drop --arms and --treatment")
+            control = control or DEFAULT_CONTROL
+            get_arm(control)
+            return cls((control, control + TWIN_SUFFIX), replicates, control, control + TWIN_SUFFIX)
+        names = parse_arms(arms) if arms else DEFAULT_ARMS
+        control, treatment = control or DEFAULT_CONTROL, treatment or DEFAULT_TREATMENT
+        for flag, name in (("--control", control), ("--treatment", treatment)):
+            if name not in names:
+                raise ConfigError(f"{flag} {name!r} is not among the sweep's arms {list(names)}")
+        if control == treatment:
+            raise ConfigError(f"--control and --treatment are both {control!r}: expected two different arms")
+        return cls(tuple(names), replicates, control, treatment)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: str
+    fold: int
+    replicate: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm} fold {self.fold}" + (f" replicate {self.replicate}" if self.replicate else "")
+
+    def directory(self, sweep_id: str, home: Path) -> Path:
+        return run_dir(sweep_id, self.arm, self.fold, home, self.replicate)
+
+    def overrides(self) -> list[str]:
+        return [f"arm={self.arm}", f"data.fold={self.fold}", f"replicate={self.replicate}"]
+
+
+def study_runs(n_folds: int, arms: Sequence[str] = DEFAULT_ARMS, replicates: int = 1) -> list[RunSpec]:
+    """Replicate- then fold-major, so with several GPUs the arms of a fold train side by side."""
+    return [RunSpec(a, f, r) for r in range(replicates) for f in range(n_folds) for a in arms]
+
+
+def plan_tags(design: Design, gate_config: str, overrides: Sequence[str] = ()) -> dict[str, str]:
+    """The gate plan the parent run records before any training (pre-registration)."""
+    from perception.gate.config import load_gate_config
+    from perception.gate.study import PLAN_TAG, gate_plan
+
+    plan = gate_plan(load_gate_config(gate_config, overrides), design.control, design.treatment,
+                     list(design.arms), design.replicates)
+    return {PLAN_TAG: json.dumps({**plan, "config": gate_config}, sort_keys=True)}

@@ -1,0 +1,73 @@
+"""The workflow's first step (`perception-sweep prepare`, DESIGN §7): the feature cache and the sweep's
+parent run with its pre-registered gate plan, and the step's outputs: the trainings to fan out (one per
+arm, fold and replicate), control, treatment and the resolved gate config. It holds the sweep's lock
+(perception.locks) while it works, as `local` does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Optional, Sequence
+
+from perception.atomic import atomic_write_text
+from perception.errors import ConfigError, PerceptionError
+from perception.exits import EXIT_USAGE
+from perception.locks import sweep_lock
+from perception.paths import check_sweep_id, perception_home, sweep_dir, tracking_uri
+from perception.sweep.design import Design, plan_tags, study_runs
+from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, compose, resolve_gate_config
+
+
+def command(name: str) -> list[str]:
+    found = shutil.which(name)
+    if not found:
+        raise PerceptionError(f"{name} is not on PATH; install the package (pip install -e .)")
+    return [found]
+
+
+def build_features(overrides: Sequence[str], env: dict[str, str], data_command: Optional[list[str]] = None) -> None:
+    """`perception-data build`: fills the feature cache once, before trainings run side by side."""
+    rc = subprocess.run([*(data_command or command("perception-data")), "build", *overrides], env=env).returncode
+    if rc == EXIT_USAGE:
+        raise ConfigError(f"perception-data build {' '.join(overrides)} rejected the configuration (exit 2)")
+    if rc != 0:
+        raise PerceptionError(f"perception-data build failed (exit {rc})")
+
+
+def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optional[Path] = None,
+            data_command: Optional[list[str]] = None, design: Optional[Design] = None,
+            outputs: Optional[Path] = None, gate_config: str = AUTO_GATE_CONFIG) -> str:
+    """The feature cache plus the sweep's parent run (with its gate plan); returns its id. `outputs`
+    receives the step's output parameters as files: parent-run-id, runs (the trainings to fan out,
+    JSON), control, treatment and gate-config (`auto` resolved)."""
+    from perception.tracking import ensure_parent_run
+
+    design = design or Design()
+    check_sweep_id(sweep_id)
+    check_overrides(overrides)
+    cfg = compose(overrides)
+    env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
+    with sweep_lock(sweep_dir(sweep_id), sweep_id):
+        build_features(overrides, env, data_command)
+        gate_config = resolve_gate_config(gate_config, overrides)
+        plan = plan_tags(design, gate_config)
+        parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
+    if parent_run_id_file is not None:
+        atomic_write_text(parent_run_id_file, parent)
+    if outputs is not None:
+        outputs.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(outputs / "parent-run-id", parent)
+        atomic_write_text(outputs / "runs", json.dumps(fan_out(int(cfg.data.n_folds), design)))
+        atomic_write_text(outputs / "control", design.control)
+        atomic_write_text(outputs / "treatment", design.treatment)
+        atomic_write_text(outputs / "gate-config", gate_config)
+    return parent
+
+
+def fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
+    """The workflow's training items (withParam): one per arm, fold and replicate."""
+    return [{"arm": s.arm, "fold": str(s.fold), "replicate": str(s.replicate)}
+            for s in study_runs(n_folds, design.arms, design.replicates)]
