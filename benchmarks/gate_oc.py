@@ -16,6 +16,7 @@ training effect of sd τ per horizon. Every world has its own seed; nothing is r
     python benchmarks/gate_oc.py report                          # table, JSON and plot from what ran
     python benchmarks/gate_oc.py run --plan null --in-process    # the gate's functions in process: a fast
                                                                  # simulation, in gate_oc_inprocess*.{jsonl,json,png}
+    python benchmarks/gate_oc.py cells --replicates 3 --tau 0.005 --n 5000   # the cells' own t test at δ = 0
 
 Each world's outcome is appended to benchmarks/results/gate_oc_runs.jsonl as it ends, so a re-run resumes;
 `report` writes gate_oc.json (ship rates with Wilson 95 % intervals, sd(W − δ) against the gate's se,
@@ -257,8 +258,17 @@ def done_rows() -> list[dict]:
     return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
 
 
+def decided_rows() -> list[dict]:
+    """The first decision of each (setting, world): a world decided twice (two runs at once) counts once."""
+    first: dict[tuple[str, int], dict] = {}
+    for r in done_rows():
+        if r.get("decision"):
+            first.setdefault((r["setting"], r["world"]), r)
+    return list(first.values())
+
+
 def run(settings: list[Setting], workers: int, budget_s: float | None, batch: int = 6) -> None:
-    have = {(r["setting"], r["world"]) for r in done_rows() if r.get("decision")}
+    have = {(r["setting"], r["world"]) for r in decided_rows()}
     left = {s.name: [i for i in range(s.n) if (s.name, i) not in have] for s in settings}
     # batch by batch across the settings, so a run cut short leaves every setting about as far along
     tasks = [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
@@ -292,9 +302,8 @@ def wilson(k: int, n: int) -> tuple[float, float]:
 
 def summarize() -> list[dict]:
     groups: dict[str, list[dict]] = {}
-    for r in done_rows():
-        if r.get("decision"):
-            groups.setdefault(r["setting"], []).append(r)
+    for r in decided_rows():
+        groups.setdefault(r["setting"], []).append(r)
     out = []
     for name, rs in sorted(groups.items()):
         s0 = rs[0]
@@ -339,6 +348,73 @@ def summarize() -> list[dict]:
     return out
 
 
+def cell_lifts(task: tuple[Setting, list[int]]) -> list[list]:
+    """Per world: the (F, R, H) final-AUC differences B − A of its cells, as the gate's cells are."""
+    from perception.gate import stats
+
+    s, worlds = task
+    out = []
+    for i in worlds:
+        cells = world_cells(s, world_seed(s, i))
+        lift = np.zeros((3, s.replicates, len(HORIZONS)))
+        for (arm, fold, rep), c in cells.items():
+            sign = 1.0 if arm == "per_horizon" else -1.0
+            lift[fold, rep] += sign * np.array([stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
+                                                for j in range(len(HORIZONS))])
+        out.append(lift.tolist())
+    return out
+
+
+def cells_check(replicates: int, tau: float, n: int, workers: int) -> dict:
+    """The t test on the cells alone at δ = 0, with no window bootstrap: lift / sqrt(s² / (F·R)), s² the pooled
+    between-replicate variance, F·(R − 1) df. The gate's se² adds a window part ≥ 0 and Satterthwaite's df,
+    which can only make its test stricter than this one (docs/validity.md), so this t's tail rates bound
+    the gate's per-rule false rejections from above; on the worlds the gate decided too, the JSON counts
+    how many of its rejections this t shares."""
+    from scipy.stats import t as student_t
+
+    s = Setting(replicates, tau, 0.0, n)  # the null plan's worlds, seed for seed
+    chunks = [(s, list(range(k, min(k + 50, n)))) for k in range(0, n, 50)]
+    with Pool(workers) as pool:
+        lifts = np.array([w for part in tqdm(pool.imap(cell_lifts, chunks), total=len(chunks), desc="cells",
+                                             unit="50 worlds") for w in part])  # (n, F, R, H)
+    df = 3 * (replicates - 1)
+    crit = float(student_t.isf(0.025, df))
+    out = {"setting": s.name, "worlds": n, "df": df, "critical_t": crit, "rules": {}}
+    decided = {}  # the same worlds as the gate decided them, where their rows carry each rule's p
+    for f in (RESULTS / "gate_oc_runs.jsonl", RESULTS / "gate_oc_inprocess_runs.jsonl"):
+        if f.is_file():
+            decided.update({r["world"]: r for r in map(json.loads, filter(str.strip, f.read_text().splitlines()))
+                            if r["setting"] == s.name and r.get("p_W") is not None and r["world"] < n})
+    for name, horizons in (("W", [WEIGHTED]), ("G", [10, 30])):
+        w = np.array([1.0 if h in horizons else 0.0 for h in HORIZONS]) / len(horizons)
+        cell = lifts @ w  # (n, F, R)
+        mean, s2 = cell.mean(axis=(1, 2)), cell.var(axis=2, ddof=1).mean(axis=1)
+        t = mean / np.sqrt(s2 / (3 * replicates))
+        upper = int((t > crit).sum())
+        out["rules"][name] = {"upper_tail": upper / n, "upper_wilson95": wilson(upper, n),
+                              "lower_tail": float((t < -crit).mean()),
+                              "sd_lift_over_rms_se": float(mean.std(ddof=1) / math.sqrt(np.mean(s2 / (3 * replicates)))),
+                              "kurtosis_within": float(np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 4)
+                                                       / np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 2) ** 2)}
+        rejected = [i for i, r in decided.items() if r[f"p_{name}"] < 0.025]  # the gate's test at α/2
+        out["rules"][name]["gate"] = {"worlds": len(decided), "rejected_at_alpha_2": len(rejected),
+                                      "of_them_rejected_by_this_t": int(sum(t[i] > crit for i in rejected))}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "gate_oc_cells.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {"what": cells_check.__doc__.split("\n")[0], "rows": []}
+    doc["rows"] = [r for r in doc["rows"] if r["setting"] != s.name] + [out]
+    doc["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    for name, r in out["rules"].items():
+        g = r["gate"]
+        print(f"{name}: P(t > t_{df}) = {r['upper_tail']:.4f} [{r['upper_wilson95'][0]:.4f}, {r['upper_wilson95'][1]:.4f}], "
+              f"P(t < -t_{df}) = {r['lower_tail']:.4f}, sd/se {r['sd_lift_over_rms_se']:.3f} (n = {n}, nominal 0.025); "
+              f"the gate rejected {g['rejected_at_alpha_2']} of {g['worlds']} of these worlds, "
+              f"{g['of_them_rejected_by_this_t']} of them rejected here too")
+    return out
+
+
 def _plot(rows: list[dict]) -> None:
     if not rows:
         return
@@ -374,18 +450,22 @@ def _plot(rows: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["run", "report"])
+    p.add_argument("what", choices=["run", "report", "cells"])
     p.add_argument("--plan", default="null", help="null | power | mde")
     p.add_argument("--n", type=int, default=None, help="worlds per setting (default: the plan's)")
     p.add_argument("--workers", type=int, default=2, help="worlds at once (each gate runs single-threaded)")
     p.add_argument("--budget-s", type=float, default=None, help="stop taking results after this many seconds")
     p.add_argument("--match", default="", help="only the plan's settings whose name contains this, e.g. R3-tau0.005")
+    p.add_argument("--replicates", type=int, default=3, help="cells: R")
+    p.add_argument("--tau", type=float, default=0.005, help="cells: τ")
     p.add_argument("--in-process", action="store_true",
                    help="decide with the gate's functions in this process (fast simulation; its own result files)")
     args = p.parse_args()
     IN_PROCESS["on"] = args.in_process
     if args.what == "report":
         summarize()
+    elif args.what == "cells":
+        cells_check(args.replicates, args.tau, args.n or 5000, args.workers)
     else:
         run([s for s in plan(args.plan, args.n) if args.match in s.name], args.workers, args.budget_s)
 

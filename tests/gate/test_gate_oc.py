@@ -87,3 +87,7 @@ def test_in_process_decisions_are_the_installed_gate_s(tmp_path):
     (fast,) = oc.decide_in_process((s, [0], ""))
     for key in ("decision", "rule", "W", "G", "se_W", "df_W", "se_G", "mde_W", "mde_G", "variance"):
         assert fast[key] == (pytest.approx(installed[key]) if isinstance(installed[key], float) else installed[key]), key
+    # and the cells' own t test (gate_oc.py cells) reads the lifts the gate's W and G are made of
+    lift = np.array(oc.cell_lifts((s, [0]))[0])  # (F, R, H)
+    assert lift[:, :, oc.HORIZONS.index(oc.WEIGHTED)].mean() == pytest.approx(fast["W"])
+    assert lift[:, :, [oc.HORIZONS.index(10), oc.HORIZONS.index(30)]].mean() == pytest.approx(fast["G"])
