@@ -93,6 +93,16 @@ def mde_of_null(replicates: int, tau: float) -> float:
     return round(float(np.median(current_mde_W(rows))), 4)
 
 
+def _planned_mde(replicates: int, tau: float) -> float | None:
+    """The δ the mde plan plants now at (R, τ); None where it plants none."""
+    if (replicates, tau) not in MDE_SETTINGS:
+        return None
+    try:
+        return mde_of_null(replicates, tau)
+    except SystemExit:  # too few null worlds yet
+        return None
+
+
 def current_mde_W(rows: list[dict]) -> list[float]:
     """Rule 1's minimum detectable W of each world as the installed gate computes it now from the world's
     se and degrees of freedom (perception.gate.evidence at α/2, min_lift of conf/gate/local.yaml), so rows
@@ -324,8 +334,10 @@ def summarize() -> list[dict]:
         if row["kind"] == "null":
             row["target"] = f"rate <= {TARGET_FALSE_SHIP}, Wilson upper <= {TARGET_UPPER}, n >= 300"
             row["met"] = row["rate"] <= TARGET_FALSE_SHIP and hi <= TARGET_UPPER and len(rs) >= 300
+        elif row["kind"] == "mde" and row["delta"] != _planned_mde(row["replicates"], row["tau"]):
+            row["target"] = "none: δ of an earlier plan or MDE formula (a point of the power curve)"
         elif row["kind"] == "mde":
-            # δ came from the null worlds; the worlds at δ should report about the same (se grows a little with δ)
+            # δ came from the null worlds; the worlds at δ should report about the same (se shrinks a little with δ)
             row["reports_its_delta"] = abs(row["median_mde_W"] - row["delta"]) <= 0.1 * row["delta"]
             row["target"] = f"P(ship) at the reported MDE in {list(MDE_BAND)}"
             row["met"] = MDE_BAND[0] <= row["rate"] <= MDE_BAND[1]
@@ -367,10 +379,11 @@ def cell_lifts(task: tuple[Setting, list[int]]) -> list[list]:
 
 def cells_check(replicates: int, tau: float, n: int, workers: int) -> dict:
     """The t test on the cells alone at δ = 0, with no window bootstrap: lift / sqrt(s² / (F·R)), s² the pooled
-    between-replicate variance, F·(R − 1) df. The gate's se² adds a window part ≥ 0 and Satterthwaite's df,
-    which can only make its test stricter than this one (docs/validity.md), so this t's tail rates bound
-    the gate's per-rule false rejections from above; on the worlds the gate decided too, the JSON counts
-    how many of its rejections this t shares."""
+    between-replicate variance, F·(R − 1) df. The gate's se² adds a window part ≥ 0 and Satterthwaite's df;
+    at 6 df or more (R = 3) that can only make its test stricter than this one (at 3 df, R = 2, it can
+    lower the bar by up to 8 %: docs/validity.md), so there this t's tail rates bound the gate's per-rule
+    false rejections from above; on the worlds the gate decided too, the JSON counts how many of its
+    rejections this t shares."""
     from scipy.stats import t as student_t
 
     s = Setting(replicates, tau, 0.0, n)  # the null plan's worlds, seed for seed
