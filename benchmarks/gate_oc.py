@@ -454,7 +454,8 @@ def _plot(rows: list[dict]) -> None:
     ax.set_xlabel("planted true lift δ = W (AUC, h1000)")
     ax.set_ylabel("P(ship) [Wilson 95 %]")
     ax.set_ylim(0, 1.02)
-    ax.set_title("Decision gate: operating characteristic (installed perception-gate, local config)")
+    how = "the gate's functions in process" if IN_PROCESS["on"] else "installed perception-gate"
+    ax.set_title(f"Decision gate: operating characteristic ({how}, local config)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(_out_name("png"), dpi=110)
