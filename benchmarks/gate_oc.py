@@ -12,8 +12,11 @@ training effect of sd τ per horizon. Every world has its own seed; nothing is r
 
     python benchmarks/gate_oc.py run --plan null --workers 2     # δ = 0: R in {1, 2, 3} x τ in {0.005, 0.015}
     python benchmarks/gate_oc.py run --plan power --workers 2    # δ in {0.005, 0.01, 0.02, 0.04}
-    python benchmarks/gate_oc.py run --plan mde --workers 2      # δ = the median MDE the null worlds reported
+    python benchmarks/gate_oc.py run --plan mde --workers 2      # δ = the median MDE of the null worlds
     python benchmarks/gate_oc.py report                          # table, JSON and plot from what ran
+    python benchmarks/gate_oc.py run --plan null --in-process    # the gate's functions in process: a fast
+                                                                 # simulation, in gate_oc_inprocess*.{jsonl,json,png}
+    python benchmarks/gate_oc.py cells --replicates 3 --tau 0.005 --n 5000   # the cells' own t test at δ = 0
 
 Each world's outcome is appended to benchmarks/results/gate_oc_runs.jsonl as it ends, so a re-run resumes;
 `report` writes gate_oc.json (ship rates with Wilson 95 % intervals, sd(W − δ) against the gate's se,
@@ -49,6 +52,7 @@ BASE_AUC = (0.60, 0.58, 0.56, 0.55, 0.54)
 WINDOW, STRIDE = 128, 16
 TARGET_FALSE_SHIP, TARGET_UPPER = 0.05, 0.075
 MDE_BAND = (0.7, 0.9)
+MDE_SETTINGS = ((3, 0.005), (2, 0.015), (1, 0.005))  # (R, τ) where the power claim is checked
 
 
 @dataclass(frozen=True)
@@ -72,18 +76,43 @@ def plan(name: str, n: int | None) -> list[Setting]:
     if name == "power":
         return [Setting(r, tau, d, n or 60, kind="power") for r, tau in ((3, 0.005), (3, 0.015), (1, 0.005))
                 for d in (0.005, 0.01, 0.02, 0.04)]
-    if name == "mde":  # δ = the median MDE that worlds at the last δ reported (first the null's), once more
-        out = []
-        for r, tau in ((3, 0.005), (2, 0.015), (1, 0.005)):
-            rows = [row for row in done_rows() if row["replicates"] == r and row["tau"] == tau
-                    and row["kind"] in ("null", "mde") and row.get("mde_W") is not None]
-            if not any(row["kind"] == "null" for row in rows):
-                raise SystemExit(f"no null worlds at R = {r}, τ = {tau} yet: run --plan null first")
-            last = max(rows, key=lambda row: (row["kind"] == "mde", row["delta"]))["delta"]
-            mdes = [row["mde_W"] for row in rows if row["delta"] == last]
-            out.append(Setting(r, tau, round(float(np.median(mdes)), 4), n or 150, kind="mde"))
-        return out
+    if name == "mde":  # δ = the median MDE the gate reports for this setting's null worlds
+        return [Setting(r, tau, mde_of_null(r, tau), n or 300, kind="mde") for r, tau in MDE_SETTINGS]
     raise SystemExit(f"unknown plan {name!r}: expected null, power or mde")
+
+
+def mde_of_null(replicates: int, tau: float) -> float:
+    """The median minimum detectable W over the null worlds of (R, τ) (either file: the same worlds by name)."""
+    files = [RESULTS / "gate_oc_runs.jsonl", RESULTS / "gate_oc_inprocess_runs.jsonl"]
+    unique = {(row["setting"], row["world"]): row for f in files if f.is_file()
+              for row in map(json.loads, filter(str.strip, f.read_text().splitlines()))}
+    rows = [row for row in unique.values() if row["kind"] == "null" and row["replicates"] == replicates
+            and row["tau"] == tau and row.get("se_W") is not None]
+    if len(rows) < 100:
+        raise SystemExit(f"{len(rows)} null worlds at R = {replicates}, τ = {tau}: run --plan null first (100 or more)")
+    return round(float(np.median(current_mde_W(rows))), 4)
+
+
+def _planned_mde(replicates: int, tau: float) -> float | None:
+    """The δ the mde plan plants now at (R, τ); None where it plants none."""
+    if (replicates, tau) not in MDE_SETTINGS:
+        return None
+    try:
+        return mde_of_null(replicates, tau)
+    except SystemExit:  # too few null worlds yet
+        return None
+
+
+def current_mde_W(rows: list[dict]) -> list[float]:
+    """Rule 1's minimum detectable W of each world as the installed gate computes it now from the world's
+    se and degrees of freedom (perception.gate.evidence at α/2, min_lift of conf/gate/local.yaml), so rows
+    decided before a change of the MDE's formula alone (not of the decision) still count."""
+    from perception.gate.config import load_gate_config
+    from perception.gate.evidence import minimum_detectable
+
+    cfg = load_gate_config("local")
+    return [minimum_detectable(r["se_W"], math.inf if r.get("df_W") is None else r["df_W"], cfg.alpha / 2,
+                               cfg.min_lift) for r in rows if r.get("se_W") is not None]
 
 
 # ---------------------------------------------------------------- worlds
@@ -162,22 +191,55 @@ def run_worlds(task: tuple[Setting, list[int], str]) -> list[dict]:
         ids = [a for i in worlds for a in ("--sweep-id", f"oc-{i}")]
         done = subprocess.run([_gate_command(), *ids, "--tracking-uri", uri, "--config", "local",
                                "--out", str(tmp / "report"), "--no-progress"], capture_output=True, text=True, env=env)
-        reports = {i: tmp / "report" / f"oc-{i}" / "report.json" for i in worlds}
+        # one --sweep-id writes its report into --out itself, several each into --out/<sweep_id>
+        reports = {i: tmp / "report" / (f"oc-{i}" if len(worlds) > 1 else "") / "report.json" for i in worlds}
         decided = {i: json.loads(f.read_text()) for i, f in reports.items() if f.is_file()}
     seconds = round((time.perf_counter() - t0) / len(worlds), 2)
-    return [_row(s, i, done, decided.get(i, {}), seconds) for i in worlds]
+    return [_row(s, i, done.returncode, done.stderr, decided.get(i, {}), seconds) for i in worlds]
 
 
-def _row(s: Setting, i: int, done: subprocess.CompletedProcess, r: dict, seconds: float) -> dict:
-    row = {"setting": s.name, **asdict(s), "world": i, "seed": world_seed(s, i), "returncode": done.returncode,
+def decide_in_process(task: tuple[Setting, list[int], str]) -> list[dict]:
+    """The same worlds decided by the gate's own functions in this process (perception.gate.decision:
+    resample, decide; conf/gate/local.yaml): no MLflow store and no subprocess, ~5x faster, for
+    simulations too large for the installed gate on a small machine. The installed gate stays the measure."""
+    from perception.gate import stats
+    from perception.gate.config import load_gate_config
+    from perception.gate.decision import decide, resample
+    from perception.gate.inputs import ArmRun, Predictions, SweepInputs
+
+    s, worlds, _ = task
+    cfg = load_gate_config("local")
+    rows = []
+    for i in worlds:
+        t0 = time.perf_counter()
+        runs = {}
+        for (arm, fold, rep), c in world_cells(s, world_seed(s, i)).items():
+            final = np.array([stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
+                              for j in range(len(HORIZONS))])  # (H,) what a training logs as val_auc_h{h}
+            runs[(arm, fold, rep)] = ArmRun(f"{arm}-{fold}-{rep}", arm, fold, rep, final, None,
+                                            Predictions(c["probs"], c["labels"], c["mask"], c["index"]), None, {})
+        inputs = SweepInputs(f"oc-{i}", "", "", None, list(HORIZONS), WINDOW, STRIDE, 3, {}, runs,
+                             ["shared", "per_horizon"], list(range(s.replicates)))
+        g = decide(inputs, cfg, "shared", "per_horizon", resample(inputs, cfg, progress=False))
+        r = {"decision": g.decision, "rule": g.rule, "W": g.W, "G": g.G, "p": g.p, "rules": [vars(x) for x in g.rules],
+             "mde": g.mde, "training_noise": g.training_noise}
+        rows.append(_row(s, i, 0, "", r, round(time.perf_counter() - t0, 2)))
+    return rows
+
+
+def _row(s: Setting, i: int, returncode: int, stderr: str, r: dict, seconds: float) -> dict:
+    row = {"setting": s.name, **asdict(s), "world": i, "seed": world_seed(s, i), "returncode": returncode,
            "seconds": seconds}
     if not r or r.get("refused"):
-        return {**row, "decision": None, "error": (done.stderr[-1500:] or "no report").strip()}
+        return {**row, "decision": None, "error": (stderr[-1500:] or "no report").strip()}
     rules = {x["name"]: x for x in r["rules"]}
-    return {**row, "decision": r["decision"], "rule": r["rule"], "W": r["W"], "G": r["G"], "p": r["p"],
-            "se_W": rules["rule 1"]["se"], "df_W": rules["rule 1"]["df"], "se_G": rules["rule 2"]["se"],
-            "variance": rules["rule 1"]["variance"], "mde_W": r["mde"]["W"], "mde_G": r["mde"]["G"],
-            "training_noise": r["training_noise"][:60]}
+    finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731  (as report.json has them)
+    numbers = {"W": r["W"], "G": r["G"], "p": r["p"],
+               "se_W": rules["rule 1"]["se"], "df_W": rules["rule 1"]["df"], "p_W": rules["rule 1"]["p_bootstrap"],
+               "se_G": rules["rule 2"]["se"], "df_G": rules["rule 2"]["df"], "p_G": rules["rule 2"]["p_bootstrap"],
+               "mde_W": r["mde"]["W"], "mde_G": r["mde"]["G"]}
+    return {**row, "decision": r["decision"], "rule": r["rule"], **{k: finite(v) for k, v in numbers.items()},
+            "variance": rules["rule 1"]["variance"], "training_noise": r["training_noise"][:60]}
 
 
 def _template(folder: Path) -> str:
@@ -190,8 +252,15 @@ def _template(folder: Path) -> str:
 # ---------------------------------------------------------------- resume, summary, plot
 
 
+IN_PROCESS = {"on": False}  # `--in-process`: rows, summary and plot under their own names, never mixed
+
+
 def runs_file() -> Path:
-    return RESULTS / "gate_oc_runs.jsonl"
+    return RESULTS / ("gate_oc_inprocess_runs.jsonl" if IN_PROCESS["on"] else "gate_oc_runs.jsonl")
+
+
+def _out_name(ext: str) -> Path:
+    return RESULTS / (f"gate_oc_inprocess.{ext}" if IN_PROCESS["on"] else f"gate_oc.{ext}")
 
 
 def done_rows() -> list[dict]:
@@ -199,8 +268,17 @@ def done_rows() -> list[dict]:
     return [json.loads(x) for x in f.read_text().splitlines() if x.strip()] if f.is_file() else []
 
 
+def decided_rows() -> list[dict]:
+    """The first decision of each (setting, world): a world decided twice (two runs at once) counts once."""
+    first: dict[tuple[str, int], dict] = {}
+    for r in done_rows():
+        if r.get("decision"):
+            first.setdefault((r["setting"], r["world"]), r)
+    return list(first.values())
+
+
 def run(settings: list[Setting], workers: int, budget_s: float | None, batch: int = 6) -> None:
-    have = {(r["setting"], r["world"]) for r in done_rows() if r.get("decision")}
+    have = {(r["setting"], r["world"]) for r in decided_rows()}
     left = {s.name: [i for i in range(s.n) if (s.name, i) not in have] for s in settings}
     # batch by batch across the settings, so a run cut short leaves every setting about as far along
     tasks = [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
@@ -213,7 +291,8 @@ def run(settings: list[Setting], workers: int, budget_s: float | None, batch: in
         template = _template(Path(tdir))
         with Pool(workers) as pool:
             bar = tqdm(total=todo, desc="worlds", unit="world")
-            for rows in pool.imap_unordered(run_worlds, [(s, ws, template) for s, ws in tasks]):
+            decide_worlds = decide_in_process if IN_PROCESS["on"] else run_worlds
+            for rows in pool.imap_unordered(decide_worlds, [(s, ws, template) for s, ws in tasks]):
                 for row in rows:
                     out.write(json.dumps(row) + "\n")
                 out.flush()
@@ -233,9 +312,8 @@ def wilson(k: int, n: int) -> tuple[float, float]:
 
 def summarize() -> list[dict]:
     groups: dict[str, list[dict]] = {}
-    for r in done_rows():
-        if r.get("decision"):
-            groups.setdefault(r["setting"], []).append(r)
+    for r in decided_rows():
+        groups.setdefault(r["setting"], []).append(r)
     out = []
     for name, rs in sorted(groups.items()):
         s0 = rs[0]
@@ -251,22 +329,26 @@ def summarize() -> list[dict]:
                "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
                "variance": s0.get("variance"), "W_bias": float(err.mean()),
                "sd_W_over_se": float(err.std(ddof=1) / math.sqrt(np.mean(se ** 2))) if len(se) > 1 else None,
-               "median_mde_W": float(np.median([r["mde_W"] for r in rs if r.get("mde_W") is not None] or [math.nan])),
+               "median_mde_W": float(np.median(current_mde_W(rs) or [math.nan])),
                "median_world_s": float(np.median([r["seconds"] for r in rs]))}
         if row["kind"] == "null":
             row["target"] = f"rate <= {TARGET_FALSE_SHIP}, Wilson upper <= {TARGET_UPPER}, n >= 300"
             row["met"] = row["rate"] <= TARGET_FALSE_SHIP and hi <= TARGET_UPPER and len(rs) >= 300
+        elif row["kind"] == "mde" and row["delta"] != _planned_mde(row["replicates"], row["tau"]):
+            row["target"] = "none: δ of an earlier plan or MDE formula (a point of the power curve)"
         elif row["kind"] == "mde":
-            # the claim holds where the worlds at δ report δ as their MDE: a sweep's se grows with its lift
+            # δ came from the null worlds; the worlds at δ should report about the same (se shrinks a little with δ)
             row["reports_its_delta"] = abs(row["median_mde_W"] - row["delta"]) <= 0.1 * row["delta"]
             row["target"] = f"P(ship) at the reported MDE in {list(MDE_BAND)}"
             row["met"] = MDE_BAND[0] <= row["rate"] <= MDE_BAND[1]
         out.append(row)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    doc = {"what": __doc__.split("\n\n")[0], "gate": "installed perception-gate --config local (subprocess)",
+    gate = ("the gate's functions in process (perception.gate.decision resample + decide, conf/gate/local.yaml)"
+            if IN_PROCESS["on"] else "installed perception-gate --config local (subprocess)")
+    doc = {"what": __doc__.split("\n\n")[0], "gate": gate,
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()},
            "rows": out}
-    (RESULTS / "gate_oc.json").write_text(json.dumps(doc, indent=2) + "\n")
+    _out_name("json").write_text(json.dumps(doc, indent=2) + "\n")
     print("| kind | R | τ | δ | n | ships | rate | Wilson 95 % | sd(W−δ)/se | median MDE_W | target met |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in out:
@@ -275,6 +357,74 @@ def summarize() -> list[dict]:
               f"{r['rate']:.3f} | [{r['wilson95'][0]:.3f}, {r['wilson95'][1]:.3f}] | {ratio} | "
               f"{r['median_mde_W']:.4f} | {r.get('met', '–')} |")
     _plot(out)
+    return out
+
+
+def cell_lifts(task: tuple[Setting, list[int]]) -> list[list]:
+    """Per world: the (F, R, H) final-AUC differences B − A of its cells, as the gate's cells are."""
+    from perception.gate import stats
+
+    s, worlds = task
+    out = []
+    for i in worlds:
+        cells = world_cells(s, world_seed(s, i))
+        lift = np.zeros((3, s.replicates, len(HORIZONS)))
+        for (arm, fold, rep), c in cells.items():
+            sign = 1.0 if arm == "per_horizon" else -1.0
+            lift[fold, rep] += sign * np.array([stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
+                                                for j in range(len(HORIZONS))])
+        out.append(lift.tolist())
+    return out
+
+
+def cells_check(replicates: int, tau: float, n: int, workers: int) -> dict:
+    """The t test on the cells alone at δ = 0, with no window bootstrap: lift / sqrt(s² / (F·R)), s² the pooled
+    between-replicate variance, F·(R − 1) df. The gate's se² adds a window part ≥ 0 and Satterthwaite's df;
+    at 6 df or more (R = 3) that can only make its test stricter than this one (at 3 df, R = 2, it can
+    lower the bar by up to 8 %: docs/validity.md), so there this t's tail rates bound the gate's per-rule
+    false rejections from above; on the worlds the gate decided too, the JSON counts how many of its
+    rejections this t shares."""
+    from scipy.stats import t as student_t
+
+    s = Setting(replicates, tau, 0.0, n)  # the null plan's worlds, seed for seed
+    chunks = [(s, list(range(k, min(k + 50, n)))) for k in range(0, n, 50)]
+    with Pool(workers) as pool:
+        lifts = np.array([w for part in tqdm(pool.imap(cell_lifts, chunks), total=len(chunks), desc="cells",
+                                             unit="50 worlds") for w in part])  # (n, F, R, H)
+    df = 3 * (replicates - 1)
+    crit = float(student_t.isf(0.025, df))
+    out = {"setting": s.name, "worlds": n, "df": df, "critical_t": crit, "rules": {}}
+    decided = {}  # the same worlds as the gate decided them, where their rows carry each rule's p
+    for f in (RESULTS / "gate_oc_runs.jsonl", RESULTS / "gate_oc_inprocess_runs.jsonl"):
+        if f.is_file():
+            decided.update({r["world"]: r for r in map(json.loads, filter(str.strip, f.read_text().splitlines()))
+                            if r["setting"] == s.name and r.get("p_W") is not None and r["world"] < n})
+    for name, horizons in (("W", [WEIGHTED]), ("G", [10, 30])):
+        w = np.array([1.0 if h in horizons else 0.0 for h in HORIZONS]) / len(horizons)
+        cell = lifts @ w  # (n, F, R)
+        mean, s2 = cell.mean(axis=(1, 2)), cell.var(axis=2, ddof=1).mean(axis=1)
+        t = mean / np.sqrt(s2 / (3 * replicates))
+        upper = int((t > crit).sum())
+        out["rules"][name] = {"upper_tail": upper / n, "upper_wilson95": wilson(upper, n),
+                              "lower_tail": float((t < -crit).mean()),
+                              "sd_lift_over_rms_se": float(mean.std(ddof=1) / math.sqrt(np.mean(s2 / (3 * replicates)))),
+                              "kurtosis_within": float(np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 4)
+                                                       / np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 2) ** 2)}
+        rejected = [i for i, r in decided.items() if r[f"p_{name}"] < 0.025]  # the gate's test at α/2
+        out["rules"][name]["gate"] = {"worlds": len(decided), "rejected_at_alpha_2": len(rejected),
+                                      "of_them_rejected_by_this_t": int(sum(t[i] > crit for i in rejected))}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / "gate_oc_cells.json"
+    doc = json.loads(path.read_text()) if path.is_file() else {"what": cells_check.__doc__.split("\n")[0], "rows": []}
+    doc["rows"] = [r for r in doc["rows"] if r["setting"] != s.name] + [out]
+    doc["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    for name, r in out["rules"].items():
+        g = r["gate"]
+        print(f"{name}: P(t > t_{df}) = {r['upper_tail']:.4f} [{r['upper_wilson95'][0]:.4f}, {r['upper_wilson95'][1]:.4f}], "
+              f"P(t < -t_{df}) = {r['lower_tail']:.4f}, sd/se {r['sd_lift_over_rms_se']:.3f} (n = {n}, nominal 0.025); "
+              f"the gate rejected {g['rejected_at_alpha_2']} of {g['worlds']} of these worlds, "
+              f"{g['of_them_rejected_by_this_t']} of them rejected here too")
     return out
 
 
@@ -304,24 +454,32 @@ def _plot(rows: list[dict]) -> None:
     ax.set_xlabel("planted true lift δ = W (AUC, h1000)")
     ax.set_ylabel("P(ship) [Wilson 95 %]")
     ax.set_ylim(0, 1.02)
-    ax.set_title("Decision gate: operating characteristic (installed perception-gate, local config)")
+    how = "the gate's functions in process" if IN_PROCESS["on"] else "installed perception-gate"
+    ax.set_title(f"Decision gate: operating characteristic ({how}, local config)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(RESULTS / "gate_oc.png", dpi=110)
+    fig.savefig(_out_name("png"), dpi=110)
     plt.close(fig)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["run", "report"])
+    p.add_argument("what", choices=["run", "report", "cells"])
     p.add_argument("--plan", default="null", help="null | power | mde")
     p.add_argument("--n", type=int, default=None, help="worlds per setting (default: the plan's)")
     p.add_argument("--workers", type=int, default=2, help="worlds at once (each gate runs single-threaded)")
     p.add_argument("--budget-s", type=float, default=None, help="stop taking results after this many seconds")
     p.add_argument("--match", default="", help="only the plan's settings whose name contains this, e.g. R3-tau0.005")
+    p.add_argument("--replicates", type=int, default=3, help="cells: R")
+    p.add_argument("--tau", type=float, default=0.005, help="cells: τ")
+    p.add_argument("--in-process", action="store_true",
+                   help="decide with the gate's functions in this process (fast simulation; its own result files)")
     args = p.parse_args()
+    IN_PROCESS["on"] = args.in_process
     if args.what == "report":
         summarize()
+    elif args.what == "cells":
+        cells_check(args.replicates, args.tau, args.n or 5000, args.workers)
     else:
         run([s for s in plan(args.plan, args.n) if args.match in s.name], args.workers, args.budget_s)
 

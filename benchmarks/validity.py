@@ -12,7 +12,6 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
     python benchmarks/validity.py per_horizon_null --experiment local --n 20     # its twin: every ship is false
     python benchmarks/validity.py ab --experiment local --n 20                   # power at the study's own effect
     python benchmarks/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
-    python benchmarks/validity.py calibrate --experiment local --n 8 --seed-base 90000   # the shipped A/A noise
     python benchmarks/validity.py report                                          # table + plot from what ran
 
 Tests: `aa` (the control against its twin: every ship is false), `reseed` (the control against
@@ -21,11 +20,11 @@ world whose labels no feature predicts: every ship is false), `per_horizon` (`sh
 `per_horizon` in the world built for per-horizon queries: ships are the gate's power), `per_horizon_null`
 (the same arms in that world's null twin, whose events predict nothing: every ship is false), `ab` (the
 study's A/B, `shared` against `per_horizon`, in the default world, where per_horizon's lift is real
-and consistent across seeds: ships are the gate's power at the effect size the study has). `calibrate`
-runs A/A sweeps of both seed arms on seeds of their own and writes perception/gate/noise/<experiment>.json,
-the training noise a one-replicate gate adds to its evidence (users measure a new experiment with the product's
-`perception-sweep calibrate --experiment NAME --sweeps 5`, which writes the same file with its provenance). Every sweep's outcome is appended to
-benchmarks/results/validity_runs.jsonl as it ends, so a re-run resumes.
+and consistent across seeds: ships are the gate's power at the effect size the study has). The shipped
+noise files perception/gate/noise/<experiment>.json, which one-replicate sweeps use, are written by the
+product's `perception-sweep calibrate --experiment NAME --sweeps 5` (seeds from 90000, apart from every
+test's here). Every sweep's outcome is appended to benchmarks/results/validity_runs.jsonl as it ends, so
+a re-run resumes.
 """
 
 from __future__ import annotations
@@ -50,15 +49,16 @@ RESULTS = Path(os.environ.get("PERCEPTION_VALIDITY_RESULTS", Path(__file__).reso
 RUNS = RESULTS / "validity_runs.jsonl"
 SUMMARY = RESULTS / "validity.json"
 PLOT = RESULTS / "validity.png"
-NOISE_DIR = Path(__file__).resolve().parents[1] / "perception" / "gate" / "noise"
 TARGETS = {"false_ship": 0.05, "power": 0.8}
 POWER_TESTS = ("per_horizon", "ab")  # tests whose treatment is better: a ship is right
-# The gate's test: "t" (Satterthwaite's df for the estimated training variance) or "normal" (before it);
-# a row is only ever counted with rows of the same evidence, and a re-run redoes rows of another.
-EVIDENCE = "t"
-# Seed bases keep every test's seeds apart, and the calibration's apart from all of them.
+# The gate's test: "holm" (one α over both rules by Holm, replicates' prediction noise counted once,
+# between-fold evidence at one replicate without a noise file), "t" (Satterthwaite's df, two unadjusted
+# routes: before it) or "normal" (before that); a row is only ever counted with rows of the same evidence,
+# and a re-run redoes rows of another.
+EVIDENCE = "holm"
+# Seed bases keep every test's seeds apart, and apart from perception-sweep calibrate's (90000 on).
 SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000,
-             "per_horizon_null": 60_000, "calibrate": 90_000}
+             "per_horizon_null": 60_000}
 
 
 def wilson(ships: int, n: int) -> tuple[float, float]:
@@ -71,7 +71,7 @@ def wilson(ships: int, n: int) -> tuple[float, float]:
 
 def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
     """(sweep flags, extra overrides, control, treatment) of one test."""
-    if test in ("aa", "calibrate"):
+    if test == "aa":
         return ["--aa", "--control", control], [], control, control + "_twin"
     if test == "reseed":
         twin = control + "_reseed"
@@ -110,7 +110,7 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
            "device": f"cuda:{gpu}" if gpu else "cpu"}
     s = json.loads(report.read_text()) if report.is_file() else {}
     if s and not s.get("refused"):
-        row.update(evidence=EVIDENCE if any("df" in r for r in s.get("rules") or []) else "normal",
+        row.update(evidence=_evidence(s),
                    decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
                    replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
                    delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
@@ -125,6 +125,13 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
     return row
 
 
+def _evidence(report: dict) -> str:
+    """Which gate decided a report (see EVIDENCE)."""
+    if report.get("multiplicity"):
+        return "holm"
+    return "t" if any("df" in r for r in report.get("rules") or []) else "normal"
+
+
 def done_rows() -> list[dict]:
     return [json.loads(line) for line in RUNS.read_text().splitlines() if line.strip()] if RUNS.is_file() else []
 
@@ -133,10 +140,10 @@ def run_test(args: argparse.Namespace) -> None:
     base = args.seed_base if args.seed_base is not None else SEED_BASE[args.test]
     # replicate r trains with seed + r: sweeps R seeds apart share no training seed
     seeds = list(range(base, base + args.n * args.replicates, args.replicates))
-    controls = ["shared", "per_horizon"] if args.test == "calibrate" else [args.control]
+    controls = [args.control]
     have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []), r.get("replicates", 1))
             for r in done_rows() if r.get("decision")
-            and (r.get("evidence", "normal") == EVIDENCE or r["test"] == "calibrate")}  # its deltas are all it keeps
+            and r.get("evidence", "normal") == EVIDENCE}
     _, _, a0, _ = design(args.test, args.control)
     todo = [(c, s) for c in controls for s in seeds
             if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra), args.replicates) not in have]
@@ -167,8 +174,6 @@ def run_test(args: argparse.Namespace) -> None:
         print(f"{len(kept)} sweep(s) without a decision; their homes are kept: " + ", ".join(kept), file=sys.stderr)
     else:
         shutil.rmtree(work, ignore_errors=True)
-    if args.test == "calibrate":
-        write_noise(args.experiment, seeds)
     summarize()
 
 
@@ -179,39 +184,10 @@ def _guarded(deadline, fn, *a):
     return fn(*a)
 
 
-def write_noise(experiment: str, seeds: list[int]) -> None:
-    """perception/gate/noise/<experiment>.json from the calibration's A/A cells."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from perception.gate.noise import MATCH_KEYS, measure
-    from perception.train.compose import composed
-    from perception.train.params import flatten_config
-
-    rows = [r for r in done_rows() if r["test"] == "calibrate" and r["experiment"] == experiment
-            and r.get("delta_per_fold") and r["seed"] in seeds]
-    deltas = {}
-    for arm in ("shared", "per_horizon"):
-        cells = [np.asarray(r["delta_per_fold"][arm + "_twin"]) - np.asarray(r["delta_per_fold"][arm])
-                 for r in rows if r["control"] == arm]
-        if cells:
-            deltas[arm] = np.concatenate(cells)  # (sweeps x folds, H)
-    cfg = composed([f"experiment={experiment}"])
-    params = {**flatten_config(cfg), "experiment": str(cfg.experiment_name)}
-    doc = {"match": {k: params[k] for k in MATCH_KEYS}, "horizons": list(cfg.data.horizons),
-           "arms": measure(deltas),
-           "source": (f"benchmarks/validity.py calibrate: A/A sweeps (each seed arm against its twin) at "
-                      f"experiment={experiment}, seeds {min(seeds)}..{max(seeds)}, disjoint from the seeds "
-                      f"that measure the false-ship rate")}
-    NOISE_DIR.mkdir(parents=True, exist_ok=True)
-    path = NOISE_DIR / f"{experiment}.json"
-    path.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {path}: " + ", ".join(f"{a}: {m['n_cells']} cells" for a, m in doc["arms"].items()),
-          file=sys.stderr)
-
-
 def summarize() -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in done_rows():
-        if r.get("decision") and r["test"] != "calibrate":
+        if r.get("decision") and r["test"] != "calibrate":  # rows of an earlier calibration test
             key = (r["test"], r["experiment"], r["control"], r["treatment"], r.get("replicates", 1),
                    r.get("training_noise", "")[:40], r.get("evidence", "normal"))
             groups.setdefault(key, []).append(r)
@@ -276,10 +252,9 @@ def _plot(rows: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", "calibrate",
-                                      "report"])
+    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", "report"])
     p.add_argument("--experiment", default="local")
-    p.add_argument("--n", type=int, default=40, help="independent sweeps (per control for calibrate)")
+    p.add_argument("--n", type=int, default=40, help="independent sweeps")
     p.add_argument("--control", default="shared", help="aa: the arm twinned")
     p.add_argument("--seed-base", type=int, default=None)
     p.add_argument("--parallel", type=int, default=4, help="sweeps at once")

@@ -33,7 +33,31 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 def client(uri: Optional[str] = None):
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=resolve_tracking_uri(uri))
+    uri = resolve_tracking_uri(uri)
+    _create_store_once(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+_CREATED: set[str] = set()
+
+
+def _create_store_once(uri: str) -> None:
+    """Processes that open a new sqlite store at once race on creating its tables (alembic: "Online
+    migration expected to match one row"): sweeps started side by side on one PERCEPTION_HOME. The
+    first to take the lock creates them, the others then find them made. fcntl, unlike perception.locks,
+    because a sqlite store is a file on a local disk (sqlite itself needs one)."""
+    if not uri.startswith("sqlite:///") or uri in _CREATED:
+        return
+    import fcntl
+
+    from mlflow.tracking import MlflowClient
+
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{db}.create-lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # creates or migrates the tables
+    _CREATED.add(uri)
 
 
 def _is_local_store(uri: str) -> bool:

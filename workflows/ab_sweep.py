@@ -10,6 +10,11 @@ its pre-registered gate plan, and lists the trainings (arms x folds x replicates
 changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
 Only run ids travel between steps; metrics stay in MLflow.
+
+With `-p calibrate=true` the experiment's training noise is measured first (`perception-sweep calibrate`):
+the A/A sweeps (each seed arm against its twin, CALIBRATION_SWEEPS seeds) fan out one pod each, then one
+CPU pod decides them again (nothing left to train) and writes the noise file to NOISE_DIR on the runs
+PVC, where this and every later workflow's gate reads it before the shipped files.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from hera.workflows import (
     DAG,
     ConfigMapEnvFrom,
     Container,
+    Env,
     ExistingVolume,
     Parameter,
     Resources,
@@ -40,6 +46,10 @@ from hera.workflows.models import (
 # A literal, so `hera generate yaml` runs this file without the package; a test checks it against
 # perception.arms.DEFAULT_ARMS.
 VARIANTS = ("shared", "per_horizon")
+# perception-sweep calibrate's defaults (seed arms, --sweeps, --seed-base), literal for the same reason.
+CALIBRATION_ARMS = VARIANTS
+CALIBRATION_SWEEPS = 5
+CALIBRATION_SEED_BASE = 90_000
 
 # Cluster names shared with the manifests in infra/.
 NAMESPACE = "perception"
@@ -56,6 +66,10 @@ SWEEP_ID_LABEL = "perception/sweep-id"  # `submit` refuses a second running work
 OUTPUTS = "/tmp/prepare"  # prepare's output parameters, one file each
 DECISION_FILE = "/tmp/decision"
 GATE_REPORT_DIR = "/perception-home/runs/" + SWEEP_ID + "/gate"  # on the runs PVC, beside the runs
+# Measured noise files on the runs PVC: calibrate writes here, the gate reads here first
+# (perception.gate.noise.NOISE_DIR_ENV).
+NOISE_DIR = "/perception-home/runs/noise"
+NOISE_ENV = [Env(name="PERCEPTION_GATE_NOISE_DIR", value=NOISE_DIR)]
 
 # Spot preemption ends a pod as Failed ("imminent node shutdown") or Errored ("pod deleted");
 # a real training failure (exit 1) or a config error (exit 2) is not retried.
@@ -83,18 +97,28 @@ def _params(smoke: bool) -> list[Parameter]:
         Parameter(name="arms", value=",".join(VARIANTS)),
         Parameter(name="replicates", value="1"),
         Parameter(name="aa", value="false", enum=["false", "true"]),
+        # measure the experiment's training noise (A/A sweeps) and write its noise file before the A/B
+        Parameter(name="calibrate", value="false", enum=["false", "true"]),
     ]
 
 
 def shared_overrides() -> list[str]:
     """The Hydra overrides every step shares, so all of them read the same feature cache."""
     p = "{{workflow.parameters.%s}}"
-    return [
-        f"experiment={p % 'experiment'}",
-        f"trainer.epochs={p % 'epochs'}",
-        f"data={p % 'data'}",
-        f"data.paths={p % 'data-paths'}",
-    ]
+    return [f"experiment={p % 'experiment'}", *_scale_overrides()]
+
+
+def _scale_overrides() -> list[str]:
+    """The shared overrides but the experiment (calibrate takes it as --experiment): the noise file
+    matches only runs made at the same epochs and data."""
+    p = "{{workflow.parameters.%s}}"
+    return [f"trainer.epochs={p % 'epochs'}", f"data={p % 'data'}", f"data.paths={p % 'data-paths'}"]
+
+
+def calibration_items() -> list[dict[str, str]]:
+    """One A/A sweep per pod: the seed arm and its seed, as `perception-sweep calibrate` numbers them."""
+    return [{"arm": arm, "seed": str(CALIBRATION_SEED_BASE + k)}
+            for arm in CALIBRATION_ARMS for k in range(CALIBRATION_SWEEPS)]
 
 
 def _volumes(cache: bool = True, runs: bool = True, data: bool = True) -> list[ExistingVolume]:
@@ -120,7 +144,7 @@ def _retry(limit: int) -> RetryStrategy:
     )
 
 
-def _container(name: str, command: str, args: list[str], resources: Resources, **kw) -> Container:
+def _container(name: str, command: str, args: list[str], resources: Resources, retries: int = 3, **kw) -> Container:
     return Container(
         name=name,
         image="{{workflow.parameters.image}}:{{workflow.parameters.tag}}",
@@ -128,7 +152,7 @@ def _container(name: str, command: str, args: list[str], resources: Resources, *
         args=args,
         env_from=[ConfigMapEnvFrom(name=CONFIG_MAP), SecretEnvFrom(name=CREDENTIALS_SECRET)],
         resources=resources,
-        retry_strategy=_retry(limit=10 if command == "perception-train" else 3),
+        retry_strategy=_retry(limit=retries),
         **kw,
     )
 
@@ -194,10 +218,35 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 *shared_overrides(),
             ],
             train_resources,
+            retries=10,
             inputs=[Parameter(name="arm"), Parameter(name="fold"), Parameter(name="replicate"),
                     Parameter(name="parent-run-id")],
             volumes=_volumes(),
             **gpu_placement,
+        )
+        # one A/A sweep (its six trainings, one after another on the pod's device), no file yet; a re-run
+        # after a preemption resumes it from the runs PVC
+        calibrate_sweep = _container(
+            "calibrate-sweep",
+            "perception-sweep",
+            ["calibrate", "--experiment", p % "experiment", "--sweeps", "1", "--arms", "{{inputs.parameters.arm}}",
+             "--seed-base", "{{inputs.parameters.seed}}", "--no-write", "--cpu-workers", "2" if smoke else "1",
+             f"trainer.device={device}", "trainer.progress=false", *_scale_overrides()],
+            train_resources,
+            retries=10,
+            inputs=[Parameter(name="arm"), Parameter(name="seed")],
+            volumes=_volumes(),
+            **gpu_placement,
+        )
+        # every A/A sweep finished: each is decided again and the file written (nothing is trained here)
+        calibrate_write = _container(
+            "calibrate-write",
+            "perception-sweep",
+            ["calibrate", "--experiment", p % "experiment", "--sweeps", str(CALIBRATION_SWEEPS),
+             "--seed-base", str(CALIBRATION_SEED_BASE), "trainer.progress=false", *_scale_overrides()],
+            Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
+            volumes=_volumes(cache=False, data=False),
+            env=NOISE_ENV,
         )
         gate = _container(
             "gate",
@@ -222,12 +271,21 @@ def build_workflow(smoke: bool = False) -> Workflow:
             Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
             inputs=[Parameter(name="control"), Parameter(name="treatment"), Parameter(name="gate-config")],
             volumes=_volumes(cache=False, data=False),
+            env=NOISE_ENV,
             outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))],
         )
 
         # fail_fast off: one failed training must not stop the gate from being scheduled.
         with DAG(name="ab-sweep", fail_fast=False):
-            prep = Task(name="prepare", template=prepare)
+            calibrating = "{{workflow.parameters.calibrate}} == true"
+            Task(name="calibrate", template=calibrate_sweep, when=calibrating, with_items=calibration_items(),
+                 arguments={"arm": "{{item.arm}}", "seed": "{{item.seed}}"})
+            # skipped along with calibrate; a failed A/A sweep leaves the file unwritten and the A/B
+            # unstarted (a re-submission resumes it)
+            Task(name="calibrate-write", template=calibrate_write, when=calibrating,
+                 depends="calibrate.Succeeded || calibrate.Skipped")
+            prep = Task(name="prepare", template=prepare,
+                        depends="calibrate-write.Succeeded || calibrate-write.Skipped")
             trainings = Task(
                 name="train",
                 template=train,

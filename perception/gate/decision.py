@@ -27,7 +27,8 @@ tests, so a rule's test is at α/2, or at α once the other rule's test is rejec
 for the rule that decides: p < its Holm level, or the noise floor: the lift's lower confidence bound
 L − t_{ν,1−level}·se ≥ noise_floor (with a floor ≥ 0 that implies the test, so the floor opens no
 route of its own). Each rule's minimum detectable effect is the true lift it would ship 8 times in 10
-at level α/2 (the other rule silent), from its own se, ν and threshold.
+at level α/2 (the other rule silent), from its own se, ν and threshold, with se read as the estimate it
+is (median-unbiased: perception/gate/evidence.py).
 """
 
 from __future__ import annotations

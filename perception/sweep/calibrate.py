@@ -4,7 +4,10 @@ noise file the gate adds to one-replicate evidence (perception/gate/noise/<exper
 Each seed arm (shared, per_horizon) is trained against its twin in `sweeps` A/A sweeps on seeds of their
 own (`seed_base + k`, each with its own synthetic book): every (sweep, fold) gives one cell of
 AUC differences under no effect, and the file keeps their per-horizon covariance with where and on what
-it was measured. A re-run with the same arguments resumes: finished trainings are skipped.
+it was measured. A re-run with the same arguments resumes: finished trainings are skipped. With
+`write=False` (`--no-write`) only the sweeps are trained and decided, so the sweeps can run apart (the
+workflow's `-p calibrate=true` runs one per pod) and one later call without it writes the file from them
+all, training nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ SEED_BASE = 90_000  # apart from the seeds benchmarks/validity.py measures false
 
 def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cpu_workers: int = 1,
               seed_base: int = SEED_BASE, out: Optional[Path] = None, arms: Sequence[str] = SEED_ARMS,
-              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Path:
-    """Runs the A/A sweeps and writes the noise file; returns its path."""
+              write: bool = True,
+              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Optional[Path]:
+    """Runs the A/A sweeps and writes the noise file; returns its path (None with `write` off)."""
     from perception.gate.noise import noise_dir
     from perception.sweep.design import Design
     from perception.sweep.local import run_local_sweep
@@ -61,6 +65,9 @@ def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cp
             cells.setdefault(arm, []).append(np.asarray(auc[arm + TWIN_SUFFIX]["per_fold"])
                                              - np.asarray(auc[arm]["per_fold"]))  # (F, H)
             ids.append((sweep_id, gate.summary.get("params", {}).get("git_sha")))
+    if not write:
+        say(f"calibrate: {len(ids)} A/A sweep(s) decided; no noise file written (--no-write)")
+        return None
     doc = noise_document(experiment, overrides, {a: np.concatenate(c) for a, c in cells.items()},
                          seeds=[seed_base, seed_base + sweeps - 1], sweeps=ids, n_sweeps=sweeps)
     path = Path(out) if out is not None else noise_dir() / f"{experiment}.json"

@@ -10,7 +10,7 @@
     perception-sweep stop NAME --host URL --namespace NS    Argo's stop: exit handlers still run
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
     perception-sweep ui [--sweep-id ID] [--port 5000]       the MLflow UI on a sweep's runs, folds side by side
-    perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE] [overrides…]
+    perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE] [--no-write] [overrides…]
                                                             A/A sweeps -> the gate's noise file for NAME
 
 Exit codes: 0 success, 1 failed work (a training failed, the gate refused, the server said no),
@@ -63,8 +63,9 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.cpu_workers < 1:
         raise ConfigError(f"--cpu-workers {args.cpu_workers}: expected 1 or more")
     path = calibrate(args.experiment, args.sweeps, args.overrides, cpu_workers=args.cpu_workers,
-                     seed_base=args.seed_base, out=args.out, arms=tuple(args.arms.split(",")))
-    print(f"noise file: {path}")
+                     seed_base=args.seed_base, out=args.out, arms=tuple(args.arms.split(",")),
+                     write=not args.no_write)
+    print(f"noise file: {path}" if path is not None else "noise file: not written (--no-write)")
     return 0
 
 
@@ -331,6 +332,9 @@ def parser() -> argparse.ArgumentParser:
                    help="the seed arms to twin (default shared,per_horizon; the gate uses the widest measured)")
     s.add_argument("--out", type=Path, help="write the noise file here (default: the gate's "
                                             "perception/gate/noise/<experiment>.json)")
+    s.add_argument("--no-write", action="store_true",
+                   help="train and decide the A/A sweeps only; a later call without it writes the file from "
+                        "them all (the workflow runs one sweep a pod)")
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run (the file matches only runs "
                                                 "made with the same epochs and data scale)")
     s.set_defaults(run=_calibrate)

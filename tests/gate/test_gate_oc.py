@@ -4,12 +4,14 @@ the summary counts ships with Wilson intervals against the targets."""
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 import benchmarks.gate_oc as oc
 from perception.gate import stats
+from perception.gate.evidence import minimum_detectable
 
 
 def test_the_planted_lift_is_the_population_auc_difference():
@@ -51,12 +53,41 @@ def test_summary_counts_ships_with_wilson_intervals_against_the_targets(tmp_path
     s = oc.Setting(3, 0.005, 0.0, 300)
     rows = [{"setting": s.name, "kind": "null", "replicates": 3, "tau": 0.005, "delta": 0.0, "windows": 2000,
              "world": i, "decision": "ship_per_horizon" if i < 9 else "keep_shared", "rule": "rule 1",
-             "W": 0.001 * (i % 7 - 3), "se_W": 0.002, "mde_W": 0.02, "variance": "windows + replicates",
+             "W": 0.001 * (i % 7 - 3), "se_W": 0.002, "df_W": 6.0, "mde_W": 0.02, "variance": "windows + replicates",
              "seconds": 1.0} for i in range(300)]
     (tmp_path / "gate_oc_runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (out,) = oc.summarize()
     assert (out["n"], out["ships"], out["rate"]) == (300, 9, 0.03)
     assert out["wilson95"] == pytest.approx(oc.wilson(9, 300)) and out["met"] is True
-    assert out["by_rule"] == {"rule 1": 9, "rule 2": 0} and out["median_mde_W"] == 0.02
+    assert out["by_rule"] == {"rule 1": 9, "rule 2": 0}
+    # the MDE column is the gate's current formula on each world's se and df, not what older rows stored
+    assert out["median_mde_W"] == pytest.approx(minimum_detectable(0.002, 6.0, 0.025, 0.01))
     assert json.loads((tmp_path / "gate_oc.json").read_text())["rows"][0]["ships"] == 9
     assert (tmp_path / "gate_oc.png").stat().st_size > 0
+
+
+def test_the_mde_plan_plants_the_median_mde_of_the_null_worlds(tmp_path, monkeypatch):
+    monkeypatch.setattr(oc, "RESULTS", tmp_path)
+    with pytest.raises(SystemExit, match="run --plan null first"):
+        oc.plan("mde", None)
+    rows = [{"setting": oc.Setting(r, tau, 0.0, 300).name, "kind": "null", "replicates": r, "tau": tau,
+             "world": i, "se_W": 0.004 + 0.00001 * i, "df_W": None if r == 3 else 2.0 * r}
+            for r, tau in oc.MDE_SETTINGS for i in range(101)]
+    (tmp_path / "gate_oc_runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings = oc.plan("mde", None)
+    assert [(s.replicates, s.tau, s.kind, s.n) for s in settings] == [(r, t, "mde", 300) for r, t in oc.MDE_SETTINGS]
+    for s, df in zip(settings, (math.inf, 4.0, 2.0)):  # the median world's se is 0.0045
+        assert s.delta == round(minimum_detectable(0.0045, df, 0.025, 0.01), 4)
+
+
+def test_in_process_decisions_are_the_installed_gate_s(tmp_path):
+    """The fast simulation decides a world exactly as the installed gate does (same W, se, decision)."""
+    s = oc.Setting(2, 0.005, 0.0, 1, windows=600)
+    (installed,) = oc.run_worlds((s, [0], oc._template(tmp_path)))
+    (fast,) = oc.decide_in_process((s, [0], ""))
+    for key in ("decision", "rule", "W", "G", "se_W", "df_W", "se_G", "mde_W", "mde_G", "variance"):
+        assert fast[key] == (pytest.approx(installed[key]) if isinstance(installed[key], float) else installed[key]), key
+    # and the cells' own t test (gate_oc.py cells) reads the lifts the gate's W and G are made of
+    lift = np.array(oc.cell_lifts((s, [0]))[0])  # (F, R, H)
+    assert lift[:, :, oc.HORIZONS.index(oc.WEIGHTED)].mean() == pytest.approx(fast["W"])
+    assert lift[:, :, [oc.HORIZONS.index(10), oc.HORIZONS.index(30)]].mean() == pytest.approx(fast["G"])

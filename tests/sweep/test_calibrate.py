@@ -20,10 +20,15 @@ def cli(*args: str, env: dict, timeout: int = 1200) -> subprocess.CompletedProce
 @pytest.mark.timeout(1800)
 def test_calibrate_writes_the_noise_file_the_gate_then_uses(perception_home, mlflow_server, tmp_path):
     env = {**os.environ, "PERCEPTION_GATE_NOISE_DIR": str(tmp_path / "noise")}
-    r = cli("perception-sweep", "calibrate", "--experiment", "ci", "--sweeps", "1", "--cpu-workers", "2",
-            "--arms", "shared", "trainer.epochs=1", "trainer.max_train_batches=2", f"tracking.uri={mlflow_server}",
-            env=env)
+    args = ("perception-sweep", "calibrate", "--experiment", "ci", "--sweeps", "1", "--cpu-workers", "2",
+            "--arms", "shared", "trainer.epochs=1", "trainer.max_train_batches=2", f"tracking.uri={mlflow_server}")
+    # as the workflow runs it: the sweep in its own pod first (no file), then the file from the finished sweeps
+    r = cli(*args, "--no-write", env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "noise file: not written (--no-write)" in r.stdout and not (tmp_path / "noise").exists()
+    r = cli(*args, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stderr.count("finished earlier") == 6 and "building the feature cache" not in r.stderr
     path = tmp_path / "noise" / "ci.json"
     assert f"noise file: {path}" in r.stdout
     doc = json.loads(path.read_text())

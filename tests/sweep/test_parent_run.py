@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -61,3 +62,18 @@ def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server
     run = client.get_run(parents["parent-refused"])
     assert run.info.status == "FAILED" and run.data.tags["decision"] == "refused"
     assert run.data.tags["workflow_url"] == URL and "gate_W" not in run.data.metrics
+
+
+def test_sweeps_started_side_by_side_on_a_new_store_all_get_their_parent_run(tmp_path):
+    """Several processes open one new sqlite store at once (calibration sweeps side by side on one
+    PERCEPTION_HOME): the store is created once, and every sweep gets its parent run."""
+    env = {**os.environ, "PERCEPTION_HOME": str(tmp_path)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    code = "import sys; from perception.tracking import ensure_parent_run; print(ensure_parent_run(sys.argv[1]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, f"side-{k}"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for k in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for k, (out, _) in enumerate(outs):
+        assert client.get_run(out.strip().splitlines()[-1]).data.tags["sweep_id"] == f"side-{k}"

@@ -223,3 +223,56 @@ def test_aa_with_other_arms_is_a_usage_error():
 
     with pytest.raises(ConfigError, match="--aa trains the control against its twin"):
         Design.of("shared,shared_skip", 1, True)
+
+
+def test_calibrate_option_measures_the_noise_before_the_ab_and_the_gate_reads_it(docs):
+    from perception.sweep import calibrate
+    from perception.sweep.render import load_definition
+
+    definition = load_definition()
+    for smoke, doc in docs.items():
+        params = {p["name"]: p for p in doc["spec"]["arguments"]["parameters"]}
+        assert params["calibrate"]["value"] == "false" and params["calibrate"]["enum"] == ["false", "true"]
+        tasks, tpl = dag_tasks(doc), templates(doc)
+        calibrating = "{{workflow.parameters.calibrate}} == true"
+        # one pod per A/A sweep, numbered as perception-sweep calibrate numbers them
+        sweeps = tasks["calibrate"]
+        assert sweeps["when"] == calibrating and "depends" not in sweeps
+        assert sweeps["withItems"] == [{"arm": a, "seed": str(calibrate.SEED_BASE + k)}
+                                       for a in calibrate.SEED_ARMS for k in range(definition.CALIBRATION_SWEEPS)]
+        sweep_args = tpl["calibrate-sweep"]["container"]["args"]
+        assert sweep_args[:9] == ["calibrate", "--experiment", "{{workflow.parameters.experiment}}", "--sweeps", "1",
+                                  "--arms", "{{inputs.parameters.arm}}", "--seed-base", "{{inputs.parameters.seed}}"]
+        assert "--no-write" in sweep_args
+        # then the file, from them all; then the A/B, whose gate reads the folder it was written to
+        write = tasks["calibrate-write"]
+        assert write["when"] == calibrating and write["depends"] == "calibrate.Succeeded || calibrate.Skipped"
+        assert tasks["prepare"]["depends"] == "calibrate-write.Succeeded || calibrate-write.Skipped"
+        write_args = tpl["calibrate-write"]["container"]["args"]
+        assert write_args[:7] == ["calibrate", "--experiment", "{{workflow.parameters.experiment}}", "--sweeps",
+                                  str(definition.CALIBRATION_SWEEPS), "--seed-base", str(calibrate.SEED_BASE)]
+        assert "--no-write" not in write_args
+        # every step measures and matches at the study's own scale
+        scale = [o for o in tpl["train"]["container"]["args"] if o.startswith(("trainer.epochs=", "data"))
+                 and not o.startswith("data.fold=")]
+        assert all(o in sweep_args and o in write_args for o in scale) and len(scale) == 3
+        for name in ("calibrate-write", "gate"):
+            assert tpl[name]["container"]["env"] == [{"name": "PERCEPTION_GATE_NOISE_DIR", "value": definition.NOISE_DIR}]
+            mounts = {m["mountPath"] for m in tpl[name]["container"]["volumeMounts"]}
+            assert any(definition.NOISE_DIR.startswith(m + "/") for m in mounts)
+        if not smoke:
+            assert tpl["calibrate-sweep"]["container"]["resources"] == tpl["train"]["container"]["resources"]
+            assert tpl["calibrate-sweep"]["retryStrategy"]["limit"] == tpl["train"]["retryStrategy"]["limit"]
+            assert "trainer.device=cuda" in sweep_args
+
+
+def test_calibration_literals_are_the_commands_defaults():
+    from perception.sweep import calibrate, cli
+    from perception.sweep.render import load_definition
+
+    definition = load_definition()
+    assert tuple(definition.CALIBRATION_ARMS) == calibrate.SEED_ARMS
+    assert definition.CALIBRATION_SEED_BASE == calibrate.SEED_BASE
+    args = cli.parser().parse_args(["calibrate", "--experiment", "ci"])
+    assert (args.sweeps, args.seed_base, args.arms.split(",")) == (
+        definition.CALIBRATION_SWEEPS, calibrate.SEED_BASE, list(calibrate.SEED_ARMS))
