@@ -59,7 +59,8 @@ class Mbp10Stream:
     """`with Mbp10Stream(path, chunk_records) as s: s.header; for chunk in s.chunks(): ...`
 
     Each chunk is a view into the same buffer, valid until the next one is read; `offset` (records
-    before it in the file) names records in errors.
+    before it in the file) names records in errors. `buffer()` and `read_into` let a reader keep
+    records of one chunk at the front of the buffer and fill only the rest (file_clock.py).
     """
 
     def __init__(self, path: str | Path, chunk_records: int = CHUNK_RECORDS):
@@ -69,6 +70,7 @@ class Mbp10Stream:
         self._file = None
         self._pieces: Iterator[memoryview] = iter(())
         self._pending = memoryview(b"")
+        self._records_read = 0
         self.header: DbnHeader | None = None
 
     def __enter__(self) -> "Mbp10Stream":
@@ -161,27 +163,37 @@ class Mbp10Stream:
             dtype = np.dtype(dbn.MBP10Msg._dtypes + [("ts_out", "u8")])
         return DbnHeader(self.path, str(meta.dataset), dtype, _mappings(meta))
 
+    def buffer(self) -> np.ndarray:
+        """(chunk_records,) records of the header's dtype: the one buffer a reader fills."""
+        buf = np.empty(self.chunk_records, self.header.record_dtype)
+        self.stats.chunk_buffer_bytes = buf.nbytes
+        return buf
+
+    def read_into(self, out: np.ndarray) -> np.ndarray:
+        """The next records of the file, read into `out` (contiguous records of the header's
+        dtype); fewer than len(out) only at the end of the file."""
+        size = out.dtype.itemsize
+        got = self._readinto(memoryview(out.view(np.uint8)))
+        if got % size:
+            raise DataError(
+                f"{self.path}: truncated file ({self._records_read * size + got} record bytes is not "
+                f"a whole number of {size}-byte MBP-10 records)"
+            )
+        records = out[: got // size]
+        check_records(self.path, records, self._records_read, size)
+        self._records_read += len(records)
+        return records
+
     def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
         """(offset, records) for each chunk of up to `chunk_records` records, in file order."""
-        dtype = self.header.record_dtype
-        size = dtype.itemsize
-        buf = np.empty(self.chunk_records * size, np.uint8)
-        self.stats.chunk_buffer_bytes = buf.nbytes
-        offset = 0
+        buf = self.buffer()
         while True:
-            got = self._readinto(memoryview(buf))
-            if got % size:
-                raise DataError(
-                    f"{self.path}: truncated file ({offset * size + got} record bytes is not a whole "
-                    f"number of {size}-byte MBP-10 records)"
-                )
-            if not got:
+            offset = self._records_read
+            records = self.read_into(buf)
+            if not len(records):
                 return
-            records = buf[:got].view(dtype)
-            check_records(self.path, records, offset, size)
             yield offset, records
-            offset += len(records)
-            if got < buf.nbytes:  # the stream is exhausted (and the zstd end check has run)
+            if len(records) < len(buf):  # the stream is exhausted (and the zstd end check has run)
                 return
 
 

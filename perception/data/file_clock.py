@@ -2,8 +2,9 @@
 
 The rules are `book.snapshots_from_records`' (the in-memory oracle), applied to the file's records
 in time order: per-record drop counts, and each clock interval's last valid complete state. A chunk
-is sorted and emitted up to the earliest time among its last records; the records after that wait
-for the next chunk (records arrive slightly out of order, and a tie keeps file order). A record older
+is sorted and emitted up to the earliest time among its last records; the records after that wait,
+sorted, at the front of the one chunk buffer, and the next records are read in behind them (records
+arrive slightly out of order, and a tie keeps file order). A record older
 than one already emitted would change the result, so the file is then redone whole in memory.
 The states (one row per interval at most) go to `<spill>.{ts,inst,book}.bin`; `stitch.py` puts the
 files' states together on one clock.
@@ -74,7 +75,8 @@ def tail_records(chunk_records: int) -> int:
 
 
 def carry_cap(chunk_records: int) -> int:
-    """Records carried into the next chunk at most; more and the file is read whole."""
+    """Records carried into the next chunk at most (and fewer than the chunk: the next records are
+    read in behind them); more and the file is read whole."""
     return max(4 * tail_records(chunk_records), chunk_records // 2)
 
 
@@ -128,50 +130,28 @@ class _Emitter:
             f.close()
 
 
-class _Block:
-    """The records held back from earlier chunks (sorted) followed by a new chunk's kept records."""
-
-    def __init__(self, carry: Optional[np.ndarray], new: np.ndarray):
-        self.carry, self.new = carry, new
-        self.nc = 0 if carry is None else len(carry)
-
-    def col(self, name: str) -> np.ndarray:
-        if not self.nc:
-            return self.new[name]
-        return np.concatenate([self.carry[name], self.new[name]])
-
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        """Whole records at block positions idx (a copy, in idx's order)."""
-        if not self.nc:
-            return self.new[idx]
-        out = np.empty(len(idx), self.new.dtype)
-        from_carry = idx < self.nc
-        out[from_carry] = self.carry[idx[from_carry]]
-        out[~from_carry] = self.new[idx[~from_carry] - self.nc]
-        return out
-
-
 class _FileClock:
     def __init__(self, job: FileJob, counts: Counter, tail: int):
         self.job = job
         self.out = _Emitter(job, counts)
         self.counts = counts
         self.tail = tail  # records whose earliest time bounds what a chunk may emit
-        self.carry: Optional[np.ndarray] = None
         self.max_emitted: Optional[int] = None
         self.run_max: Optional[int] = None  # running max of ts_recv in file order (late count)
         self.n_late = 0
         self.max_held = 0
 
-    def add(self, recs: np.ndarray, final: bool) -> None:
-        ts_new = recs["ts_recv"]
+    def add(self, block: np.ndarray, n_carried: int, final: bool) -> int:
+        """`block`: the records carried from the last call (sorted) at its front, then new ones.
+        Emits what no later record can precede; moves the rest, sorted, to the block's front and
+        returns how many (the reader reads the next records after them: one buffer, no copies)."""
+        ts_new = block["ts_recv"][n_carried:]
         if len(ts_new):
             self._count_late(ts_new)
             if self.max_emitted is not None and int(ts_new.min()) < self.max_emitted:
                 raise _Displaced
-        block = _Block(self.carry, recs)
-        self.max_held = max(self.max_held, block.nc + len(recs))
-        ts = block.col("ts_recv")
+        self.max_held = max(self.max_held, len(block))
+        ts = block["ts_recv"]
         ordered = bool(np.all(ts[1:] >= ts[:-1]))
         order = np.arange(len(ts)) if ordered else np.argsort(ts, kind="stable")
         if final:
@@ -182,18 +162,17 @@ class _FileClock:
         else:
             n_emit = 0
         if n_emit:
-            emit = slice(0, n_emit) if ordered else order[:n_emit]  # a slice keeps columns as views
-            cols = {name: block.col(name)[emit] for name in _FIELDS}
-            self.out.emit(cols, lambda where: block.take(where if ordered else emit[where]))
+            emit = slice(0, n_emit) if ordered else order[:n_emit]
+            # each column gathered once out of the 368-byte records: emit reads them several times
+            cols = {name: np.ascontiguousarray(block[name][emit]) for name in _FIELDS}
+            self.out.emit(cols, lambda where: take(block, where if ordered else emit[where]))
             self.max_emitted = int(cols["ts_recv"][-1])
-        if n_emit == len(ts):
-            self.carry = None
-        elif ordered and n_emit >= block.nc:
-            self.carry = recs[n_emit - block.nc :].copy()
-        else:
-            self.carry = block.take(order[n_emit:])
-        if self.carry is not None and len(self.carry) > carry_cap(self.job.chunk_records):
+        rest = len(block) - n_emit
+        if rest > carry_cap(self.job.chunk_records):
             raise _Displaced
+        if rest:  # numpy copies through a temporary where the two ranges overlap
+            block[:rest] = block[n_emit:] if ordered else take(block, order[n_emit:])
+        return rest
 
     def _count_late(self, ts: np.ndarray) -> None:
         acc = np.maximum.accumulate(ts)
@@ -218,6 +197,12 @@ def extract_file(job: FileJob) -> FilePart:
         return _extract(job, whole=True)
 
 
+def take(records: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """records[idx], each record copied whole: numpy indexes a structured array field by field."""
+    whole = np.dtype((np.void, records.dtype.itemsize))
+    return records.view(whole)[idx].view(records.dtype)
+
+
 def _extract(job: FileJob, whole: bool) -> FilePart:
     counts: Counter = Counter()
     tail = tail_records(job.chunk_records)
@@ -227,18 +212,27 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
         part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
                         set(), symbols_of(header), read_whole=whole)
         clock = _FileClock(job, counts, tail)
+        buf = stream.buffer()  # (chunk_records,): the records carried, then the next ones read
         held: list[np.ndarray] = []
+        n_carried = 0
         try:
-            for _, chunk in stream.chunks():
-                recs = _observe(part, chunk, select)
-                if whole:
-                    held.append(recs.copy())
-                else:
-                    clock.add(recs, final=False)
+            while True:
+                if n_carried == len(buf):  # the carry fills the chunk: no room to read on
+                    raise _Displaced
+                recs = stream.read_into(buf[n_carried:])
+                at_end = len(recs) < len(buf) - n_carried
+                if len(recs):
+                    recs = _observe(part, recs, select)
+                    if whole:
+                        held.append(recs.copy())
+                    else:
+                        n_carried = clock.add(buf[: n_carried + len(recs)], n_carried, final=False)
+                if at_end:
+                    break
             if part.records_read == 0:
                 raise DataError(f"{job.path}: no MBP-10 records")
-            last = np.concatenate(held) if whole else recs[:0]
-            clock.add(last, final=True)
+            last = np.concatenate(held) if whole else buf[:n_carried]
+            clock.add(last, 0 if whole else n_carried, final=True)
         finally:
             clock.close()
         part.peak_buffer_bytes = stream.stats.chunk_buffer_bytes + stream.stats.max_pending_bytes
@@ -250,7 +244,8 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
 
 
 def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
-    """Record counts, times and instruments of one chunk; its records of the chosen instrument."""
+    """Record counts, times and instruments of one chunk; its records of the chosen instrument,
+    moved to the chunk's front (a view of it)."""
     ts, ids = chunk["ts_recv"], chunk["instrument_id"]
     part.records_read += len(chunk)
     lo, hi = int(ts.min()), int(ts.max())
@@ -262,7 +257,9 @@ def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
         n_other = int(np.count_nonzero(~keep))
         part.counts["other_instrument"] += n_other
         if n_other:
-            chunk = chunk[keep]
+            kept = take(chunk, np.flatnonzero(keep))
+            chunk = chunk[: len(kept)]
+            chunk[:] = kept
     kept_ids = chunk["instrument_id"]
     kept = _unique(kept_ids)
     for inst in kept:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from perception.data.dataset import _build, build_in_memory
 from perception.data.dbn_io import UNDEF_PRICE, read_mbp10, write_mbp10
 from perception.data.dbn_stream import ZSTD_OUT, Mbp10Stream, _RAW_PIECE
-from perception.data.file_clock import FileJob, carry_cap, extract_file
+from perception.data.file_clock import FileJob, extract_file
 
 from tests.data.builders import dbn_config, make_records
 
@@ -155,8 +155,8 @@ def test_a_file_out_of_order_beyond_a_chunk_is_read_whole_and_still_exact(write_
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_buffers_are_bounded_by_the_chunk_not_the_file(write_dbn, tmp_path, compress):
-    """Files of 1x and 30x the chunk hold the same buffers: a chunk, the pending decompressed bytes
-    of one read, and a carry of at most `carry_cap` records."""
+    """Files of 1x and 30x the chunk hold the same buffers: a chunk (the records carried from the
+    last one included) and the pending decompressed bytes of one read."""
     chunk = 500
     for n in (chunk, 30 * chunk):
         rec = _jumbled(np.random.default_rng(n), make_records(np.arange(n) * 0.01), far=False)
@@ -169,4 +169,4 @@ def test_buffers_are_bounded_by_the_chunk_not_the_file(write_dbn, tmp_path, comp
         assert 0 < stats.max_pending_bytes <= (ZSTD_OUT if compress else _RAW_PIECE)
         part = extract_file(FileJob(0, str(path), str(tmp_path / f"s{n}"), None, 1.0, chunk))
         assert not part.read_whole
-        assert 0 < part.max_held_records <= chunk + carry_cap(chunk)
+        assert 0 < part.max_held_records <= chunk
