@@ -290,9 +290,7 @@ def peak_rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def read_spill(prefix: str | Path, name: str, mmap: bool = True) -> np.ndarray:
+def read_spill(prefix: str | Path, name: str) -> np.ndarray:
+    """A spill file read whole ("ts", "inst"; the book rows are read in spans: stitch.read_books)."""
     dtype = {"ts": np.int64, "inst": np.uint32, "book": BOOK_DTYPE}[name]
-    path = Path(f"{prefix}.{name}.bin")
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r") if mmap else np.fromfile(path, dtype=dtype)
+    return np.fromfile(f"{prefix}.{name}.bin", dtype=dtype)
