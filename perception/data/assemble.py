@@ -13,7 +13,6 @@ the first rows, the work done ahead is dropped and the files are stitched again 
 from __future__ import annotations
 
 import io
-from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +23,7 @@ from perception.data.config import DataConfig
 from perception.data.dbn_io import PRICE_SCALE
 from perception.data.features import FEATURE_NAMES, compute_features, labels_from_mid2, mid2
 from perception.data.file_clock import FilePart
-from perception.data.stitch import Clock, Grown, Stitcher, check_instruments, finished, follows, in_time_order
+from perception.data.stitch import Clock, Pieces, Stitcher, check_instruments, finished, follows, in_time_order
 from perception.errors import DataError
 
 FEATURE_BLOCK = 16_384  # snapshot rows per feature block: ~25 MB of temporaries
@@ -40,7 +39,7 @@ def resolve_tick(cfg: DataConfig, inferred: int, names: str) -> int:
     return tick
 
 
-def inferred_tick(clock: Clock) -> int:
+def inferred_tick(clock: Clock | Stitcher) -> int:
     """The smallest price step of the first TICK_ROWS rows, read a block at a time."""
     n = min(TICK_ROWS, len(clock))
     seen = [np.zeros(0, np.int64)]
@@ -108,7 +107,7 @@ class Assembly:
         if cfg.tick_size is not None and self.tick is None:
             self._ahead = None
         self.out = FeatureFile(features_file)
-        self.m2 = Grown(np.int64)  # (T,) twice the mid of the rows with features, for the labels
+        self.m2 = Pieces(np.int64)  # (T,) twice the mid of the rows with features, for the labels
 
     def _fixed_tick(self) -> Optional[int]:
         """data.tick_size in price units; None when unset or unusable (resolve_tick names it)."""
@@ -126,15 +125,15 @@ class Assembly:
             self.parts.append(p)
             if self._ahead is not None:
                 self._ahead.add(p)
-        if self._ahead is not None:
-            clock = self._ahead.clock(Counter())
-            if self.tick is None and len(clock) >= TICK_ROWS:
-                self.tick = inferred_tick(clock)
+        ahead = self._ahead
+        if ahead is not None:
+            if self.tick is None and len(ahead) >= TICK_ROWS:
+                self.tick = inferred_tick(ahead)
                 if self.tick <= 0:
                     self._ahead, self.tick = None, None
                     return
             if self.tick is not None:
-                self._features(clock, len(clock) - len(clock) % FEATURE_BLOCK)
+                self._features(ahead, len(ahead) - len(ahead) % FEATURE_BLOCK)
 
     def finish(self) -> tuple[Clock, np.ndarray, np.ndarray, np.ndarray]:
         """The clock, features (T, F), labels y and mask (T, H), checked as `stitch.stitch` does."""
@@ -147,7 +146,7 @@ class Assembly:
                 for p in ordered:
                     self._ahead.add(p)
                 self.out.restart()
-                self.m2 = Grown(np.int64)
+                self.m2 = Pieces(np.int64)
             self._ahead.finish()
             clock = finished(self._ahead, self.names)
             if self.tick is None:
@@ -161,7 +160,7 @@ class Assembly:
         y, mask = labels_from_mid2(self.m2.array(), clock.segment, self.cfg.horizons)
         return clock, features, y, mask
 
-    def _features(self, clock: Clock, stop: int) -> None:
+    def _features(self, clock: Clock | Stitcher, stop: int) -> None:
         """Features of rows [done, stop), each block with the row before it (the mid's return)."""
         for a in range(self.out.n, stop, FEATURE_BLOCK):
             b = min(a + FEATURE_BLOCK, stop)

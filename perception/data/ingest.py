@@ -76,7 +76,11 @@ def extract_all(cfg: DataConfig, files: list[Path], spill_dir: Path, progress: b
 
 def _extract_parallel(jobs: list[FileJob], n_workers: int, done: Callable[[FilePart], None]) -> None:
     # spawn: a fresh interpreter that imports only the reader (no inherited buffers)
-    pool = ProcessPoolExecutor(n_workers, mp_context=get_context("spawn"))
+    if os.environ.get("PERCEPTION_READER_THREADS"):
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(n_workers)
+    else:
+        pool = ProcessPoolExecutor(n_workers, mp_context=get_context("spawn"))
     try:
         pending = {pool.submit(extract_file, job): job for job in jobs}
         while pending:

@@ -15,6 +15,7 @@ holds one file's states at a time besides the rows' time, Δt and segment.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -28,24 +29,36 @@ from perception.data.file_clock import BOOK_DTYPE, FilePart, read_spill, take
 from perception.errors import DataError
 
 
-class Grown:
-    """A 1-D array appended to in place (capacity doubling): no list of pieces joined at the end."""
+class Pieces:
+    """A 1-D array kept as the pieces appended to it: ranges of rows are read across pieces, and
+    the whole is joined once, at the end (no spare capacity, no copy while it grows)."""
 
     def __init__(self, dtype):
-        self._buf = np.empty(4096, dtype)
-        self.n = 0
+        self.dtype = np.dtype(dtype)
+        self._pieces: list[np.ndarray] = []
+        self._starts = [0]
+
+    def __len__(self) -> int:
+        return self._starts[-1]
 
     def extend(self, values: np.ndarray) -> None:
-        end = self.n + len(values)
-        if end > len(self._buf):
-            bigger = np.empty(max(end, 2 * len(self._buf)), self._buf.dtype)
-            bigger[: self.n] = self._buf[: self.n]
-            self._buf = bigger
-        self._buf[self.n : end] = values
-        self.n = end
+        if len(values):
+            self._pieces.append(np.asarray(values, self.dtype))
+            self._starts.append(len(self) + len(values))
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        out, i = [], max(bisect_right(self._starts, start) - 1, 0)
+        while start < stop and i < len(self._pieces):
+            lo, hi = start - self._starts[i], min(stop - self._starts[i], len(self._pieces[i]))
+            out.append(self._pieces[i][lo:hi])
+            start, i = self._starts[i] + hi, i + 1
+        return out[0] if len(out) == 1 else np.concatenate(out) if out else np.zeros(0, self.dtype)
 
     def array(self) -> np.ndarray:
-        return self._buf[: self.n]
+        """The whole, joined (and kept as one piece)."""
+        whole = self.rows(0, len(self))
+        self._pieces, self._starts = ([whole], [0, len(whole)]) if len(whole) else ([], [0])
+        return whole
 
 
 @dataclass
@@ -53,7 +66,7 @@ class _Run:
     """Consecutive kept rows of one file: rows [start, start + len(spill_rows)) of the clock."""
     start: int
     part: FilePart
-    spill_rows: np.ndarray  # (n,) int64, increasing
+    spill_rows: np.ndarray  # (n,) int32, increasing
 
 
 @dataclass
@@ -77,10 +90,13 @@ class Clock:
     def snapshots(self, start: int = 0, stop: Optional[int] = None) -> Snapshots:
         """Rows [start, stop) as Snapshots, read from the spill files."""
         stop = len(self) if stop is None else stop
-        book = self.books(start, stop)
-        return Snapshots(ts=self.ts[start:stop], bid_px=book["bid_px"], ask_px=book["ask_px"],
-                         bid_sz=book["bid_sz"], ask_sz=book["ask_sz"], bid_ct=book["bid_ct"],
-                         ask_ct=book["ask_ct"], dt=self.dt[start:stop], segment=self.segment[start:stop])
+        return _snapshots(self.books(start, stop), self.ts[start:stop], self.dt[start:stop],
+                          self.segment[start:stop])
+
+
+def _snapshots(book: np.ndarray, ts: np.ndarray, dt: np.ndarray, segment: np.ndarray) -> Snapshots:
+    return Snapshots(ts=ts, bid_px=book["bid_px"], ask_px=book["ask_px"], bid_sz=book["bid_sz"],
+                     ask_sz=book["ask_sz"], bid_ct=book["bid_ct"], ask_ct=book["ask_ct"], dt=dt, segment=segment)
 
 
 def read_books(runs: list[_Run], start: int, stop: int) -> np.ndarray:
@@ -120,7 +136,7 @@ class _States:
     ts: np.ndarray  # (n,) int64 state time
     inst: np.ndarray  # (n,) uint32
     part: np.ndarray  # (n,) int32 position in Stitcher.parts
-    row: np.ndarray  # (n,) int64 spill row
+    row: np.ndarray  # (n,) int32 spill row
 
     def __len__(self) -> int:
         return len(self.tick)
@@ -144,14 +160,22 @@ class Stitcher:
         self.runs: list[_Run] = []
         self._clears: list[np.ndarray] = []
         self._clear_ts = np.zeros(0, np.int64)
-        self._pending = _States(*(np.zeros(0, d) for d in (np.int64, np.int64, np.uint32, np.int32, np.int64)))
+        self._pending = _States(*(np.zeros(0, d) for d in (np.int64, np.int64, np.uint32, np.int32, np.int32)))
         self._last: Optional[tuple[int, int, int, int]] = None  # tick, clears, inst, segment of the last row
-        self.ts, self.dt, self.segment = Grown(np.int64), Grown(np.float32), Grown(np.int32)
+        self.ts, self.dt, self.segment = Pieces(np.int64), Pieces(np.float32), Pieces(np.int32)
         self.rolls = 0
 
     def __len__(self) -> int:
         """Rows settled so far."""
-        return self.ts.n
+        return len(self.ts)
+
+    def books(self, start: int, stop: int) -> np.ndarray:
+        return read_books(self.runs, start, stop)
+
+    def snapshots(self, start: int, stop: int) -> Snapshots:
+        """Settled rows [start, stop), as Clock.snapshots."""
+        return _snapshots(self.books(start, stop), self.ts.rows(start, stop), self.dt.rows(start, stop),
+                          self.segment.rows(start, stop))
 
     def add(self, part: FilePart) -> None:
         """The next file in time order (its first record not before the last file's last)."""
@@ -162,7 +186,7 @@ class Stitcher:
             self._clear_ts = np.concatenate(self._clears)
         ts = read_spill(part.job.spill, "ts")
         new = _States(ts // self.interval_ns, ts, read_spill(part.job.spill, "inst"),
-                      np.full(len(ts), index, np.int32), np.arange(len(ts), dtype=np.int64))
+                      np.full(len(ts), index, np.int32), np.arange(len(ts), dtype=np.int32))
         states = _States.join(self._pending, new)
         # a later file's clear at this file's last record time would count before a state at that time
         n = min(len(states) - 1, int(np.searchsorted(states.ts, part.last_ts, side="left")))
@@ -179,9 +203,8 @@ class Stitcher:
             self._pending = self._pending.cut(0)[0]
 
     def clock(self, counts: Counter) -> Clock:
-        """The rows settled so far (views: later rows do not change them)."""
-        return Clock(self.parts, list(self.runs), self.ts.array(), self.dt.array(), self.segment.array(),
-                     counts)
+        """The clock of every row (after `finish`)."""
+        return Clock(self.parts, self.runs, self.ts.array(), self.dt.array(), self.segment.array(), counts)
 
     def _settle(self, s: _States, next_tick: Optional[int]) -> None:
         """Rows of states whose successor's interval is `next_tick` (None: no successor)."""
@@ -209,7 +232,7 @@ class Stitcher:
         self._last = (int(tick[-1]), int(n_clears[-1]), int(inst[-1]), int(segment[-1]))
         for p in np.unique(part):
             mine = part == p
-            self.runs.append(_Run(self.ts.n + int(np.argmax(mine)), self.parts[p], row[mine]))
+            self.runs.append(_Run(len(self.ts) + int(np.argmax(mine)), self.parts[p], row[mine]))
         self.ts.extend(tick * self.interval_ns)
         self.dt.extend(dt)
         self.segment.extend(segment)
