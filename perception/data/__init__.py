@@ -2,7 +2,7 @@
 
 Importable without hydra (the GPU image has none); `perception-data` (perception/train/data_cli.py) composes
 the Hydra config around it. The names below load on first use, so that a process importing only the
-reader (a `data.workers` extraction process) does not pay for torch.
+reader does not pay for torch.
 """
 
 from importlib import import_module

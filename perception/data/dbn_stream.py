@@ -68,8 +68,8 @@ class Mbp10Stream:
         self.chunk_records = int(chunk_records)
         self.stats = ReaderStats()
         self._file = None
-        self._pieces: Iterator[memoryview] = iter(())
-        self._pending = memoryview(b"")
+        self._pieces: Iterator[np.ndarray] = iter(())
+        self._pending = np.zeros(0, np.uint8)
         self._records_read = 0
         self.header: DbnHeader | None = None
 
@@ -97,11 +97,11 @@ class Mbp10Stream:
 
     # ------------------------------------------------------------ bytes
 
-    def _raw_pieces(self) -> Iterator[memoryview]:
+    def _raw_pieces(self) -> Iterator[np.ndarray]:
         while piece := self._file.read(_RAW_PIECE):
-            yield memoryview(piece)
+            yield np.frombuffer(piece, np.uint8)
 
-    def _zstd_pieces(self) -> Iterator[memoryview]:
+    def _zstd_pieces(self) -> Iterator[np.ndarray]:
         dec, feed = ZstdDecompressor(), b""
         while True:
             if dec.eof:  # a frame ended: the file ends here, or another frame follows
@@ -119,12 +119,14 @@ class Mbp10Stream:
                 raise DataError(f"{self.path}: corrupt zstd stream ({e})") from None
             feed = b""
             if out:
-                yield memoryview(out)
+                yield np.frombuffer(out, np.uint8)
 
-    def _readinto(self, out: memoryview) -> int:
+    def _readinto(self, out: np.ndarray) -> int:
+        """Fills the bytes `out` (uint8) as far as the file goes; numpy copies without the GIL, so
+        readers in threads of one process decompress and copy side by side."""
         n = 0
         while n < len(out):
-            if not self._pending:
+            if not len(self._pending):
                 piece = next(self._pieces, None)
                 if piece is None:
                     break
@@ -138,7 +140,7 @@ class Mbp10Stream:
 
     def _read_exact(self, n: int, what: str) -> bytes:
         buf = bytearray(n)
-        got = self._readinto(memoryview(buf))
+        got = self._readinto(np.frombuffer(buf, np.uint8))
         if got < n:
             raise DataError(f"{self.path}: {what} ({got} of {n} bytes)")
         return bytes(buf)
@@ -147,7 +149,7 @@ class Mbp10Stream:
 
     def _read_header(self) -> DbnHeader:
         lead = bytearray(8)
-        got = self._readinto(memoryview(lead))
+        got = self._readinto(np.frombuffer(lead, np.uint8))
         if got < 8 or not lead.startswith(b"DBN"):
             raise DataError(f"{self.path}: not a DBN file (invalid DBN header {bytes(lead[:4])!r})")
         (meta_len,) = struct.unpack_from("<I", lead, 4)
@@ -173,7 +175,7 @@ class Mbp10Stream:
         """The next records of the file, read into `out` (contiguous records of the header's
         dtype); fewer than len(out) only at the end of the file."""
         size = out.dtype.itemsize
-        got = self._readinto(memoryview(out.view(np.uint8)))
+        got = self._readinto(out.view(np.uint8))
         if got % size:
             raise DataError(
                 f"{self.path}: truncated file ({self._records_read * size + got} record bytes is not "

@@ -12,6 +12,7 @@ files' states together on one clock.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,7 +67,6 @@ class FilePart:
     read_whole: bool = False  # records out of order by more than a chunk: read whole
     peak_buffer_bytes: int = 0  # the reader's chunk buffer and pending decompressed bytes
     max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
-    reader_peak_rss_mb: float = 0.0  # peak resident memory of the process that read it, so far
 
 
 def tail_records(chunk_records: int) -> int:
@@ -189,12 +189,17 @@ class _FileClock:
         self.out.close()
 
 
-def extract_file(job: FileJob) -> FilePart:
-    """Stream one file into its spill; a file out of order by more than a chunk is redone whole."""
+class Stopped(Exception):
+    """The build stopped (another file failed) before this file was read."""
+
+
+def extract_file(job: FileJob, stop: Optional[threading.Event] = None) -> FilePart:
+    """Stream one file into its spill; a file out of order by more than a chunk is redone whole.
+    `stop`, once set, ends the reading at the next chunk (Stopped)."""
     try:
-        return _extract(job, whole=False)
+        return _extract(job, whole=False, stop=stop)
     except _Displaced:
-        return _extract(job, whole=True)
+        return _extract(job, whole=True, stop=stop)
 
 
 def take(records: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -203,7 +208,7 @@ def take(records: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return records.view(whole)[idx].view(records.dtype)
 
 
-def _extract(job: FileJob, whole: bool) -> FilePart:
+def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event]) -> FilePart:
     counts: Counter = Counter()
     tail = tail_records(job.chunk_records)
     with Mbp10Stream(job.path, job.chunk_records) as stream:
@@ -217,6 +222,8 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
         n_carried = 0
         try:
             while True:
+                if stop is not None and stop.is_set():
+                    raise Stopped(job.path)
                 if n_carried == len(buf):  # the carry fills the chunk: no room to read on
                     raise _Displaced
                 recs = stream.read_into(buf[n_carried:])
@@ -238,7 +245,6 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
         part.peak_buffer_bytes = stream.stats.chunk_buffer_bytes + stream.stats.max_pending_bytes
     part.n_states = clock.out.n_states
     part.max_held_records = clock.max_held
-    part.reader_peak_rss_mb = peak_rss_mb()
     part.clear_ts = np.concatenate(clock.out.clears) if clock.out.clears else part.clear_ts
     return part
 
@@ -279,8 +285,7 @@ def _unique(ids: np.ndarray) -> list[int]:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: unlike ru_maxrss, a spawned process does not
-    inherit its parent's figure through fork and exec)."""
+    """This process's peak resident memory (VmHWM), its reader threads included."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024

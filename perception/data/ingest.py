@@ -1,20 +1,22 @@
-"""DBN files -> features and labels in bounded memory, the files read by `data.workers` processes.
+"""DBN files -> features and labels in bounded memory, the files read by `data.workers` threads.
 
-Each file is streamed into its own spill of book states (file_clock.py) by a worker; as files come
-back the main process stitches them on one clock and computes the features of each block of rows
-no later file can change, written straight to their file (assemble.py), so that work overlaps the
-reading. The peak memory is the chunk budget (shared by the workers) plus the per-snapshot arrays
-(time, Δt, segment, labels), not the input. The result does not depend on the number of workers:
-each file's part is computed alone and the parts are joined in time order.
+Each file is streamed into its own spill of book states (file_clock.py) by a reader thread; as
+files come back this thread stitches them on one clock and computes the features of each block of
+rows no later file can change, written straight to their file (assemble.py), so that work overlaps
+the reading. Threads, not processes: the readers' work (zstd decompression, numpy copies, sorts and
+comparisons over whole chunks) runs without the GIL, and a process per reader would add its own
+interpreter and libraries (~35 MB resident each) to the peak. The peak memory is the chunk budget
+(shared by the readers) plus the per-snapshot arrays (time, Δt, segment, labels), not the input.
+The result does not depend on the number of workers: each file's part is computed alone and the
+parts are joined in time order.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
-from multiprocessing import get_context
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -25,7 +27,6 @@ from perception.data.assemble import Assembly
 from perception.data.config import DataConfig
 from perception.data.file_clock import FileJob, FilePart, extract_file
 from perception.data.stitch import Clock, stitch
-from perception.errors import DataError
 
 
 def available_cores() -> int:
@@ -75,29 +76,19 @@ def extract_all(cfg: DataConfig, files: list[Path], spill_dir: Path, progress: b
 
 
 def _extract_parallel(jobs: list[FileJob], n_workers: int, done: Callable[[FilePart], None]) -> None:
-    # spawn: a fresh interpreter that imports only the reader (no inherited buffers)
-    if os.environ.get("PERCEPTION_READER_THREADS"):
-        from concurrent.futures import ThreadPoolExecutor
-        pool = ThreadPoolExecutor(n_workers)
-    else:
-        pool = ProcessPoolExecutor(n_workers, mp_context=get_context("spawn"))
-    try:
-        pending = {pool.submit(extract_file, job): job for job in jobs}
-        while pending:
-            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                job = pending.pop(fut)
-                error = fut.exception()
-                if isinstance(error, BrokenProcessPool):  # killed: out of memory, or a signal
-                    raise DataError(
-                        f"{job.path}: a file reader process died while reading it or another file "
-                        "(killed, e.g. out of memory); lower data.workers or data.chunk_records"
-                    ) from None
-                if error is not None:
-                    raise error
-                done(fut.result())
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    stop = threading.Event()  # set on the first error: the other readers end at their next chunk
+    with ThreadPoolExecutor(n_workers, thread_name_prefix="dbn-reader") as pool:
+        pending = {pool.submit(extract_file, job, stop) for job in jobs}
+        try:
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    done(fut.result())  # a reader's error is raised here
+        except BaseException:
+            stop.set()
+            for fut in pending:
+                fut.cancel()
+            raise
 
 
 def build(cfg: DataConfig, files: list[Path], spill_dir: Path, names: str, progress: bool,

@@ -316,8 +316,7 @@ def _summary(parts: list[FilePart], clock: Clock, rolls: int) -> dict:
     return {"files": len(parts), "records_read": int(sum(p.records_read for p in parts)),
             "snapshots": len(clock), "segments": int(clock.segment[-1]) + 1 if len(clock) else 0,
             "rolls": rolls, "instruments": instruments,
-            "files_read_whole": [p.job.path for p in parts if p.read_whole],
-            "reader_peak_rss_mb": round(max(p.reader_peak_rss_mb for p in parts), 1)}
+            "files_read_whole": [p.job.path for p in parts if p.read_whole]}
 
 
 def _iso(ts_ns: int) -> str:

@@ -68,8 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{row['first']} .. {row['last']}, {row['files']} files")
         for path in summary.get("files_read_whole", []):
             print(f"  {path}: records out of order by more than a chunk; read whole")
-    readers = f", {summary['reader_peak_rss_mb']:.0f} MB the largest file reader of the build" if summary else ""
-    print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB this process{readers}")
+    print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB (the file readers are threads of this process)")
     return 0
 
 
