@@ -26,7 +26,7 @@ from perception.data.file_clock import FilePart
 from perception.data.stitch import Clock, Pieces, Stitcher, check_instruments, finished, follows, in_time_order
 from perception.errors import DataError
 
-FEATURE_BLOCK = 16_384  # snapshot rows per feature block: ~25 MB of temporaries
+FEATURE_BLOCK = 4_096  # snapshot rows per feature block: ~4 MB of temporaries, in cache
 TICK_ROWS = 200_000  # rows the tick is inferred from (smallest_price_step's default)
 _HEADER = 128  # bytes of the .npy header of any (T, F) float32 array (numpy pads it to 64)
 

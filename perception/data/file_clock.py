@@ -29,7 +29,8 @@ from perception.errors import DataError
 BOOK_DTYPE = np.dtype([(f"{side}_{kind}", dt, (N_LEVELS,))
                        for kind, dt in (("px", "<i8"), ("sz", "<u4"), ("ct", "<u4"))
                        for side in ("bid", "ask")])
-SPILLS = ("ts", "inst", "book")
+SPILL_DTYPES = {"ts": np.dtype(np.int64), "inst": np.dtype(np.uint32), "book": BOOK_DTYPE}
+SPILLS = tuple(SPILL_DTYPES)
 _FIELDS = ("ts_recv", "flags", "action", "bid_px_00", "ask_px_00", "instrument_id")
 
 
@@ -297,5 +298,4 @@ def peak_rss_mb() -> float:
 
 def read_spill(prefix: str | Path, name: str) -> np.ndarray:
     """A spill file read whole ("ts", "inst"; the book rows are read in spans: stitch.read_books)."""
-    dtype = {"ts": np.int64, "inst": np.uint32, "book": BOOK_DTYPE}[name]
-    return np.fromfile(f"{prefix}.{name}.bin", dtype=dtype)
+    return np.fromfile(f"{prefix}.{name}.bin", dtype=SPILL_DTYPES[name])

@@ -10,7 +10,7 @@ jump between contracts, so no window or label may cross it).
 file can change it: a state waits only for the next state's interval (is it the last of its own?)
 and, at its file's last record time, for the next file's book clears at that same time. So rows are
 final while later files are still being read (assemble.py computes their features meanwhile); it
-holds one file's states at a time besides the rows' time, Δt and segment.
+holds one file's states at a time besides the rows' Δt, segment and spill row.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.config import DataConfig
-from perception.data.file_clock import BOOK_DTYPE, FilePart, read_spill, take
+from perception.data.file_clock import SPILL_DTYPES, FilePart, read_spill, take
 from perception.errors import DataError
 
 
@@ -71,27 +71,32 @@ class _Run:
 
 @dataclass
 class Clock:
-    """The kept states of all files on one clock; their book rows stay in the spill files."""
+    """The kept states of all files on one clock; their times and book rows stay in the spills."""
     parts: list[FilePart]  # in time order
     runs: list[_Run]
-    ts: np.ndarray  # (T,) int64 interval start
+    interval_ns: int
     dt: np.ndarray  # (T,) float32
     segment: np.ndarray  # (T,) int32
     counts: Counter
     summary: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.ts)
+        return len(self.dt)
+
+    @property
+    def ts(self) -> np.ndarray:
+        """(T,) int64 interval starts, read from the spills."""
+        return read_ts(self.runs, 0, len(self), self.interval_ns)
 
     def books(self, start: int, stop: int) -> np.ndarray:
         """(stop - start,) BOOK_DTYPE rows, read from the spill files."""
-        return read_books(self.runs, start, stop)
+        return read_rows(self.runs, start, stop, "book")
 
     def snapshots(self, start: int = 0, stop: Optional[int] = None) -> Snapshots:
         """Rows [start, stop) as Snapshots, read from the spill files."""
         stop = len(self) if stop is None else stop
-        return _snapshots(self.books(start, stop), self.ts[start:stop], self.dt[start:stop],
-                          self.segment[start:stop])
+        return _snapshots(self.books(start, stop), read_ts(self.runs, start, stop, self.interval_ns),
+                          self.dt[start:stop], self.segment[start:stop])
 
 
 def _snapshots(book: np.ndarray, ts: np.ndarray, dt: np.ndarray, segment: np.ndarray) -> Snapshots:
@@ -99,10 +104,16 @@ def _snapshots(book: np.ndarray, ts: np.ndarray, dt: np.ndarray, segment: np.nda
                      ask_sz=book["ask_sz"], bid_ct=book["bid_ct"], ask_ct=book["ask_ct"], dt=dt, segment=segment)
 
 
-def read_books(runs: list[_Run], start: int, stop: int) -> np.ndarray:
-    """Clock rows [start, stop) from the runs' spill files: each file's span of rows read with one
-    positioned read (np.fromfile), not memory-mapped, so no page of a spill stays resident."""
-    out = np.empty(max(stop - start, 0), BOOK_DTYPE)
+def read_ts(runs: list[_Run], start: int, stop: int, interval_ns: int) -> np.ndarray:
+    """(stop - start,) int64 interval starts of clock rows [start, stop)."""
+    return read_rows(runs, start, stop, "ts") // interval_ns * interval_ns
+
+
+def read_rows(runs: list[_Run], start: int, stop: int, name: str) -> np.ndarray:
+    """Clock rows [start, stop) of one spill ("book" or "ts"): each file's span of rows read with
+    one positioned read (np.fromfile), not memory-mapped, so no page of a spill stays resident."""
+    dtype = SPILL_DTYPES[name]
+    out = np.empty(max(stop - start, 0), dtype)
     for run in runs[_first_run(runs, start):]:
         if run.start >= stop:
             break
@@ -111,8 +122,7 @@ def read_books(runs: list[_Run], start: int, stop: int) -> np.ndarray:
             continue
         rows = run.spill_rows[lo:hi]
         first, span = int(rows[0]), int(rows[-1] - rows[0]) + 1
-        block = np.fromfile(f"{run.part.job.spill}.book.bin", BOOK_DTYPE, count=span,
-                            offset=first * BOOK_DTYPE.itemsize)
+        block = np.fromfile(f"{run.part.job.spill}.{name}.bin", dtype, count=span, offset=first * dtype.itemsize)
         dest = out[run.start + lo - start : run.start + hi - start]
         dest[:] = block if span == len(rows) else take(block, rows - first)
     return out
@@ -162,20 +172,20 @@ class Stitcher:
         self._clear_ts = np.zeros(0, np.int64)
         self._pending = _States(*(np.zeros(0, d) for d in (np.int64, np.int64, np.uint32, np.int32, np.int32)))
         self._last: Optional[tuple[int, int, int, int]] = None  # tick, clears, inst, segment of the last row
-        self.ts, self.dt, self.segment = Pieces(np.int64), Pieces(np.float32), Pieces(np.int32)
+        self.dt, self.segment = Pieces(np.float32), Pieces(np.int32)
         self.rolls = 0
 
     def __len__(self) -> int:
         """Rows settled so far."""
-        return len(self.ts)
+        return len(self.dt)
 
     def books(self, start: int, stop: int) -> np.ndarray:
-        return read_books(self.runs, start, stop)
+        return read_rows(self.runs, start, stop, "book")
 
     def snapshots(self, start: int, stop: int) -> Snapshots:
         """Settled rows [start, stop), as Clock.snapshots."""
-        return _snapshots(self.books(start, stop), self.ts.rows(start, stop), self.dt.rows(start, stop),
-                          self.segment.rows(start, stop))
+        return _snapshots(self.books(start, stop), read_ts(self.runs, start, stop, self.interval_ns),
+                          self.dt.rows(start, stop), self.segment.rows(start, stop))
 
     def add(self, part: FilePart) -> None:
         """The next file in time order (its first record not before the last file's last)."""
@@ -204,7 +214,7 @@ class Stitcher:
 
     def clock(self, counts: Counter) -> Clock:
         """The clock of every row (after `finish`)."""
-        return Clock(self.parts, self.runs, self.ts.array(), self.dt.array(), self.segment.array(), counts)
+        return Clock(self.parts, self.runs, self.interval_ns, self.dt.array(), self.segment.array(), counts)
 
     def _settle(self, s: _States, next_tick: Optional[int]) -> None:
         """Rows of states whose successor's interval is `next_tick` (None: no successor)."""
@@ -232,8 +242,7 @@ class Stitcher:
         self._last = (int(tick[-1]), int(n_clears[-1]), int(inst[-1]), int(segment[-1]))
         for p in np.unique(part):
             mine = part == p
-            self.runs.append(_Run(len(self.ts) + int(np.argmax(mine)), self.parts[p], row[mine]))
-        self.ts.extend(tick * self.interval_ns)
+            self.runs.append(_Run(len(self) + int(np.argmax(mine)), self.parts[p], row[mine]))
         self.dt.extend(dt)
         self.segment.extend(segment)
 
