@@ -121,9 +121,9 @@ class _Emitter:
         book = np.empty(len(st), BOOK_DTYPE)
         for name in BOOK_DTYPE.names:
             book[name] = levels(st, name)
-        self.files["ts"].write(ts[where].astype(np.int64).tobytes())
-        self.files["inst"].write(cols["instrument_id"][where].astype(np.uint32).tobytes())
-        self.files["book"].write(book.tobytes())
+        self.files["ts"].write(ts[where].astype(np.int64).data)
+        self.files["inst"].write(cols["instrument_id"][where].astype(np.uint32).data)
+        self.files["book"].write(book.view(np.uint8).data)
         self.n_states += len(where)
 
     def close(self) -> None:
@@ -172,7 +172,7 @@ class _FileClock:
         if rest > carry_cap(self.job.chunk_records):
             raise _Displaced
         if rest:  # numpy copies through a temporary where the two ranges overlap
-            block[:rest] = block[n_emit:] if ordered else take(block, order[n_emit:])
+            copy_records(block[:rest], block[n_emit:] if ordered else take(block, order[n_emit:]))
         return rest
 
     def _count_late(self, ts: np.ndarray) -> None:
@@ -203,10 +203,21 @@ def extract_file(job: FileJob, stop: Optional[threading.Event] = None) -> FilePa
         return _extract(job, whole=True, stop=stop)
 
 
+def raw(records: np.ndarray) -> np.ndarray:
+    """(n, itemsize) uint8 view of contiguous records. numpy copies a structured array field by
+    field, holding the GIL (~60x slower for 368-byte records); as bytes it is one memcpy per record
+    and releases the GIL, so the reader threads run side by side."""
+    return records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
+
+
 def take(records: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """records[idx], each record copied whole: numpy indexes a structured array field by field."""
-    whole = np.dtype((np.void, records.dtype.itemsize))
-    return records.view(whole)[idx].view(records.dtype)
+    """records[idx], each record copied whole."""
+    return np.take(raw(records), idx, axis=0).view(records.dtype).reshape(len(idx))
+
+
+def copy_records(dest: np.ndarray, src: np.ndarray) -> None:
+    """dest[:] = src for records of one dtype (overlapping ranges copied through a temporary)."""
+    raw(dest)[:] = raw(src)
 
 
 def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event]) -> FilePart:
@@ -266,7 +277,7 @@ def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
         if n_other:
             kept = take(chunk, np.flatnonzero(keep))
             chunk = chunk[: len(kept)]
-            chunk[:] = kept
+            copy_records(chunk, kept)
     kept_ids = chunk["instrument_id"]
     kept = _unique(kept_ids)
     for inst in kept:

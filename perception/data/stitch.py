@@ -25,7 +25,7 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.config import DataConfig
-from perception.data.file_clock import SPILL_DTYPES, FilePart, read_spill, take
+from perception.data.file_clock import SPILL_DTYPES, FilePart, copy_records, read_spill, take
 from perception.errors import DataError
 
 
@@ -124,7 +124,7 @@ def read_rows(runs: list[_Run], start: int, stop: int, name: str) -> np.ndarray:
         first, span = int(rows[0]), int(rows[-1] - rows[0]) + 1
         block = np.fromfile(f"{run.part.job.spill}.{name}.bin", dtype, count=span, offset=first * dtype.itemsize)
         dest = out[run.start + lo - start : run.start + hi - start]
-        dest[:] = block if span == len(rows) else take(block, rows - first)
+        copy_records(dest, block if span == len(rows) else take(block, rows - first))
     return out
 
 
