@@ -198,7 +198,8 @@ def _run_measured(argv: list[str], env: dict) -> dict:
         raise SystemExit(f"{' '.join(argv[:4])} ... failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the finished tree's CPU time
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu, "peak_tree_rss_mb": peak[0] / 1024, "stdout": out}
+    return {"wall_s": wall, "cpu_s": cpu, "sys_cpu_s": after.ru_stime - before.ru_stime,
+            "minor_faults": after.ru_minflt - before.ru_minflt, "peak_tree_rss_mb": peak[0] / 1024, "stdout": out}
 
 
 _IN_MEMORY = """
@@ -290,6 +291,7 @@ def bench_files(folder: Path, sets: list[int], n_records: int, repeats: int, in_
                          "peak_tree_rss_mb": max(r["peak_tree_rss_mb"] for r in rs),
                          "peak_tree_rss_mb_runs": [r["peak_tree_rss_mb"] for r in rs],
                          "load_avg_1min": [r["load_avg_1min"] for r in rs],
+                         "sys_cpu_s": [r["sys_cpu_s"] for r in rs], "minor_faults": [r["minor_faults"] for r in rs],
                          # cores the build got: above 1 only where a second core was free for it
                          "cores_used": [r["cpu_s"] / r["wall_s"] for r in rs],
                          "build_summary": rs[-1]["stdout"].strip().splitlines()})

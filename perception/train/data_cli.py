@@ -26,7 +26,9 @@ def compose_data_config(overrides: Sequence[str]):
 def build(overrides: Sequence[str], progress: bool = True) -> dict:
     from perception.data.dataset import load_dataset
     from perception.data.file_clock import peak_rss_mb
+    from perception.data.ingest import tune_malloc
 
+    tune_malloc()  # this process only builds
     cfg = compose_data_config(overrides)
     if not cfg.cache:
         raise ConfigError("data.cache=false: `perception-data build` fills the cache; drop the override")
