@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator
 
 import databento_dbn as dbn
 import numpy as np
@@ -165,14 +165,9 @@ class Mbp10Stream:
             dtype = np.dtype(dbn.MBP10Msg._dtypes + [("ts_out", "u8")])
         return DbnHeader(self.path, str(meta.dataset), dtype, _mappings(meta))
 
-    def buffer(self, memory: Optional[np.ndarray] = None) -> np.ndarray:
-        """(chunk_records,) records of the header's dtype: the one buffer a reader fills; in
-        `memory` (uint8, large enough) when given, so that a reader reuses one buffer for its files."""
-        dtype = self.header.record_dtype
-        nbytes = self.chunk_records * dtype.itemsize
-        if memory is None or len(memory) < nbytes:
-            memory = np.empty(nbytes, np.uint8)
-        buf = memory[:nbytes].view(dtype)
+    def buffer(self) -> np.ndarray:
+        """(chunk_records,) records of the header's dtype: the one buffer a reader fills."""
+        buf = np.empty(self.chunk_records, self.header.record_dtype)
         self.stats.chunk_buffer_bytes = buf.nbytes
         return buf
 

@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from perception.data.book import levels
-from perception.data.dbn_io import F_LAST, F_MAYBE_BAD_BOOK, MBP10_DTYPE, N_LEVELS, UNDEF_PRICE
+from perception.data.dbn_io import F_LAST, F_MAYBE_BAD_BOOK, N_LEVELS, UNDEF_PRICE
 from perception.data.dbn_stream import CHUNK_RECORDS, Mbp10Stream
 from perception.data.instruments import instrument_filter, symbols_of
 from perception.errors import DataError
@@ -194,38 +194,13 @@ class Stopped(Exception):
     """The build stopped (another file failed) before this file was read."""
 
 
-class Buffers:
-    """Chunk buffers handed from one file to the next: a fresh 96 MB buffer a file costs ~24,000
-    page faults (about a sixth of a dense file's reading time) and returns its pages at the end."""
-
-    def __init__(self):
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def get(self) -> Optional[np.ndarray]:
-        with self._lock:
-            return self._free.pop() if self._free else None
-
-    def put(self, memory: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(memory)
-
-
-def extract_file(job: FileJob, stop: Optional[threading.Event] = None,
-                 buffers: Optional[Buffers] = None) -> FilePart:
+def extract_file(job: FileJob, stop: Optional[threading.Event] = None) -> FilePart:
     """Stream one file into its spill; a file out of order by more than a chunk is redone whole.
-    `stop`, once set, ends the reading at the next chunk (Stopped); `buffers` lends the chunk buffer."""
-    memory = buffers.get() if buffers is not None else None
-    if memory is None:  # room for records with ts_out too; pages never touched stay unallocated
-        memory = np.empty(job.chunk_records * (MBP10_DTYPE.itemsize + 8), np.uint8)
+    `stop`, once set, ends the reading at the next chunk (Stopped)."""
     try:
-        try:
-            return _extract(job, whole=False, stop=stop, memory=memory)
-        except _Displaced:
-            return _extract(job, whole=True, stop=stop, memory=memory)
-    finally:
-        if buffers is not None:
-            buffers.put(memory)
+        return _extract(job, whole=False, stop=stop)
+    except _Displaced:
+        return _extract(job, whole=True, stop=stop)
 
 
 def raw(records: np.ndarray) -> np.ndarray:
@@ -245,7 +220,7 @@ def copy_records(dest: np.ndarray, src: np.ndarray) -> None:
     raw(dest)[:] = raw(src)
 
 
-def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event], memory: np.ndarray) -> FilePart:
+def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event]) -> FilePart:
     counts: Counter = Counter()
     tail = tail_records(job.chunk_records)
     with Mbp10Stream(job.path, job.chunk_records) as stream:
@@ -254,7 +229,7 @@ def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event], memory:
         part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
                         set(), symbols_of(header), read_whole=whole)
         clock = _FileClock(job, counts, tail)
-        buf = stream.buffer(memory)  # (chunk_records,): the records carried, then the next ones read
+        buf = stream.buffer()  # (chunk_records,): the records carried, then the next ones read
         held: list[np.ndarray] = []
         n_carried = 0
         try:

@@ -194,11 +194,11 @@ def test_a_failing_reader_stops_the_others_and_leaves_no_cache(write_dbn, percep
     cfg = dbn_config(good, cache=True, workers=2, chunk_records=64)
     outcome = {}
 
-    def reader(job, stop, buffers):
+    def reader(job, stop):
         if job.index == 0:
             raise MemoryError("no memory for the chunk buffer")
         try:
-            part = extract_file(job, stop, buffers)
+            part = extract_file(job, stop)
         except Stopped:
             outcome[job.index] = "stopped"
             raise
