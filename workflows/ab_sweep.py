@@ -195,9 +195,9 @@ def build_workflow(smoke: bool = False) -> Workflow:
              "--replicates", p % "replicates", "--aa", p % "aa", "--gate-config", p % "gate-config",
              *shared_overrides()],
             # `perception-data build` streams the files (benchmarks/results/data_pipeline_files.json):
-            # ~0.4 GB, ~0.1 GB a worker and ~120 B a snapshot (a year of 1 s snapshots: ~2.5 GB), beside
-            # this step's own ~0.4 GB; ~0.35 CPU-s per million records. The CPU limit sets the cgroup
-            # quota that data.workers follows (4 workers).
+            # ~0.17 GB (its reader threads share one 96 MB chunk budget) and ~30 B a snapshot (a year of
+            # 1 s snapshots: ~1 GB), beside this step's own ~0.4 GB; ~0.27 CPU-s per million records. The
+            # CPU limit sets the cgroup quota that data.workers follows (4 reader threads).
             Resources(cpu_request=4 if not smoke else 2, cpu_limit=4 if not smoke else 2,
                       memory_request="3Gi" if not smoke else "2Gi", memory_limit="6Gi"),
             volumes=_volumes(runs=False),

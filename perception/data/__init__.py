@@ -2,10 +2,10 @@
 
 Importable without hydra (the GPU image has none); `perception-data` (perception/train/data_cli.py) composes
 the Hydra config around it. The names below load on first use, so that a process importing only the
-reader (a `data.workers` extraction process) does not pay for torch.
+reader does not pay for torch.
 """
 
-from importlib import import_module
+from perception.lazy import lazy_names
 
 _WHERE = {
     "check_data_config": "checks", "Dataset": "dataset", "data_hash": "dataset",
@@ -13,11 +13,4 @@ _WHERE = {
     "Normalizer": "loader", "WindowLoader": "loader", "median_dt": "loader", "prefetched": "prefetch",
 }
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'perception.data' has no attribute {name!r}")
-    value = getattr(import_module(f"perception.data.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)

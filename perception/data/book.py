@@ -91,8 +91,17 @@ def snapshots_from_records(records: np.ndarray, snapshot_interval: float, max_ga
 def smallest_price_step(snaps: Snapshots, max_rows: int = 200_000) -> int:
     """Smallest positive difference between prices seen (1e-9 units): the tick when none is set."""
     rows = slice(0, max_rows)
-    px = np.concatenate([snaps.bid_px[rows].ravel(), snaps.ask_px[rows].ravel()])
-    px = np.unique(px[px != UNDEF_PRICE])
-    steps = np.diff(px)
+    return price_step(prices_seen(snaps.bid_px[rows], snaps.ask_px[rows]))
+
+
+def prices_seen(bid_px: np.ndarray, ask_px: np.ndarray) -> np.ndarray:
+    """The distinct defined prices of some rows, sorted: the union over blocks is the whole's."""
+    px = np.concatenate([bid_px.ravel(), ask_px.ravel()])
+    return np.unique(px[px != UNDEF_PRICE])
+
+
+def price_step(prices: np.ndarray) -> int:
+    """Smallest positive difference between sorted distinct prices; 0 for fewer than two."""
+    steps = np.diff(prices)
     steps = steps[steps > 0]
     return int(steps.min()) if len(steps) else 0

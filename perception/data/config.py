@@ -29,7 +29,7 @@ class DataConfig:
     # instrument_id (digits), a raw symbol (ESH4) or a continuous / parent symbol in the files'
     # symbology (ES.c.0), resolved per date; None takes the only instrument present.
     instrument: Optional[str] = None
-    workers: Optional[int] = None  # processes reading files; None: the cores available
+    workers: Optional[int] = None  # threads reading files; None: the cores available
     chunk_records: int = 262_144  # records in memory at a time (96 MB), shared by the workers
     snapshot_interval: float = 1.0  # seconds between snapshots on the fixed clock
     max_gap: float = 60.0  # longer gaps end a segment

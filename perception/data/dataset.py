@@ -27,9 +27,10 @@ from perception.enums import enum_value
 from perception.data.book import Snapshots, smallest_price_step, snapshots_from_records
 from perception.data.checks import as_data_config, check_data_config, resolve_paths
 from perception.data.config import DataConfig, DataSource, SyntheticWorld
-from perception.data.dbn_io import PRICE_SCALE, read_mbp10
+from perception.data.dbn_io import read_mbp10
 from perception.data.features import FEATURE_NAMES, compute_features, compute_labels
 from perception.data import ingest
+from perception.data.assemble import inferred_tick, resolve_tick
 from perception.errors import ConfigError, DataError
 from perception.paths import cache_dir, perception_home
 
@@ -151,14 +152,12 @@ def build_snapshots(cfg: DataConfig, progress: bool = True) -> tuple[Snapshots, 
         return snaps, _tick(cfg, synthetic.TICK), Counter()
     with tempfile.TemporaryDirectory(prefix="perception-spill-") as spill:
         clock = ingest.clock_from_files(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress)
-        return clock.snapshots(), _tick(cfg, ingest.tick_of(clock)), clock.counts
+        inferred = inferred_tick(clock) if cfg.tick_size is None else 0
+        return clock.snapshots(), _tick(cfg, inferred), clock.counts
 
 
 def _tick(cfg: DataConfig, inferred: int) -> int:
-    tick = int(round(cfg.tick_size / PRICE_SCALE)) if cfg.tick_size is not None else inferred
-    if tick <= 0:
-        raise DataError(f"{_names(cfg)}: cannot infer a tick size (one price level seen); set data.tick_size")
-    return tick
+    return resolve_tick(cfg, inferred, _names(cfg))
 
 
 # ------------------------------------------------------------- the in-memory oracle
@@ -260,11 +259,10 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
 def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path]) -> Dataset:
     """Streamed: the files' states spill into `out_dir` (or a temp directory), features are
     written to `out_dir/features.npy` block by block."""
+    features_file = out_dir / "features.npy" if out_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="perception-spill-", dir=out_dir) as spill:
-        clock = ingest.clock_from_files(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress)
-        tick = _tick(cfg, ingest.tick_of(clock))
-        features_file = out_dir / "features.npy" if out_dir is not None else None
-        feats, y, mask = ingest.features_and_labels(clock, tick, cfg.horizons, features_file)
+        clock, feats, y, mask = ingest.build(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg),
+                                             progress, features_file)
     counts = {k: int(v) for k, v in sorted(clock.counts.items())}
     return Dataset(feats, clock.dt, y, mask, clock.segment, list(FEATURE_NAMES), list(cfg.horizons),
                    key, counts, summary=clock.summary)

@@ -59,7 +59,8 @@ class Mbp10Stream:
     """`with Mbp10Stream(path, chunk_records) as s: s.header; for chunk in s.chunks(): ...`
 
     Each chunk is a view into the same buffer, valid until the next one is read; `offset` (records
-    before it in the file) names records in errors.
+    before it in the file) names records in errors. `buffer()` and `read_into` let a reader keep
+    records of one chunk at the front of the buffer and fill only the rest (file_clock.py).
     """
 
     def __init__(self, path: str | Path, chunk_records: int = CHUNK_RECORDS):
@@ -67,8 +68,9 @@ class Mbp10Stream:
         self.chunk_records = int(chunk_records)
         self.stats = ReaderStats()
         self._file = None
-        self._pieces: Iterator[memoryview] = iter(())
-        self._pending = memoryview(b"")
+        self._pieces: Iterator[np.ndarray] = iter(())
+        self._pending = np.zeros(0, np.uint8)
+        self._records_read = 0
         self.header: DbnHeader | None = None
 
     def __enter__(self) -> "Mbp10Stream":
@@ -95,11 +97,11 @@ class Mbp10Stream:
 
     # ------------------------------------------------------------ bytes
 
-    def _raw_pieces(self) -> Iterator[memoryview]:
+    def _raw_pieces(self) -> Iterator[np.ndarray]:
         while piece := self._file.read(_RAW_PIECE):
-            yield memoryview(piece)
+            yield np.frombuffer(piece, np.uint8)
 
-    def _zstd_pieces(self) -> Iterator[memoryview]:
+    def _zstd_pieces(self) -> Iterator[np.ndarray]:
         dec, feed = ZstdDecompressor(), b""
         while True:
             if dec.eof:  # a frame ended: the file ends here, or another frame follows
@@ -117,12 +119,14 @@ class Mbp10Stream:
                 raise DataError(f"{self.path}: corrupt zstd stream ({e})") from None
             feed = b""
             if out:
-                yield memoryview(out)
+                yield np.frombuffer(out, np.uint8)
 
-    def _readinto(self, out: memoryview) -> int:
+    def _readinto(self, out: np.ndarray) -> int:
+        """Fills the bytes `out` (uint8) as far as the file goes; numpy copies without the GIL, so
+        readers in threads of one process decompress and copy side by side."""
         n = 0
         while n < len(out):
-            if not self._pending:
+            if not len(self._pending):
                 piece = next(self._pieces, None)
                 if piece is None:
                     break
@@ -136,7 +140,7 @@ class Mbp10Stream:
 
     def _read_exact(self, n: int, what: str) -> bytes:
         buf = bytearray(n)
-        got = self._readinto(memoryview(buf))
+        got = self._readinto(np.frombuffer(buf, np.uint8))
         if got < n:
             raise DataError(f"{self.path}: {what} ({got} of {n} bytes)")
         return bytes(buf)
@@ -145,7 +149,7 @@ class Mbp10Stream:
 
     def _read_header(self) -> DbnHeader:
         lead = bytearray(8)
-        got = self._readinto(memoryview(lead))
+        got = self._readinto(np.frombuffer(lead, np.uint8))
         if got < 8 or not lead.startswith(b"DBN"):
             raise DataError(f"{self.path}: not a DBN file (invalid DBN header {bytes(lead[:4])!r})")
         (meta_len,) = struct.unpack_from("<I", lead, 4)
@@ -161,27 +165,37 @@ class Mbp10Stream:
             dtype = np.dtype(dbn.MBP10Msg._dtypes + [("ts_out", "u8")])
         return DbnHeader(self.path, str(meta.dataset), dtype, _mappings(meta))
 
+    def buffer(self) -> np.ndarray:
+        """(chunk_records,) records of the header's dtype: the one buffer a reader fills."""
+        buf = np.empty(self.chunk_records, self.header.record_dtype)
+        self.stats.chunk_buffer_bytes = buf.nbytes
+        return buf
+
+    def read_into(self, out: np.ndarray) -> np.ndarray:
+        """The next records of the file, read into `out` (contiguous records of the header's
+        dtype); fewer than len(out) only at the end of the file."""
+        size = out.dtype.itemsize
+        got = self._readinto(out.view(np.uint8))
+        if got % size:
+            raise DataError(
+                f"{self.path}: truncated file ({self._records_read * size + got} record bytes is not "
+                f"a whole number of {size}-byte MBP-10 records)"
+            )
+        records = out[: got // size]
+        check_records(self.path, records, self._records_read, size)
+        self._records_read += len(records)
+        return records
+
     def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
         """(offset, records) for each chunk of up to `chunk_records` records, in file order."""
-        dtype = self.header.record_dtype
-        size = dtype.itemsize
-        buf = np.empty(self.chunk_records * size, np.uint8)
-        self.stats.chunk_buffer_bytes = buf.nbytes
-        offset = 0
+        buf = self.buffer()
         while True:
-            got = self._readinto(memoryview(buf))
-            if got % size:
-                raise DataError(
-                    f"{self.path}: truncated file ({offset * size + got} record bytes is not a whole "
-                    f"number of {size}-byte MBP-10 records)"
-                )
-            if not got:
+            offset = self._records_read
+            records = self.read_into(buf)
+            if not len(records):
                 return
-            records = buf[:got].view(dtype)
-            check_records(self.path, records, offset, size)
             yield offset, records
-            offset += len(records)
-            if got < buf.nbytes:  # the stream is exhausted (and the zstd end check has run)
+            if len(records) < len(buf):  # the stream is exhausted (and the zstd end check has run)
                 return
 
 

@@ -80,16 +80,21 @@ def compute_labels(snaps: Snapshots, horizons: list[int]) -> tuple[np.ndarray, n
     return labels_from_mid2(mid2(snaps), snaps.segment, horizons)
 
 
-def labels_from_mid2(m2: np.ndarray, segment: np.ndarray, horizons: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """compute_labels from twice the mid (T,) and the segments (T,) alone."""
+def labels_from_mid2(m2: np.ndarray, segment: np.ndarray, horizons: list[int],
+                     block: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+    """compute_labels from twice the mid (T,) and the segments (T,) alone; `block` rows at a time,
+    so the temporaries are a block's, not T's."""
     T = len(m2)
-    end = segment_ends(segment)
+    last = np.flatnonzero(np.r_[segment[1:] != segment[:-1], True])  # each segment's last row
     y = np.zeros((T, len(horizons)), np.uint8)
     mask = np.zeros((T, len(horizons)), bool)
-    t = np.arange(T)
-    for j, h in enumerate(horizons):  # H horizons, vectorised over T
-        valid = t + h <= end
-        mask[:, j] = valid
-        ahead = np.minimum(t + h, T - 1)
-        y[:, j] = (m2[ahead] > m2) & valid
+    for a in range(0, T, block):
+        b = min(a + block, T)
+        t = np.arange(a, b)
+        end = last[np.searchsorted(last, t)]
+        for j, h in enumerate(horizons):  # H horizons, vectorised over the block
+            valid = t + h <= end
+            mask[a:b, j] = valid
+            ahead = np.minimum(t + h, T - 1)
+            y[a:b, j] = (m2[ahead] > m2[a:b]) & valid
     return y, mask

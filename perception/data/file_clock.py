@@ -2,8 +2,9 @@
 
 The rules are `book.snapshots_from_records`' (the in-memory oracle), applied to the file's records
 in time order: per-record drop counts, and each clock interval's last valid complete state. A chunk
-is sorted and emitted up to the earliest time among its last records; the records after that wait
-for the next chunk (records arrive slightly out of order, and a tie keeps file order). A record older
+is sorted and emitted up to the earliest time among its last records; the records after that wait,
+sorted, at the front of the one chunk buffer, and the next records are read in behind them (records
+arrive slightly out of order, and a tie keeps file order). A record older
 than one already emitted would change the result, so the file is then redone whole in memory.
 The states (one row per interval at most) go to `<spill>.{ts,inst,book}.bin`; `stitch.py` puts the
 files' states together on one clock.
@@ -11,6 +12,7 @@ files' states together on one clock.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +29,8 @@ from perception.errors import DataError
 BOOK_DTYPE = np.dtype([(f"{side}_{kind}", dt, (N_LEVELS,))
                        for kind, dt in (("px", "<i8"), ("sz", "<u4"), ("ct", "<u4"))
                        for side in ("bid", "ask")])
-SPILLS = ("ts", "inst", "book")
+SPILL_DTYPES = {"ts": np.dtype(np.int64), "inst": np.dtype(np.uint32), "book": BOOK_DTYPE}
+SPILLS = tuple(SPILL_DTYPES)
 _FIELDS = ("ts_recv", "flags", "action", "bid_px_00", "ask_px_00", "instrument_id")
 
 
@@ -65,7 +68,6 @@ class FilePart:
     read_whole: bool = False  # records out of order by more than a chunk: read whole
     peak_buffer_bytes: int = 0  # the reader's chunk buffer and pending decompressed bytes
     max_held_records: int = 0  # records held at once: a chunk's plus those carried into it
-    reader_peak_rss_mb: float = 0.0  # peak resident memory of the process that read it, so far
 
 
 def tail_records(chunk_records: int) -> int:
@@ -74,7 +76,8 @@ def tail_records(chunk_records: int) -> int:
 
 
 def carry_cap(chunk_records: int) -> int:
-    """Records carried into the next chunk at most; more and the file is read whole."""
+    """Records carried into the next chunk at most (and fewer than the chunk: the next records are
+    read in behind them); more and the file is read whole."""
     return max(4 * tail_records(chunk_records), chunk_records // 2)
 
 
@@ -118,37 +121,14 @@ class _Emitter:
         book = np.empty(len(st), BOOK_DTYPE)
         for name in BOOK_DTYPE.names:
             book[name] = levels(st, name)
-        self.files["ts"].write(ts[where].astype(np.int64).tobytes())
-        self.files["inst"].write(cols["instrument_id"][where].astype(np.uint32).tobytes())
-        self.files["book"].write(book.tobytes())
+        self.files["ts"].write(ts[where].astype(np.int64).data)
+        self.files["inst"].write(cols["instrument_id"][where].astype(np.uint32).data)
+        self.files["book"].write(book.view(np.uint8).data)
         self.n_states += len(where)
 
     def close(self) -> None:
         for f in self.files.values():
             f.close()
-
-
-class _Block:
-    """The records held back from earlier chunks (sorted) followed by a new chunk's kept records."""
-
-    def __init__(self, carry: Optional[np.ndarray], new: np.ndarray):
-        self.carry, self.new = carry, new
-        self.nc = 0 if carry is None else len(carry)
-
-    def col(self, name: str) -> np.ndarray:
-        if not self.nc:
-            return self.new[name]
-        return np.concatenate([self.carry[name], self.new[name]])
-
-    def take(self, idx: np.ndarray) -> np.ndarray:
-        """Whole records at block positions idx (a copy, in idx's order)."""
-        if not self.nc:
-            return self.new[idx]
-        out = np.empty(len(idx), self.new.dtype)
-        from_carry = idx < self.nc
-        out[from_carry] = self.carry[idx[from_carry]]
-        out[~from_carry] = self.new[idx[~from_carry] - self.nc]
-        return out
 
 
 class _FileClock:
@@ -157,21 +137,22 @@ class _FileClock:
         self.out = _Emitter(job, counts)
         self.counts = counts
         self.tail = tail  # records whose earliest time bounds what a chunk may emit
-        self.carry: Optional[np.ndarray] = None
         self.max_emitted: Optional[int] = None
         self.run_max: Optional[int] = None  # running max of ts_recv in file order (late count)
         self.n_late = 0
         self.max_held = 0
 
-    def add(self, recs: np.ndarray, final: bool) -> None:
-        ts_new = recs["ts_recv"]
+    def add(self, block: np.ndarray, n_carried: int, final: bool) -> int:
+        """`block`: the records carried from the last call (sorted) at its front, then new ones.
+        Emits what no later record can precede; moves the rest, sorted, to the block's front and
+        returns how many (the reader reads the next records after them: one buffer, no copies)."""
+        ts_new = block["ts_recv"][n_carried:]
         if len(ts_new):
             self._count_late(ts_new)
             if self.max_emitted is not None and int(ts_new.min()) < self.max_emitted:
                 raise _Displaced
-        block = _Block(self.carry, recs)
-        self.max_held = max(self.max_held, block.nc + len(recs))
-        ts = block.col("ts_recv")
+        self.max_held = max(self.max_held, len(block))
+        ts = block["ts_recv"]
         ordered = bool(np.all(ts[1:] >= ts[:-1]))
         order = np.arange(len(ts)) if ordered else np.argsort(ts, kind="stable")
         if final:
@@ -182,18 +163,17 @@ class _FileClock:
         else:
             n_emit = 0
         if n_emit:
-            emit = slice(0, n_emit) if ordered else order[:n_emit]  # a slice keeps columns as views
-            cols = {name: block.col(name)[emit] for name in _FIELDS}
-            self.out.emit(cols, lambda where: block.take(where if ordered else emit[where]))
+            emit = slice(0, n_emit) if ordered else order[:n_emit]
+            # each column gathered once out of the 368-byte records: emit reads them several times
+            cols = {name: np.ascontiguousarray(block[name][emit]) for name in _FIELDS}
+            self.out.emit(cols, lambda where: take(block, where if ordered else emit[where]))
             self.max_emitted = int(cols["ts_recv"][-1])
-        if n_emit == len(ts):
-            self.carry = None
-        elif ordered and n_emit >= block.nc:
-            self.carry = recs[n_emit - block.nc :].copy()
-        else:
-            self.carry = block.take(order[n_emit:])
-        if self.carry is not None and len(self.carry) > carry_cap(self.job.chunk_records):
+        rest = len(block) - n_emit
+        if rest > carry_cap(self.job.chunk_records):
             raise _Displaced
+        if rest:  # numpy copies through a temporary where the two ranges overlap
+            copy_records(block[:rest], block[n_emit:] if ordered else take(block, order[n_emit:]))
+        return rest
 
     def _count_late(self, ts: np.ndarray) -> None:
         acc = np.maximum.accumulate(ts)
@@ -210,15 +190,37 @@ class _FileClock:
         self.out.close()
 
 
-def extract_file(job: FileJob) -> FilePart:
-    """Stream one file into its spill; a file out of order by more than a chunk is redone whole."""
+class Stopped(Exception):
+    """The build stopped (another file failed) before this file was read."""
+
+
+def extract_file(job: FileJob, stop: Optional[threading.Event] = None) -> FilePart:
+    """Stream one file into its spill; a file out of order by more than a chunk is redone whole.
+    `stop`, once set, ends the reading at the next chunk (Stopped)."""
     try:
-        return _extract(job, whole=False)
+        return _extract(job, whole=False, stop=stop)
     except _Displaced:
-        return _extract(job, whole=True)
+        return _extract(job, whole=True, stop=stop)
 
 
-def _extract(job: FileJob, whole: bool) -> FilePart:
+def raw(records: np.ndarray) -> np.ndarray:
+    """(n, itemsize) uint8 view of contiguous records. numpy copies a structured array field by
+    field, holding the GIL (~60x slower for 368-byte records); as bytes it is one memcpy per record
+    and releases the GIL, so the reader threads run side by side."""
+    return records.view(np.uint8).reshape(len(records), records.dtype.itemsize)
+
+
+def take(records: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """records[idx], each record copied whole."""
+    return np.take(raw(records), idx, axis=0).view(records.dtype).reshape(len(idx))
+
+
+def copy_records(dest: np.ndarray, src: np.ndarray) -> None:
+    """dest[:] = src for records of one dtype (overlapping ranges copied through a temporary)."""
+    raw(dest)[:] = raw(src)
+
+
+def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event]) -> FilePart:
     counts: Counter = Counter()
     tail = tail_records(job.chunk_records)
     with Mbp10Stream(job.path, job.chunk_records) as stream:
@@ -227,30 +229,41 @@ def _extract(job: FileJob, whole: bool) -> FilePart:
         part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
                         set(), symbols_of(header), read_whole=whole)
         clock = _FileClock(job, counts, tail)
+        buf = stream.buffer()  # (chunk_records,): the records carried, then the next ones read
         held: list[np.ndarray] = []
+        n_carried = 0
         try:
-            for _, chunk in stream.chunks():
-                recs = _observe(part, chunk, select)
-                if whole:
-                    held.append(recs.copy())
-                else:
-                    clock.add(recs, final=False)
+            while True:
+                if stop is not None and stop.is_set():
+                    raise Stopped(job.path)
+                if n_carried == len(buf):  # the carry fills the chunk: no room to read on
+                    raise _Displaced
+                recs = stream.read_into(buf[n_carried:])
+                at_end = len(recs) < len(buf) - n_carried
+                if len(recs):
+                    recs = _observe(part, recs, select)
+                    if whole:
+                        held.append(recs.copy())
+                    else:
+                        n_carried = clock.add(buf[: n_carried + len(recs)], n_carried, final=False)
+                if at_end:
+                    break
             if part.records_read == 0:
                 raise DataError(f"{job.path}: no MBP-10 records")
-            last = np.concatenate(held) if whole else recs[:0]
-            clock.add(last, final=True)
+            last = np.concatenate(held) if whole else buf[:n_carried]
+            clock.add(last, 0 if whole else n_carried, final=True)
         finally:
             clock.close()
         part.peak_buffer_bytes = stream.stats.chunk_buffer_bytes + stream.stats.max_pending_bytes
     part.n_states = clock.out.n_states
     part.max_held_records = clock.max_held
-    part.reader_peak_rss_mb = peak_rss_mb()
     part.clear_ts = np.concatenate(clock.out.clears) if clock.out.clears else part.clear_ts
     return part
 
 
 def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
-    """Record counts, times and instruments of one chunk; its records of the chosen instrument."""
+    """Record counts, times and instruments of one chunk; its records of the chosen instrument,
+    moved to the chunk's front (a view of it)."""
     ts, ids = chunk["ts_recv"], chunk["instrument_id"]
     part.records_read += len(chunk)
     lo, hi = int(ts.min()), int(ts.max())
@@ -262,7 +275,9 @@ def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
         n_other = int(np.count_nonzero(~keep))
         part.counts["other_instrument"] += n_other
         if n_other:
-            chunk = chunk[keep]
+            kept = take(chunk, np.flatnonzero(keep))
+            chunk = chunk[: len(kept)]
+            copy_records(chunk, kept)
     kept_ids = chunk["instrument_id"]
     kept = _unique(kept_ids)
     for inst in kept:
@@ -282,8 +297,7 @@ def _unique(ids: np.ndarray) -> list[int]:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: unlike ru_maxrss, a spawned process does not
-    inherit its parent's figure through fork and exec)."""
+    """This process's peak resident memory (VmHWM), its reader threads included."""
     try:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
@@ -293,9 +307,6 @@ def peak_rss_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def read_spill(prefix: str | Path, name: str, mmap: bool = True) -> np.ndarray:
-    dtype = {"ts": np.int64, "inst": np.uint32, "book": BOOK_DTYPE}[name]
-    path = Path(f"{prefix}.{name}.bin")
-    if path.stat().st_size == 0:
-        return np.zeros(0, dtype)
-    return np.memmap(path, dtype=dtype, mode="r") if mmap else np.fromfile(path, dtype=dtype)
+def read_spill(prefix: str | Path, name: str) -> np.ndarray:
+    """A spill file read whole ("ts", "inst"; the book rows are read in spans: stitch.read_books)."""
+    return np.fromfile(f"{prefix}.{name}.bin", dtype=SPILL_DTYPES[name])

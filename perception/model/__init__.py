@@ -1,8 +1,11 @@
 """The perception model: VSN, Mamba2, attention pools, CfC, heads; its loss and checkpoints.
-Importable with torch and numpy alone (the GPU machine has no hydra or mlflow)."""
+Importable with torch and numpy alone (the GPU machine has no hydra or mlflow). The names below load on
+first use, so that the config (`perception.model.config`, read by every command's config composition)
+does not import torch: `perception-data build` has no use for it."""
 
-from perception.model.config import AttentionPoolVariant, ModelConfig, OpsBackend
-from perception.model.loss import masked_bce
-from perception.model.model import PerceptionModel
+from perception.lazy import lazy_names
 
-__all__ = ["AttentionPoolVariant", "ModelConfig", "OpsBackend", "PerceptionModel", "masked_bce"]
+_WHERE = {"AttentionPoolVariant": "config", "ModelConfig": "config", "OpsBackend": "config",
+          "PerceptionModel": "model", "masked_bce": "loss"}
+__all__ = sorted(_WHERE)
+__getattr__ = lazy_names(__name__, _WHERE)

@@ -29,7 +29,9 @@ def compose_data_config(overrides: Sequence[str]):
 def build(overrides: Sequence[str], progress: bool = True) -> dict:
     from perception.data.dataset import load_dataset
     from perception.data.file_clock import peak_rss_mb
+    from perception.data.ingest import tune_malloc
 
+    tune_malloc()  # this process only builds
     cfg = compose_data_config(overrides)
     if not cfg.cache:
         raise ConfigError("data.cache=false: `perception-data build` fills the cache; drop the override")
@@ -67,8 +69,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   f"{row['first']} .. {row['last']}, {row['files']} files")
         for path in summary.get("files_read_whole", []):
             print(f"  {path}: records out of order by more than a chunk; read whole")
-    readers = f", {summary['reader_peak_rss_mb']:.0f} MB the largest file reader of the build" if summary else ""
-    print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB this process{readers}")
+    print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB (the file readers are threads of this process)")
     return 0
 
 

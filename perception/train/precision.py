@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 from enum import Enum
-
-import torch
+from typing import TYPE_CHECKING
 
 from perception.enums import enum_value
+
+if TYPE_CHECKING:  # torch loads with the trainer: the config that names a precision does not need it
+    import torch
 
 
 class Precision(str, Enum):
@@ -28,6 +30,8 @@ class Precision(str, Enum):
 def configure(precision: Precision | str, device: torch.device) -> None:
     """Process-wide matmul flags for the run's precision (bf16 keeps TF32 for what autocast leaves fp32)."""
     if device.type == "cuda":
+        import torch
+
         tf32 = enum_value(precision) != Precision.fp32.value
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
@@ -36,5 +40,7 @@ def configure(precision: Precision | str, device: torch.device) -> None:
 def forward_context(precision: Precision | str, device: torch.device) -> contextlib.AbstractContextManager:
     """The context a forward pass runs in: bf16 autocast for bf16, nothing otherwise."""
     if enum_value(precision) == Precision.bf16.value:
+        import torch
+
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

@@ -126,6 +126,29 @@ def test_cli_exit_codes(perception_home, write_dbn, tmp_path):
     assert "Traceback" not in res.stderr
 
 
+_BUILD_IMPORTS = """
+import sys
+from perception.train.data_cli import build
+build(sys.argv[1:], progress=False)
+heavy = sorted(m for m in ("torch", "mlflow", "sklearn", "scipy") if m in sys.modules)
+print(",".join(heavy) or "none")
+"""
+
+
+def test_a_dbn_build_imports_neither_torch_nor_mlflow(perception_home, write_dbn):
+    """`perception-data build` composes the training config (whose model and precision name torch
+    types) but needs none of the trainer's libraries: ~1.5 s and ~230 MB of a build."""
+    import os
+
+    path = write_dbn(make_records(np.arange(400) * 0.5))
+    env = {**os.environ, "PERCEPTION_HOME": str(perception_home)}
+    out = subprocess.run([sys.executable, "-c", _BUILD_IMPORTS, "data=dbn", f"data.paths=[{path}]",
+                          "data.window=8", "data.horizons=[1,5]", "data.window_stride=1", "data.n_folds=2"],
+                         capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "none"
+
+
 # ------------------------------------------------------------ the key of DBN inputs
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perception.data import assemble
+from perception.data.assemble import Assembly
 from perception.data.dataset import _build, build_in_memory
 from perception.data.dbn_io import UNDEF_PRICE, read_mbp10, write_mbp10
 from perception.data.dbn_stream import ZSTD_OUT, Mbp10Stream, _RAW_PIECE
-from perception.data.file_clock import FileJob, carry_cap, extract_file
+from perception.data.file_clock import FileJob, extract_file
 
 from tests.data.builders import dbn_config, make_records
 
@@ -103,10 +106,12 @@ def _write_set(folder: Path, rng: np.random.Generator, n: int, n_files: int, far
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), n=st.integers(40, 400), n_files=st.integers(1, 4),
-       chunk=st.integers(1, 120), far=st.booleans(), instrument=st.sampled_from(["7", "9"]))
-def test_streaming_equals_in_memory_over_random_chunk_sizes(seed, n, n_files, chunk, far, instrument):
+       chunk=st.integers(1, 120), far=st.booleans(), instrument=st.sampled_from(["7", "9"]),
+       block=st.integers(1, 40))
+def test_streaming_equals_in_memory_over_random_chunk_sizes(seed, n, n_files, chunk, far, instrument, block):
+    """`block`: feature rows a block, so that features are computed while later files are read."""
     rng = np.random.default_rng(seed)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(assemble, "FEATURE_BLOCK", block):
         paths = _write_set(Path(tmp), rng, n, n_files, far)
         cfg = dbn_config(paths, instrument=instrument, chunk_records=chunk, snapshot_interval=1.0,
                          max_gap=60.0, tick_size=0.25, workers=1)  # workers: test_workers_give_...
@@ -119,20 +124,51 @@ def test_streaming_equals_in_memory_over_random_chunk_sizes(seed, n, n_files, ch
         assert_same(streamed(cfg), oracle)
 
 
-def test_files_are_taken_in_time_order_whatever_their_listed_order(tmp_path):
-    paths = _write_set(tmp_path, np.random.default_rng(3), 300, 3, far=False)
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Feature blocks of 7 rows and the tick from the first 30 (the sets' price step shows in
+    any row): rows get their features while later files are still being read."""
+    monkeypatch.setattr(assemble, "FEATURE_BLOCK", 7)
+    monkeypatch.setattr(assemble, "TICK_ROWS", 30)
+
+
+def _rows_done_ahead(monkeypatch) -> list[int]:
+    """Rows with features after each file was added, in the order files were added."""
+    done, add = [], Assembly.add
+
+    def counted(self, part):
+        add(self, part)
+        done.append(self.out.n)
+
+    monkeypatch.setattr(Assembly, "add", counted)
+    return done
+
+
+def test_features_are_computed_as_files_arrive_and_equal_the_whole(tmp_path, small_blocks, monkeypatch):
+    paths = _write_set(tmp_path, np.random.default_rng(11), 900, 4, far=False)
+    cfg = dbn_config(paths, instrument="7", chunk_records=23, workers=1)
+    done = _rows_done_ahead(monkeypatch)
+    assert_same(streamed(cfg), build_in_memory(cfg))
+    assert 0 < done[0] < done[1] < done[2] < done[3]  # the work went along with the reading
+
+
+@pytest.mark.parametrize("listed", [[2, 1, 0], [0, 2, 1], [0, 1, 3, 2]])
+def test_files_are_taken_in_time_order_whatever_their_listed_order(tmp_path, small_blocks, monkeypatch, listed):
+    """Listed out of time order: the features done ahead in the listed order are dropped."""
+    paths = _write_set(tmp_path, np.random.default_rng(3), 300 * len(listed), len(listed), far=False)
     cfg = dbn_config(paths, instrument="7", chunk_records=17)
-    listed_backwards = dbn_config(paths[::-1], instrument="7", chunk_records=17)
-    assert_same(streamed(listed_backwards), build_in_memory(cfg))
+    done = _rows_done_ahead(monkeypatch)
+    assert_same(streamed(dbn_config([paths[i] for i in listed], instrument="7", chunk_records=17)),
+                build_in_memory(cfg))
+    assert len(done) == len(listed)
 
 
-def test_workers_give_bit_identical_results(tmp_path):
+def test_workers_give_bit_identical_results(tmp_path, small_blocks):
     paths = _write_set(tmp_path, np.random.default_rng(11), 600, 4, far=True)
     one = streamed(dbn_config(paths, instrument="7", chunk_records=23, workers=1))
     two = streamed(dbn_config(paths, instrument="7", chunk_records=23, workers=2))
     assert_same(two, one)
-    # the chunk per worker decides which files fall back to a whole read; the memory is this run's
-    this_run = ("files_read_whole", "reader_peak_rss_mb")
+    this_run = ("files_read_whole",)  # the chunk per worker decides which files fall back to it
     assert {k: v for k, v in one.summary.items() if k not in this_run} == \
         {k: v for k, v in two.summary.items() if k not in this_run}
     assert_same(one, build_in_memory(dbn_config(paths, instrument="7")))
@@ -155,8 +191,8 @@ def test_a_file_out_of_order_beyond_a_chunk_is_read_whole_and_still_exact(write_
 
 @pytest.mark.parametrize("compress", [False, True])
 def test_buffers_are_bounded_by_the_chunk_not_the_file(write_dbn, tmp_path, compress):
-    """Files of 1x and 30x the chunk hold the same buffers: a chunk, the pending decompressed bytes
-    of one read, and a carry of at most `carry_cap` records."""
+    """Files of 1x and 30x the chunk hold the same buffers: a chunk (the records carried from the
+    last one included) and the pending decompressed bytes of one read."""
     chunk = 500
     for n in (chunk, 30 * chunk):
         rec = _jumbled(np.random.default_rng(n), make_records(np.arange(n) * 0.01), far=False)
@@ -169,4 +205,4 @@ def test_buffers_are_bounded_by_the_chunk_not_the_file(write_dbn, tmp_path, comp
         assert 0 < stats.max_pending_bytes <= (ZSTD_OUT if compress else _RAW_PIECE)
         part = extract_file(FileJob(0, str(path), str(tmp_path / f"s{n}"), None, 1.0, chunk))
         assert not part.read_whole
-        assert 0 < part.max_held_records <= chunk + carry_cap(chunk)
+        assert 0 < part.max_held_records <= chunk
