@@ -24,13 +24,6 @@ settings.register_profile("ci", derandomize=True, max_examples=100, deadline=Non
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: one worker more than the cores this process may use. The end-to-end tests spend a good
-    part of their time waiting (on subprocesses starting, servers, sleeps between polls), which one more
-    worker fills."""
-    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """Under xdist, each worker's torch gets its share of the cores: torch's default (every core) in each
     worker has the workers' thread pools contend for the same cores."""
