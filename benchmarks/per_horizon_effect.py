@@ -196,7 +196,8 @@ def _median(values: list) -> float | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--world", default="per_horizon", choices=["per_horizon", "per_horizon_null", "default"])
+    p.add_argument("--world", default="per_horizon", choices=["per_horizon", "per_horizon_null", "per_horizon_jumps",
+                                                          "per_horizon_jumps_null", "default"])
     p.add_argument("--seeds", default="70000:70010", help="lo:hi, a half-open range")
     p.add_argument("--parallel", type=int, default=2, help="sweeps at once")
     p.add_argument("--cpu-workers", type=int, default=3, help="trainings at once within a sweep")

@@ -14,6 +14,10 @@ Worlds with a known answer (`data.synthetic_world`), to measure the gate rather 
   answer to "do per-horizon queries help?" is yes. See "The per_horizon world" below.
 - `per_horizon_null`: its null twin. The same books, events, drifts and labels; only the side that
   each event flags is drawn independently of the drift it announces, so no event predicts anything.
+- `per_horizon_jumps` / `per_horizon_jumps_null`: a candidate known yes built against what defeated
+  `per_horizon` (below): bursts of look-alike snapshots whose consequences no window that shows them has
+  begun to see, the strongest of one set deciding the second-longest horizon and of another the longest
+  (perception/data/horizon_jumps.py); its oracles show the lift, `ci`-sized training does not learn it.
 The per_horizon world (`HorizonEvents`). Let K be the window, h_s = horizons[1] and h_max the longest
 horizon. Three kinds of rare event mark one snapshot each; every event flags a side s = +-1 the same
 way (ten-fold sizes at levels 5-9 on the bid for +1, on the ask for -1), and its kind by eight-fold
@@ -74,6 +78,7 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
+from perception.data.horizon_jumps import jump_bursts
 
 TICK = 250_000_000  # 0.25 in 1e-9 price units (an index-future tick)
 START_NS = 1_704_067_200 * NS  # 2024-01-01 00:00 UTC
@@ -115,8 +120,13 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     mu = prm.slow_snr * prm.sigma / np.sqrt(h_max)
     dp = prm.sigma * rng.standard_normal(n) + mu * regime
     dp[1:] += kappa * imb[:-1]
-    events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma,
-                             null=world == "per_horizon_null") if world in EVENT_WORLDS else None
+    events = None
+    if world in EVENT_WORLDS:
+        events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma,
+                                 null=world == "per_horizon_null")
+    elif world in JUMP_WORLDS:
+        events = jump_bursts(np.random.default_rng([seed, 0x1B5]), n, horizons, window, prm.sigma,
+                             null=world == "per_horizon_jumps_null")
     if events is not None:
         dp += events.drift
     p = BASE_PRICE_TICKS + np.cumsum(dp)
@@ -152,6 +162,7 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
 
 
 EVENT_WORLDS = ("per_horizon", "per_horizon_null")
+JUMP_WORLDS = ("per_horizon_jumps", "per_horizon_jumps_null")  # perception/data/horizon_jumps.py
 SIDE_LEVELS, SIDE_FACTOR = (5, 6, 7, 8, 9), 10  # every event flags its side: ten-fold sizes at levels 5-9
 MARKER_LEVELS = {"short": (7, 8, 9), "long": (2, 3, 4), "distractor": (7, 8, 9, 2, 3, 4)}  # order counts,
 MARKER_FACTOR = 8  # eight-fold on both sides

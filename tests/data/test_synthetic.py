@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from perception.data import synthetic
+from perception.data import horizon_jumps, synthetic
 from perception.data.config import DataConfig, DataSource
 from perception.data.dataset import build_snapshots, load_dataset
 from perception.data.dbn_io import write_mbp10
@@ -237,4 +237,82 @@ def test_world_is_part_of_the_data_hash_and_default_keeps_old_hashes():
 
     base = DataConfig(**SMOKE)
     assert data_hash(base) == data_hash(DataConfig(**SMOKE, synthetic_world="default"))
-    assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon", "per_horizon_null")}) == 4
+    assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon", "per_horizon_null",
+                                                                          "per_horizon_jumps", "per_horizon_jumps_null")}) == 6
+
+
+@pytest.fixture(scope="module")
+def jump_worlds():
+    """per_horizon_jumps and its twin at ci's scales, large enough that an oracle's AUC is known to ~0.01;
+    per window (stride 4), the burst it holds whole (or -1)."""
+    n, seed = 120_000, 3
+    out = {}
+    for world in ("per_horizon_jumps", "per_horizon_jumps_null"):
+        snaps = synthetic.generate(n, seed, PH_HORIZONS, PH_K, world=world)
+        bursts = horizon_jumps.jump_bursts(np.random.default_rng([seed, 0x1B5]), n, PH_HORIZONS, PH_K, 0.6,
+                                           null=world.endswith("_null"))
+        y, _ = compute_labels(snaps, PH_HORIZONS)
+        ends = np.arange(PH_K, n - PH_HORIZONS[-1], 4)
+        first = np.minimum(bursts.times["short"][:, 0], bursts.times["long"][:, 0])
+        last = np.maximum(bursts.times["short"][:, -1], bursts.times["long"][:, -1])
+        b = np.minimum(np.searchsorted(bursts.starts, ends - PH_K + 1), len(bursts.starts) - 1)
+        held = np.where((first[b] > ends - PH_K) & (last[b] <= ends), b, -1)
+        out[world] = snaps, bursts, y[ends], held
+    return out
+
+
+def _per_window(held, per_burst):
+    return np.where(held >= 0, per_burst[np.maximum(held, 0)], 0.0)
+
+
+def test_jump_worlds_are_seeded_and_mark_each_set_apart(jump_worlds):
+    a = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon_jumps")
+    b = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon_jumps")
+    np.testing.assert_array_equal(a.bid_px, b.bid_px)
+    np.testing.assert_array_equal(a.ask_ct, b.ask_ct)
+    snaps, bursts, _, _ = jump_worlds["per_horizon_jumps"]
+    plain = synthetic.generate(len(snaps), 3, PH_HORIZONS, PH_K)  # the same books without the bursts
+    for kind, levels in horizon_jumps.SET_LEVELS.items():
+        t = bursts.times[kind].ravel()
+        other = horizon_jumps.SET_LEVELS["long" if kind == "short" else "short"]
+        ratio = snaps.bid_ct[t].astype(float) / plain.bid_ct[t]
+        assert np.all(np.abs(ratio[:, list(levels)] - horizon_jumps.SET_FACTOR) < 1.0)  # its set's marker
+        assert np.all(ratio[:, list(other)] == 1.0)  # and not the other's
+        intensity = np.log(np.median(ratio[:, list(horizon_jumps.INTENSITY_LEVELS)], axis=1))
+        assert np.corrcoef(intensity, bursts.intensity[kind].ravel())[0, 1] > 0.97
+    assert np.all(np.diff(bursts.starts) > PH_K + horizon_jumps.burst_span(PH_K))  # one whole burst a window
+
+
+def test_jump_twin_has_the_same_books_and_labels_but_the_sides(jump_worlds):
+    world, _, y, _ = jump_worlds["per_horizon_jumps"]
+    twin, bursts, y_twin, _ = jump_worlds["per_horizon_jumps_null"]
+    for name in ("ts", "bid_px", "ask_px", "bid_ct", "ask_ct", "dt", "segment"):
+        np.testing.assert_array_equal(getattr(twin, name), getattr(world, name), err_msg=name)
+    np.testing.assert_array_equal(y_twin, y)
+    assert set(np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=0))) == set(horizon_jumps.SIDE_LEVELS)
+    for kind in ("short", "long"):
+        assert abs(np.mean(bursts.strongest_sides(kind) == bursts.signs[kind]) - 0.5) < 0.03
+
+
+def test_one_softmax_cannot_read_both_sets_strongest(jump_worlds):
+    """The construction's claim, by oracles over every window: the short set's strongest decides h20 and
+    the long set's h40; what one shared read can take (the short set's strongest, the strongest of both
+    sets, a vote linear in the intensity) leaves h40 well below a per-horizon read. In the twin no side
+    predicts any horizon."""
+    _, bursts, y, held = jump_worlds["per_horizon_jumps"]
+    short = _per_window(held, bursts.strongest_sides("short"))
+    long_ = _per_window(held, bursts.strongest_sides("long"))
+    both = np.concatenate([bursts.intensity["short"], bursts.intensity["long"]], axis=1)
+    sides = np.concatenate([bursts.sides["short"], bursts.sides["long"]], axis=1)
+    top = both.argmax(axis=1)
+    union_long = _per_window(held, np.where(top >= horizon_jumps.PER_SET, sides[np.arange(len(top)), top], 0.0))
+    vote_long = _per_window(held, (bursts.sides["long"] * bursts.intensity["long"]).sum(axis=1))
+    h20, h40 = y[:, -2], y[:, -1]
+    assert roc_auc_score(h20, short) > 0.70 and roc_auc_score(h40, long_) > 0.68
+    assert abs(roc_auc_score(h20, long_) - 0.5) < 0.02
+    for shared_read in (short, union_long, vote_long):
+        assert roc_auc_score(h40, shared_read) < roc_auc_score(h40, long_) - 0.06
+    _, twin_bursts, y_twin, held_twin = jump_worlds["per_horizon_jumps_null"]
+    for kind in ("short", "long"):
+        read = _per_window(held_twin, twin_bursts.strongest_sides(kind))
+        assert max(abs(roc_auc_score(y_twin[:, j], read) - 0.5) for j in range(len(PH_HORIZONS))) < 0.03
