@@ -78,7 +78,7 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
-from perception.data.horizon_jumps import jump_bursts
+from perception.data.horizon_jumps import SIDE_FACTOR, SIDE_LEVELS, jump_bursts  # every world flags a side alike
 
 TICK = 250_000_000  # 0.25 in 1e-9 price units (an index-future tick)
 START_NS = 1_704_067_200 * NS  # 2024-01-01 00:00 UTC
@@ -163,7 +163,6 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
 
 EVENT_WORLDS = ("per_horizon", "per_horizon_null")
 JUMP_WORLDS = ("per_horizon_jumps", "per_horizon_jumps_null")  # perception/data/horizon_jumps.py
-SIDE_LEVELS, SIDE_FACTOR = (5, 6, 7, 8, 9), 10  # every event flags its side: ten-fold sizes at levels 5-9
 MARKER_LEVELS = {"short": (7, 8, 9), "long": (2, 3, 4), "distractor": (7, 8, 9, 2, 3, 4)}  # order counts,
 MARKER_FACTOR = 8  # eight-fold on both sides
 SHORT_SNR, LONG_SNR = 1.5, 8.0  # drift over h_s (short) and h_max (long) in units of the noise over it
