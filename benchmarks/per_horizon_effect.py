@@ -74,19 +74,23 @@ def run_sweep(world: str, seed: int, extra: list[str], cpu_workers: int, work: P
     return row
 
 
-def run_trainings(world: str, seed: int, extra: list[str], folds: list[int], work: Path, arms: tuple[str, ...]) -> dict:
-    """The trainer directly (no sweep, no gate): every arm on `folds` at once, one process each; the
-    final epoch's validation AUCs and query diagnostics from each run's last epoch line."""
-    env = {**os.environ, "PERCEPTION_HOME": str(work / f"{world}-{seed}"), "CUDA_VISIBLE_DEVICES": "",
+def run_trainings(world: str, seed: int, extra: list[str], folds: list[int], work: Path, arms: tuple[str, ...],
+                  gpu: bool = False) -> dict:
+    """The trainer directly (no sweep, no gate): every arm on `folds` at once, one process each (on CPU,
+    or all sharing the visible GPU with `gpu`); the final epoch's validation AUCs and query diagnostics
+    from each run's last epoch line."""
+    env = {**os.environ, "PERCEPTION_HOME": str(work / f"{world}-{seed}"),
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PERCEPTION_OPS_JIT": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     t0 = time.perf_counter()
     procs = {(arm, f): subprocess.Popen(
         ["perception-train", f"arm={arm}", f"data.fold={f}", f"seed={seed}", f"data.synthetic_seed={seed}",
          f"data.synthetic_world={world}", "trainer.progress=false", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for arm in arms for f in folds}
     last = {key: _last_epoch(p.communicate()[0]) for key, p in procs.items()}
-    row = {"world": world, "seed": seed, "arms": list(arms), "extra": extra, "mode": f"trainer folds {folds}",
+    row = {"world": world, "seed": seed, "arms": list(arms), "extra": extra, "mode": f"trainer folds {folds}" + (" gpu" if gpu else ""),
            "seconds": round(time.perf_counter() - t0, 1), "machine": os.uname().nodename}
     if any(v is None for v in last.values()):
         row.update(auc=None, error=f"runs without a final epoch: {[k for k, v in last.items() if v is None]}")
@@ -116,7 +120,8 @@ def done_rows() -> list[dict]:
 
 def run(args: argparse.Namespace) -> None:
     lo, hi = (int(x) for x in args.seeds.split(":"))
-    mode = f"trainer folds {[int(f) for f in args.folds.split(',')]}" if args.folds is not None else "sweep"
+    mode = (f"trainer folds {[int(f) for f in args.folds.split(',')]}" + (" gpu" if args.gpu else "")
+            if args.folds is not None else "sweep")
     have = {(r["world"], r["seed"], tuple(r["arms"]), tuple(r["extra"]), r.get("mode", "sweep"))
             for r in done_rows() if r.get("auc")}
     todo = [s for s in range(lo, hi)
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> None:
         arms = tuple(a.strip() for a in args.arms.split(","))
         if args.folds is not None:
             folds = [int(f) for f in args.folds.split(",")]
-            futures = [pool.submit(run_trainings, args.world, s, args.extra, folds, work, arms) for s in todo]
+            futures = [pool.submit(run_trainings, args.world, s, args.extra, folds, work, arms, args.gpu) for s in todo]
         else:
             futures = [pool.submit(run_sweep, args.world, s, args.extra, args.cpu_workers, work, arms) for s in todo]
         for f in tqdm(as_completed(futures), total=len(futures), desc=f"{args.world} sweeps", unit="sweep"):
@@ -196,8 +201,8 @@ def _median(values: list) -> float | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--world", default="per_horizon", choices=["per_horizon", "per_horizon_null", "per_horizon_jumps",
-                                                          "per_horizon_jumps_null", "default"])
+    p.add_argument("--world", default="per_horizon", choices=["per_horizon", "per_horizon_null", "per_horizon_extremes",
+                                                          "per_horizon_extremes_null", "default"])
     p.add_argument("--seeds", default="70000:70010", help="lo:hi, a half-open range")
     p.add_argument("--parallel", type=int, default=2, help="sweeps at once")
     p.add_argument("--cpu-workers", type=int, default=3, help="trainings at once within a sweep")
@@ -205,6 +210,7 @@ def main() -> None:
                    help="arms of each sweep; without shared the gate decides shared_skip -> per_horizon itself")
     p.add_argument("--folds", default=None,
                    help="e.g. 0 or 0,1,2: run the trainer directly on these folds (no sweep, no gate)")
+    p.add_argument("--gpu", action="store_true", help="with --folds: the trainings share the visible GPU")
     p.add_argument("--report", action="store_true", help="only summarize what ran")
     p.add_argument("extra", nargs="*", help="overrides for every sweep, e.g. experiment=ci trainer.epochs=4")
     args = p.parse_intermixed_args()

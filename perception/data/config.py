@@ -19,8 +19,8 @@ class SyntheticWorld(str, Enum):
     no_signal = "no_signal"  # labels independent of the features: no arm beats AUC 0.5 beyond noise
     per_horizon = "per_horizon"  # short and longest horizons decided by different look-alike events
     per_horizon_null = "per_horizon_null"  # per_horizon's books and labels, the events' sides independent
-    per_horizon_jumps = "per_horizon_jumps"  # the strongest of two look-alike sets decide h_s and h_max
-    per_horizon_jumps_null = "per_horizon_jumps_null"  # its books and labels, the sides independent
+    per_horizon_extremes = "per_horizon_extremes"  # a burst's weakest decides h_s, its strongest h_max
+    per_horizon_extremes_null = "per_horizon_extremes_null"  # its books and labels, the sides independent
 
 
 @dataclass

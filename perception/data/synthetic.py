@@ -14,10 +14,10 @@ Worlds with a known answer (`data.synthetic_world`), to measure the gate rather 
   answer to "do per-horizon queries help?" is yes. See "The per_horizon world" below.
 - `per_horizon_null`: its null twin. The same books, events, drifts and labels; only the side that
   each event flags is drawn independently of the drift it announces, so no event predicts anything.
-- `per_horizon_jumps` / `per_horizon_jumps_null`: a candidate known yes built against what defeated
+- `per_horizon_extremes` / `per_horizon_extremes_null`: the known yes, built against what defeated
   `per_horizon` (below): bursts of look-alike snapshots whose consequences no window that shows them has
-  begun to see, the strongest of one set deciding the second-longest horizon and of another the longest
-  (perception/data/horizon_jumps.py); its oracles show the lift, `ci`-sized training does not learn it.
+  begun to see, the weakest deciding the second-longest horizon and the strongest the longest, and no
+  drift besides (perception/data/horizon_jumps.py); its null twin draws the sides apart from the jumps.
 The per_horizon world (`HorizonEvents`). Let K be the window, h_s = horizons[1] and h_max the longest
 horizon. Three kinds of rare event mark one snapshot each; every event flags a side s = +-1 the same
 way (ten-fold sizes at levels 5-9 on the bid for +1, on the ask for -1), and its kind by eight-fold
@@ -72,7 +72,7 @@ from geometric durations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -104,6 +104,8 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     """n snapshots; every `session` snapshots a `session_gap`-second break ends a segment."""
     rng = np.random.default_rng([seed, 0x5EED])
     prm = SignalParams.for_scales(horizons, window)
+    if world in EXTREME_WORLDS:  # the bursts are the only signal: no fast drift, no regime drift
+        prm = replace(prm, fast_snr=0.0, slow_snr=0.0)
     h_min, h_max = horizons[0], horizons[-1]
 
     regime = _two_state_regime(rng, n, prm.regime_len)  # (T,) +-1
@@ -124,9 +126,9 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     if world in EVENT_WORLDS:
         events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma,
                                  null=world == "per_horizon_null")
-    elif world in JUMP_WORLDS:
+    elif world in EXTREME_WORLDS:
         events = jump_bursts(np.random.default_rng([seed, 0x1B5]), n, horizons, window, prm.sigma,
-                             null=world == "per_horizon_jumps_null")
+                             null=world == "per_horizon_extremes_null")
     if events is not None:
         dp += events.drift
     p = BASE_PRICE_TICKS + np.cumsum(dp)
@@ -162,7 +164,7 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
 
 
 EVENT_WORLDS = ("per_horizon", "per_horizon_null")
-JUMP_WORLDS = ("per_horizon_jumps", "per_horizon_jumps_null")  # perception/data/horizon_jumps.py
+EXTREME_WORLDS = ("per_horizon_extremes", "per_horizon_extremes_null")  # perception/data/horizon_jumps.py
 MARKER_LEVELS = {"short": (7, 8, 9), "long": (2, 3, 4), "distractor": (7, 8, 9, 2, 3, 4)}  # order counts,
 MARKER_FACTOR = 8  # eight-fold on both sides
 SHORT_SNR, LONG_SNR = 1.5, 8.0  # drift over h_s (short) and h_max (long) in units of the noise over it

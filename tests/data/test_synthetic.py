@@ -238,81 +238,121 @@ def test_world_is_part_of_the_data_hash_and_default_keeps_old_hashes():
     base = DataConfig(**SMOKE)
     assert data_hash(base) == data_hash(DataConfig(**SMOKE, synthetic_world="default"))
     assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon", "per_horizon_null",
-                                                                          "per_horizon_jumps", "per_horizon_jumps_null")}) == 6
+                                                                          "per_horizon_extremes", "per_horizon_extremes_null")}) == 6
 
 
 @pytest.fixture(scope="module")
-def jump_worlds():
-    """per_horizon_jumps and its twin at ci's scales, large enough that an oracle's AUC is known to ~0.01;
-    per window (stride 4), the burst it holds whole (or -1)."""
+def extreme_worlds():
+    """per_horizon_extremes and its twin at ci's scales, large enough that an oracle's AUC is known to ~0.01;
+    per window (stride 4), the burst it holds whole (first and last marked snapshot inside it) or -1."""
     n, seed = 120_000, 3
     out = {}
-    for world in ("per_horizon_jumps", "per_horizon_jumps_null"):
+    for world in ("per_horizon_extremes", "per_horizon_extremes_null"):
         snaps = synthetic.generate(n, seed, PH_HORIZONS, PH_K, world=world)
         bursts = horizon_jumps.jump_bursts(np.random.default_rng([seed, 0x1B5]), n, PH_HORIZONS, PH_K, 0.6,
                                            null=world.endswith("_null"))
         y, _ = compute_labels(snaps, PH_HORIZONS)
         ends = np.arange(PH_K, n - PH_HORIZONS[-1], 4)
-        first = np.minimum(bursts.times["short"][:, 0], bursts.times["long"][:, 0])
-        last = np.maximum(bursts.times["short"][:, -1], bursts.times["long"][:, -1])
-        b = np.minimum(np.searchsorted(bursts.starts, ends - PH_K + 1), len(bursts.starts) - 1)
-        held = np.where((first[b] > ends - PH_K) & (last[b] <= ends), b, -1)
-        out[world] = snaps, bursts, y[ends], held
+        b = np.minimum(np.searchsorted(bursts.times[:, 0], ends - PH_K + 1), len(bursts.starts) - 1)
+        held = np.where((bursts.times[b, 0] > ends - PH_K) & (bursts.times[b, -1] <= ends), b, -1)
+        out[world] = snaps, bursts, y[ends], ends, held
     return out
 
 
-def _per_window(held, per_burst):
-    return np.where(held >= 0, per_burst[np.maximum(held, 0)], 0.0)
+def test_extreme_worlds_are_seeded_and_mark_every_burst(extreme_worlds):
+    a = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon_extremes")
+    b = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon_extremes")
+    c = synthetic.generate(20_000, 6, PH_HORIZONS, PH_K, world="per_horizon_extremes")
+    for name in ("bid_px", "bid_sz", "ask_ct"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    assert not np.array_equal(a.bid_px, c.bid_px)
+    snaps, bursts, _, _, _ = extreme_worlds["per_horizon_extremes"]
+    # the plain world draws the same sizes and counts (its prices differ: its fast and regime drifts are on)
+    plain = synthetic.generate(len(snaps), 3, PH_HORIZONS, PH_K)
+    t, side = bursts.times.ravel(), bursts.sides.ravel()
+    assert len(bursts.starts) > 1000 and set(np.unique(side)) == {-1.0, 1.0}
+    untouched = np.setdiff1d(np.arange(len(snaps)), t)
+    for name in ("bid_sz", "ask_sz", "bid_ct", "ask_ct"):  # no snapshot outside a burst is marked
+        np.testing.assert_array_equal(getattr(snaps, name)[untouched], getattr(plain, name)[untouched], err_msg=name)
+    marker, intensity = list(horizon_jumps.MARKER_LEVELS), list(horizon_jumps.INTENSITY_LEVELS)
+    rest = [lvl for lvl in range(snaps.bid_ct.shape[1]) if lvl not in marker + intensity]
+    count = np.rint(horizon_jumps.INTENSITY_COUNT * np.exp(bursts.intensity.ravel()))
+    for book, base in ((snaps.bid_ct, plain.bid_ct), (snaps.ask_ct, plain.ask_ct)):
+        np.testing.assert_array_equal(book[t][:, marker], base[t][:, marker] * horizon_jumps.MARKER_FACTOR)  # the marker
+        np.testing.assert_array_equal(book[t][:, intensity], np.repeat(count[:, None], len(intensity), 1))  # shown exactly
+        np.testing.assert_array_equal(book[t][:, rest], base[t][:, rest])
+    sides_at = list(horizon_jumps.SIDE_LEVELS)
+    for book, base, flagged in ((snaps.bid_sz, plain.bid_sz, side > 0), (snaps.ask_sz, plain.ask_sz, side < 0)):
+        ratio = book[t][:, sides_at] / base[t][:, sides_at]
+        assert np.all(ratio[flagged] == horizon_jumps.SIDE_FACTOR) and np.all(ratio[~flagged] == 1)  # the side
+        np.testing.assert_array_equal(np.delete(book[t], sides_at, axis=1), np.delete(base[t], sides_at, axis=1))
+    span = horizon_jumps.burst_span(PH_K)
+    offsets = bursts.times - bursts.starts[:, None]
+    assert offsets.min() >= 0 and offsets.max() < span and np.all(np.diff(bursts.times, axis=1) > 0)
+    assert np.all(np.diff(bursts.starts) > PH_K + span)  # at most one whole burst a window
 
 
-def test_jump_worlds_are_seeded_and_mark_each_set_apart(jump_worlds):
-    a = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon_jumps")
-    b = synthetic.generate(20_000, 5, PH_HORIZONS, PH_K, world="per_horizon_jumps")
-    np.testing.assert_array_equal(a.bid_px, b.bid_px)
-    np.testing.assert_array_equal(a.ask_ct, b.ask_ct)
-    snaps, bursts, _, _ = jump_worlds["per_horizon_jumps"]
-    plain = synthetic.generate(len(snaps), 3, PH_HORIZONS, PH_K)  # the same books without the bursts
-    for kind, levels in horizon_jumps.SET_LEVELS.items():
-        t = bursts.times[kind].ravel()
-        other = horizon_jumps.SET_LEVELS["long" if kind == "short" else "short"]
-        ratio = snaps.bid_ct[t].astype(float) / plain.bid_ct[t]
-        assert np.all(np.abs(ratio[:, list(levels)] - horizon_jumps.SET_FACTOR) < 1.0)  # its set's marker
-        assert np.all(ratio[:, list(other)] == 1.0)  # and not the other's
-        intensity = np.log(np.median(ratio[:, list(horizon_jumps.INTENSITY_LEVELS)], axis=1))
-        assert np.corrcoef(intensity, bursts.intensity[kind].ravel())[0, 1] > 0.97
-    assert np.all(np.diff(bursts.starts) > PH_K + horizon_jumps.burst_span(PH_K))  # one whole burst a window
-
-
-def test_jump_twin_has_the_same_books_and_labels_but_the_sides(jump_worlds):
-    world, _, y, _ = jump_worlds["per_horizon_jumps"]
-    twin, bursts, y_twin, _ = jump_worlds["per_horizon_jumps_null"]
+def test_extremes_twin_has_the_same_books_and_labels_but_the_sides(extreme_worlds):
+    world, world_bursts, y, _, held = extreme_worlds["per_horizon_extremes"]
+    twin, bursts, y_twin, _, held_twin = extreme_worlds["per_horizon_extremes_null"]
     for name in ("ts", "bid_px", "ask_px", "bid_ct", "ask_ct", "dt", "segment"):
         np.testing.assert_array_equal(getattr(twin, name), getattr(world, name), err_msg=name)
-    np.testing.assert_array_equal(y_twin, y)
-    assert set(np.flatnonzero((twin.bid_sz != world.bid_sz).any(axis=0))) == set(horizon_jumps.SIDE_LEVELS)
+    np.testing.assert_array_equal(y_twin, y)  # the same bursts and jumps, so the same labels
+    np.testing.assert_array_equal(held_twin, held)
+    for name in ("bid_sz", "ask_sz"):
+        differs = getattr(twin, name) != getattr(world, name)
+        assert set(np.flatnonzero(differs.any(axis=0))) == set(horizon_jumps.SIDE_LEVELS)  # the flag only
+        assert np.isin(np.flatnonzero(differs.any(axis=1)), bursts.times).all()
     for kind in ("short", "long"):
-        assert abs(np.mean(bursts.strongest_sides(kind) == bursts.signs[kind]) - 0.5) < 0.03
+        assert np.all(world_bursts.extreme_sides(kind) == world_bursts.signs[kind])  # the world: the extremes decide
+        assert abs(np.mean(bursts.extreme_sides(kind) == bursts.signs[kind]) - 0.5) < 0.03  # the twin: apart
 
 
-def test_one_softmax_cannot_read_both_sets_strongest(jump_worlds):
-    """The construction's claim, by oracles over every window: the short set's strongest decides h20 and
-    the long set's h40; what one shared read can take (the short set's strongest, the strongest of both
-    sets, a vote linear in the intensity) leaves h40 well below a per-horizon read. In the twin no side
-    predicts any horizon."""
-    _, bursts, y, held = jump_worlds["per_horizon_jumps"]
-    short = _per_window(held, bursts.strongest_sides("short"))
-    long_ = _per_window(held, bursts.strongest_sides("long"))
-    both = np.concatenate([bursts.intensity["short"], bursts.intensity["long"]], axis=1)
-    sides = np.concatenate([bursts.sides["short"], bursts.sides["long"]], axis=1)
-    top = both.argmax(axis=1)
-    union_long = _per_window(held, np.where(top >= horizon_jumps.PER_SET, sides[np.arange(len(top)), top], 0.0))
-    vote_long = _per_window(held, (bursts.sides["long"] * bursts.intensity["long"]).sum(axis=1))
-    h20, h40 = y[:, -2], y[:, -1]
-    assert roc_auc_score(h20, short) > 0.70 and roc_auc_score(h40, long_) > 0.68
-    assert abs(roc_auc_score(h20, long_) - 0.5) < 0.02
-    for shared_read in (short, union_long, vote_long):
-        assert roc_auc_score(h40, shared_read) < roc_auc_score(h40, long_) - 0.06
-    _, twin_bursts, y_twin, held_twin = jump_worlds["per_horizon_jumps_null"]
-    for kind in ("short", "long"):
-        read = _per_window(held_twin, twin_bursts.strongest_sides(kind))
-        assert max(abs(roc_auc_score(y_twin[:, j], read) - 0.5) for j in range(len(PH_HORIZONS))) < 0.03
+def _read(labels, score):
+    """How well a score reads the labels either way round: max(AUC, 1 - AUC)."""
+    auc = roc_auc_score(labels, score)
+    return max(auc, 1.0 - auc)
+
+
+SOFTMAX_C = sorted({-8, -4, -2, -1, 0, 1, 2, 4, 8, *np.round(np.arange(-2, 2.01, 0.125), 3)})
+
+
+def _shared_reads(bursts, held, h_short, h_long):
+    """c -> (the best h_s read, the best h_max read) of one softmax weighting w_j ~ exp(c i_j) over a burst's
+    snapshots with bounded values g(s, i) in {s, s i, s i^2}, each horizon taking its best g."""
+    intensity, sides = bursts.intensity[held], bursts.sides[held]
+    out = {}
+    for c in SOFTMAX_C:
+        w = np.exp(c * (intensity - intensity.max(axis=1, keepdims=True)))
+        w /= w.sum(axis=1, keepdims=True)
+        pooled = [(w * g).sum(axis=1) for g in (sides, sides * intensity, sides * intensity**2)]
+        out[c] = max(_read(h_short, p) for p in pooled), max(_read(h_long, p) for p in pooled)
+    return out
+
+
+def test_one_softmax_weighting_cannot_read_both_extremes(extreme_worlds):
+    """The construction's claim, by oracles over every window that holds a burst whole: the weakest's side
+    decides h20 and the strongest's h40, and one softmax weighting over the burst with bounded values, at
+    any temperature, leaves one of the two well below its per-horizon read. In the twin no extreme's side
+    predicts any horizon.
+    Measured (seed 3, 120,000 snapshots, 13,911 windows): per-horizon reads 0.876 (h20) and 0.887 (h40);
+    the shared weighting's larger shortfall is least near c = -0.5 (0.084; 0.139 at c = -1 on the coarse grid).
+    Not claimed: that the weakest says nothing of h40. It reads h40 at 0.594, through the windows whose burst
+    lies less than K + h_s - h_max from their end: there the h40 label ends before the excursion falls back
+    (and sees neither it cancelled nor the lasting jump); only beyond that lag does it say nothing."""
+    _, bursts, y, ends, held = extreme_worlds["per_horizon_extremes"]
+    seen = held >= 0
+    h20, h40, b = y[seen, -2], y[seen, -1], held[seen]
+    weakest, strongest = bursts.extreme_sides("short")[b], bursts.extreme_sides("long")[b]
+    per_h20, per_h40 = roc_auc_score(h20, weakest), roc_auc_score(h40, strongest)
+    assert per_h20 > 0.80 and per_h40 > 0.80
+    assert abs(roc_auc_score(h20, strongest) - 0.5) < 0.02
+    late = ends[seen] - bursts.starts[b] >= PH_K + PH_HORIZONS[-2] - PH_HORIZONS[-1]
+    assert abs(roc_auc_score(h40[late], weakest[late]) - 0.5) < 0.02
+    for c, (read_h20, read_h40) in _shared_reads(bursts, b, h20, h40).items():
+        assert max(per_h20 - read_h20, per_h40 - read_h40) >= 0.05, c
+    _, twin_bursts, y_twin, _, held_twin = extreme_worlds["per_horizon_extremes_null"]
+    seen = held_twin >= 0
+    for which in ("short", "long"):
+        read = twin_bursts.extreme_sides(which)[held_twin[seen]]
+        assert max(abs(roc_auc_score(y_twin[seen, j], read) - 0.5) for j in range(len(PH_HORIZONS))) < 0.03
