@@ -10,6 +10,8 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
     python benchmarks/validity.py no_signal --experiment local --n 20
     python benchmarks/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
     python benchmarks/validity.py per_horizon_null --experiment local --n 20     # its twin: every ship is false
+    python benchmarks/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 15 <scale>  # three-arm power
+    python benchmarks/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 15 <scale>
     python benchmarks/validity.py ab --experiment local --n 20                   # power at the study's own effect
     python benchmarks/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
     python benchmarks/validity.py report                                          # table + plot from what ran
@@ -20,7 +22,11 @@ world whose labels no feature predicts: every ship is false), `per_horizon` (`sh
 `per_horizon` in the world built for per-horizon queries: ships are the gate's power), `per_horizon_null`
 (the same arms in that world's null twin, whose events predict nothing: every ship is false), `ab` (the
 study's A/B, `shared` against `per_horizon`, in the default world, where per_horizon's lift is real
-and consistent across seeds: ships are the gate's power at the effect size the study has). The shipped
+and consistent across seeds: ships are the gate's power at the effect size the study has), `extremes`
+(the three-arm sweep, shared / per_horizon / shared_skip, in `per_horizon_extremes`, the known yes: a
+sweep counts when it ships per_horizon and its attribution says "per-horizon queries add lift beyond the
+context path"), `extremes_null` (the same in its twin: a sweep counts when its attribution ships
+per_horizon, every such ship false). The shipped
 noise files perception/gate/noise/<experiment>.json, which one-replicate sweeps use, are written by the
 product's `perception-sweep calibrate --experiment NAME --sweeps 5` (seeds from 90000, apart from every
 test's here). Every sweep's outcome is appended to benchmarks/results/validity_runs.jsonl as it ends, so
@@ -50,7 +56,8 @@ RUNS = RESULTS / "validity_runs.jsonl"
 SUMMARY = RESULTS / "validity.json"
 PLOT = RESULTS / "validity.png"
 TARGETS = {"false_ship": 0.05, "power": 0.8}
-POWER_TESTS = ("per_horizon", "ab")  # tests whose treatment is better: a ship is right
+POWER_TESTS = ("per_horizon", "ab", "extremes")  # tests whose treatment is better: a ship is right
+ATTRIBUTION_TESTS = ("extremes", "extremes_null")  # three-arm sweeps, counted by their attribution
 # The gate's test: "holm" (one α over both rules by Holm, replicates' prediction noise counted once,
 # between-fold evidence at one replicate without a noise file), "t" (Satterthwaite's df, two unadjusted
 # routes: before it) or "normal" (before that); a row is only ever counted with rows of the same evidence,
@@ -58,7 +65,7 @@ POWER_TESTS = ("per_horizon", "ab")  # tests whose treatment is better: a ship i
 EVIDENCE = "holm"
 # Seed bases keep every test's seeds apart, and apart from perception-sweep calibrate's (90000 on).
 SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000,
-             "per_horizon_null": 60_000}
+             "per_horizon_null": 60_000, "extremes": 80_000, "extremes_null": 82_000}
 
 
 def wilson(ships: int, n: int) -> tuple[float, float]:
@@ -83,6 +90,9 @@ def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
     if test in ("per_horizon", "per_horizon_null"):
         return (["--arms", "shared_skip,per_horizon", "--control", "shared_skip", "--treatment", "per_horizon"],
                 [f"data.synthetic_world={test}"], "shared_skip", "per_horizon")
+    if test in ATTRIBUTION_TESTS:
+        return (["--arms", "shared,per_horizon,shared_skip"], [f"data.synthetic_world=per_horizon_{test}"],
+                "shared", "per_horizon")
     raise SystemExit(f"unknown test {test!r}")
 
 
@@ -114,7 +124,12 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
                    decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
                    replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
                    delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
-                   horizons=s.get("horizons"))
+                   horizons=s.get("horizons"), mde_W=(s.get("mde") or {}).get("W"))
+        if s.get("attribution"):
+            att = s["attribution"]
+            row.update(attribution=att.get("decision"), verdict=att.get("verdict"), attribution_W=att.get("W"),
+                       attribution_mde_W=(att.get("mde") or {}).get("W"),
+                       diagnostics={arm: {k: d.get(k) for k in DIAGNOSTICS} for arm, d in (s.get("diagnostics") or {}).items()})
     else:  # no decision: keep what the gate refused for, or the sweep's own last words
         why = ("gate refused: " + "; ".join(s.get("reasons") or []) + "\n") if s.get("refused") else done.stdout[-1500:]
         row.update(decision=None, error=(why + "\n" + done.stderr[-1500:]).strip())
@@ -123,6 +138,19 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
     else:
         row["kept_home"] = str(home)  # a failed one's runs and logs, for whoever looks into it
     return row
+
+
+DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")
+
+
+def counts(row: dict) -> bool:
+    """Whether a sweep counts as a ship of its test: its decision, or for a three-arm test its attribution
+    (with, for the known yes, the decision too)."""
+    if row["test"] == "extremes":
+        return row["decision"] == f"ship_{row['treatment']}" and row.get("attribution") == f"ship_{row['treatment']}"
+    if row["test"] == "extremes_null":
+        return row.get("attribution") == f"ship_{row['treatment']}"
+    return row["decision"] == f"ship_{row['treatment']}"
 
 
 def _evidence(report: dict) -> str:
@@ -193,17 +221,18 @@ def summarize() -> list[dict]:
             groups.setdefault(key, []).append(r)
     rows = []
     for (test, experiment, a, b, reps, _, evidence), rs in sorted(groups.items()):
-        ships = sum(r["decision"] == f"ship_{b}" for r in rs)
+        ships = sum(counts(r) for r in rs)
         lo, hi = wilson(ships, len(rs))
         kind = "power" if test in POWER_TESTS else "false_ship"
         rows.append({"test": test, "experiment": experiment, "control": a, "treatment": b, "replicates": reps,
                      "evidence": evidence,
                      "n": len(rs), "ships": ships, "rate": ships / len(rs), "ci95": [lo, hi],
                      "measures": kind, "target": TARGETS[kind],
-                     "by_rule": {rule: sum(r["decision"] == f"ship_{b}" and r.get("rule") == rule for r in rs)
+                     "by_rule": {rule: sum(counts(r) and r.get("rule") == rule for r in rs)
                                  for rule in ("rule 1", "rule 2")},
                      "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
                      "training_noise": rs[0].get("training_noise"),
+                     **(_attribution_summary(rs) if test in ATTRIBUTION_TESTS else {}),
                      # the spread of W across sweeps: with R replicates, training noise enters it / R
                      "W_mean": float(np.mean([r["W"] for r in rs])),
                      "W_sd": float(np.std([r["W"] for r in rs], ddof=1)) if len(rs) > 1 else None,
@@ -219,6 +248,25 @@ def summarize() -> list[dict]:
               f"{op} {r['target']} |")
     _plot(rows)
     return rows
+
+
+def _attribution_summary(rs: list[dict]) -> dict:
+    """What the three-arm sweeps' attributions said, their lift and power, and the per-horizon and
+    shared_skip queries' diagnostics (means and medians over sweeps)."""
+    def present(values):
+        return [v for v in values if v is not None]
+
+    def median(values):
+        return float(np.median(present(values))) if present(values) else None
+
+    lifts = present([r.get("attribution_W") for r in rs])
+    return {"attributions": {d: sum(str(r.get("attribution")) == d for r in rs) for d in sorted({str(r.get("attribution")) for r in rs})},
+            "verdicts": {v: sum(str(r.get("verdict")) == v for r in rs) for v in sorted({str(r.get("verdict")) for r in rs})},
+            "attribution_W_mean": float(np.mean(lifts)) if lifts else None,
+            "attribution_W_sd": float(np.std(lifts, ddof=1)) if len(lifts) > 1 else None,
+            "attribution_mde_W_median": median([r.get("attribution_mde_W") for r in rs]),
+            "diagnostics_median": {arm: {k: median([((r.get("diagnostics") or {}).get(arm) or {}).get(k) for r in rs])
+                                         for k in DIAGNOSTICS} for arm in ("per_horizon", "shared_skip")}}
 
 
 def _plot(rows: list[dict]) -> None:
@@ -252,7 +300,8 @@ def _plot(rows: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", "report"])
+    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", *ATTRIBUTION_TESTS,
+                                    "report"])
     p.add_argument("--experiment", default="local")
     p.add_argument("--n", type=int, default=40, help="independent sweeps")
     p.add_argument("--control", default="shared", help="aa: the arm twinned")

@@ -38,7 +38,7 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
             "control": study.attribution.control, "treatment": study.attribution.treatment,
             "decision": study.attribution.decision, "W": study.attribution.W, "G": study.attribution.G,
             "p": study.attribution.p, "delta": {f"h{h}": d for h, d in study.attribution.delta.items()},
-            "verdict": study.verdict},
+            "mde": study.attribution.mde, "verdict": study.verdict},
         "context_path": None if study.context_path is None else {
             "control": study.context_path.control, "treatment": study.context_path.treatment,
             "decision": study.context_path.decision, "W": study.context_path.W, "G": study.context_path.G,

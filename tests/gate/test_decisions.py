@@ -227,6 +227,7 @@ def test_attribution_through_the_shared_skip_control(gate_store, tmp_path, arms,
     assert (outcome.decision == "ship_per_horizon") is ship
     attr = s["attribution"]
     assert attr["control"] == "shared_skip" and attr["decision"] == attr_decision and verdict in attr["verdict"]
+    assert attr["mde"]["W"] > 0 and set(attr["mde"]) == {"W", "G"}  # how large a lift the attribution could see
     assert s["context_path"]["control"] == "shared" and s["context_path"]["treatment"] == "shared_skip"
     assert any(r.startswith("attribution (shared_skip -> per_horizon)") for r in outcome.reasons)
     md = (tmp_path / "report" / "report.md").read_text()

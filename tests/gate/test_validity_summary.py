@@ -53,3 +53,34 @@ def test_an_aa_test_counts_its_ships_as_false_ships(results):
     (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (summary,) = validity.summarize()
     assert (summary["measures"], summary["n"], summary["ships"], summary["target"]) == ("false_ship", 3, 1, 0.05)
+
+
+def three_arm(seed: int, test: str, decision: str, attribution: str, attr_W: float) -> dict:
+    r = row(seed, decision, 0.1, test=test, evidence="holm")
+    verdict = ("per-horizon queries add lift beyond the context path" if attribution == "ship_per_horizon"
+               else "per-horizon queries add no lift beyond the context path")
+    r.update(attribution=attribution, verdict=verdict, attribution_W=attr_W, attribution_mde_W=0.05,
+             diagnostics={"per_horizon": {"query_divergence": 0.3, "attention_entropy_ratio": 0.7, "query_drift": 0.8},
+                          "shared_skip": {"query_divergence": 0.0, "attention_entropy_ratio": 0.6, "query_drift": 0.2}})
+    return r
+
+
+def test_three_arm_tests_count_by_their_attribution(results):
+    """The known yes counts a sweep only when it ships per_horizon and its attribution does too; its twin
+    counts every attribution ship (each false), whatever the main decision."""
+    power = [three_arm(1, "extremes", "ship_per_horizon", "ship_per_horizon", 0.08),
+             three_arm(2, "extremes", "ship_per_horizon", "keep_shared_skip", 0.01),  # the context path's lift
+             three_arm(3, "extremes", "inconclusive", "ship_per_horizon", 0.06)]  # attribution alone: no
+    twin = [three_arm(11, "extremes_null", "ship_per_horizon", "keep_shared_skip", -0.01),
+            three_arm(12, "extremes_null", "keep_shared", "ship_per_horizon", 0.03)]
+    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in power + twin))
+    by = {r["test"]: r for r in validity.summarize()}
+    p, t = by["extremes"], by["extremes_null"]
+    assert (p["measures"], p["n"], p["ships"], p["target"]) == ("power", 3, 1, 0.8)
+    assert (t["measures"], t["n"], t["ships"], t["target"]) == ("false_ship", 2, 1, 0.05)
+    assert p["attributions"] == {"keep_shared_skip": 1, "ship_per_horizon": 2}
+    assert p["verdicts"]["per-horizon queries add lift beyond the context path"] == 2
+    assert p["attribution_W_mean"] == pytest.approx(statistics.mean([0.08, 0.01, 0.06]))
+    assert p["attribution_mde_W_median"] == pytest.approx(0.05)
+    assert p["diagnostics_median"]["per_horizon"]["query_divergence"] == pytest.approx(0.3)
+    assert t["ci95"] == pytest.approx(validity.wilson(1, 2))
