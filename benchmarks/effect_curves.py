@@ -11,27 +11,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.per_horizon_effect import epoch_line  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "per_horizon_extremes_curves"
-PAIR = re.compile(r"(\w+)=([-\d.eE+]+)")
 
 
 def read_log(path: Path) -> list[dict]:
-    epochs = []
-    for line in path.read_text().splitlines():
-        if " epoch " not in line:
-            continue
-        stamp, rest = line.split(" ", 1)
-        epoch = int(rest.split(" epoch ")[1].split("/")[0])
-        epochs.append({"epoch": epoch, "t": int(stamp), **{k: float(v) for k, v in PAIR.findall(rest.split(": ", 1)[1])}})
-    if epochs:
-        t0 = epochs[0]["t"]
-        for e in epochs:
-            e["t"] -= t0
-    return epochs
+    """Each line "<unix time> <trainer epoch line>" -> {epoch, t (s since the first), metrics}."""
+    stamped = [(int(stamp), epoch_line(rest)) for stamp, _, rest in
+               (line.partition(" ") for line in path.read_text().splitlines())]
+    stamped = [(t, parsed) for t, parsed in stamped if parsed is not None]
+    return [{"epoch": e, "t": t - stamped[0][0], **metrics} for t, (e, _, metrics) in stamped]
 
 
 def collect(logdir: Path, settings: dict[str, str]) -> dict:

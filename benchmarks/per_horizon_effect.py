@@ -33,13 +33,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from perception.contract import QUERY_DIAGNOSTICS as DIAGNOSTICS
+
 RESULTS = Path(os.environ.get("PERCEPTION_EFFECT_RESULTS", Path(__file__).resolve().parent / "results"))
 RUNS = RESULTS / "per_horizon_effect_runs.jsonl"
 SUMMARY = RESULTS / "per_horizon_effect.json"
 ARMS = ("shared", "per_horizon", "shared_skip")  # the default: the three-arm sweep
 CONTRASTS = {"per_horizon - shared_skip": ("per_horizon", "shared_skip"),
              "per_horizon - shared": ("per_horizon", "shared"), "shared_skip - shared": ("shared_skip", "shared")}
-DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")
 
 
 def run_sweep(world: str, seed: int, extra: list[str], cpu_workers: int, work: Path, arms: tuple[str, ...]) -> dict:
@@ -105,13 +106,21 @@ def run_trainings(world: str, seed: int, extra: list[str], folds: list[int], wor
     return row
 
 
-def _last_epoch(output: str) -> dict | None:
-    """key=value pairs of the trainer's last '[perception] <run> epoch E/E:' line."""
-    lines = [ln for ln in output.splitlines() if " epoch " in ln and ln.startswith("[perception]")]
-    if not lines or lines[-1].split(" epoch ")[1].split(":")[0].split("/")[0] != lines[-1].split(" epoch ")[1].split(":")[0].split("/")[1]:
+def epoch_line(line: str) -> tuple[int, int, dict] | None:
+    """(E, N, key=value pairs) of a trainer line '[perception] <run> epoch E/N: k=v ...', else None."""
+    head, sep, tail = line.partition(": ")
+    if not (sep and head.startswith("[perception]") and " epoch " in head):
         return None
-    pairs = (kv.split("=", 1) for kv in lines[-1].split(": ", 1)[1].split() if "=" in kv)
-    return {k: float(v) for k, v in pairs}
+    done, total = head.rsplit(" epoch ", 1)[1].split("/")
+    return int(done), int(total), {k: float(v) for k, v in (kv.split("=", 1) for kv in tail.split() if "=" in kv)}
+
+
+def _last_epoch(output: str) -> dict | None:
+    """key=value pairs of the trainer's last epoch line, if that is its final epoch (E = N)."""
+    parsed = [e for e in map(epoch_line, output.splitlines()) if e is not None]
+    if not parsed or parsed[-1][0] != parsed[-1][1]:
+        return None
+    return parsed[-1][2]
 
 
 def done_rows() -> list[dict]:

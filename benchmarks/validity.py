@@ -51,6 +51,8 @@ import numpy as np
 from scipy.stats import binomtest
 from tqdm import tqdm
 
+from perception.contract import QUERY_DIAGNOSTICS as DIAGNOSTICS
+
 RESULTS = Path(os.environ.get("PERCEPTION_VALIDITY_RESULTS", Path(__file__).resolve().parent / "results"))
 RUNS = RESULTS / "validity_runs.jsonl"
 SUMMARY = RESULTS / "validity.json"
@@ -138,9 +140,6 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
     else:
         row["kept_home"] = str(home)  # a failed one's runs and logs, for whoever looks into it
     return row
-
-
-DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")
 
 
 def counts(row: dict) -> bool:

@@ -33,8 +33,9 @@ SEED = "seed"
 TAG_DEFAULTS = {REPLICATE: "0"}
 PARAM_DEFAULTS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
 # Per-epoch learning-signal diagnostics (the final epoch's value counts); a run without one: NOT_MEASURED.
+QUERY_DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")  # what the pool's queries did
 DIAGNOSTICS = ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
-               "query_divergence", "attention_entropy_ratio", "query_drift")
+               *QUERY_DIAGNOSTICS)
 NOT_MEASURED = "not measured"
 
 # Artifacts (path in the run, as the training writes them under its run directory).
