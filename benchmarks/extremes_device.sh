@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: the known yes's power and its twin's false ships at one scale, 15 trainings
 # sharing GPU 0 (one CPU core each).
-#   lane A: the A/A noise file of this scale (10 calibrate sweeps side by side), then the three-arm
-#           sweeps in per_horizon_extremes (10 at a time);
-#   lane B: the three-arm sweeps in per_horizon_extremes_null (5 at a time), decided once the noise
-#           file is there (a twin sweep takes longer than the calibration).
+#   lane A: the A/A noise file of this scale (10 calibrate sweeps side by side; kept once shipped in
+#           perception/gate/noise/), then the three-arm sweeps in per_horizon_extremes_null (10 at a time);
+#   lane B: the three-arm sweeps in per_horizon_extremes (5 at a time), decided once the noise file is
+#           there (a sweep outlasts the calibration).
+# The checkout is copied to WORK/src first: a later device call re-syncs the checkout and would drop the
+# links device_setup.sh makes under a running sweep.
 # Everything resumes: the noise file is kept once written, validity.py skips the sweeps its runs file
 # holds. Long: start it in its own session and collect while it runs.
 #   setsid nohup bash benchmarks/extremes_device.sh WORK > WORK.log 2>&1 < /dev/null &
@@ -27,6 +29,10 @@ fi
 
 work=$1
 mkdir -p "$work"/results "$work"/noise
+# run from a copy: a later call re-syncs the checkout, which drops the links device_setup.sh makes
+if [ "$PWD" != "$work/src" ]; then
+  rm -rf "$work/src" && cp -a . "$work/src" && cd "$work/src" || exit 1
+fi
 source benchmarks/device_setup.sh || exit 1
 python3 -m perception.ops.build || exit 1
 [ -f benchmarks/results/validity_runs.jsonl ] && [ ! -f "$work"/results/validity_runs.jsonl ] \
@@ -34,6 +40,7 @@ python3 -m perception.ops.build || exit 1
 export CUDA_VISIBLE_DEVICES=0 PERCEPTION_OPS_JIT=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PERCEPTION_VALIDITY_RESULTS=$work/results PERCEPTION_GATE_NOISE_DIR=$work/noise
 noise=$work/noise/ci_extremes.json
+[ -f perception/gate/noise/ci_extremes.json ] && cp -n perception/gate/noise/ci_extremes.json "$noise"  # measured earlier
 world=data.synthetic_world=per_horizon_extremes
 nproc; nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep "Model name"
 
@@ -46,9 +53,9 @@ nproc; nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep "Model na
     perception-sweep calibrate --experiment ci --sweeps 5 --out "$noise" trainer.progress=false $world $SCALE \
       || exit 1
   fi
-  python3 benchmarks/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 10 $SCALE
+  python3 benchmarks/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 10 $SCALE
 ) > "$work"/laneA.log 2>&1 &
-python3 benchmarks/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 5 $SCALE \
-  > "$work"/laneB.log 2>&1 &
+# the power sweeps beside the calibration: decided after it (a sweep outlasts it)
+python3 benchmarks/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 5 $SCALE > "$work"/laneB.log 2>&1 &
 wait
 echo "extremes_device: done"
