@@ -242,7 +242,7 @@ def summarize() -> list[dict]:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         op = "<=" if r["measures"] == "false_ship" else ">="
-        print(f"| {r['test']} | {r['experiment']} | {r['control']} -> {r['treatment']} | {r['replicates']} | {r['evidence']} | "
+        print(f"| {r['test']} | {r['experiment']} | {_contrast(r)} | {r['replicates']} | {r['evidence']} | "
               f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
               f"{op} {r['target']} |")
     _plot(rows)
@@ -268,6 +268,13 @@ def _attribution_summary(rs: list[dict]) -> dict:
                                          for k in DIAGNOSTICS} for arm in ("per_horizon", "shared_skip")}}
 
 
+def _contrast(row: dict, arrow: str = " -> ") -> str:
+    """What a row's count compares: a three-arm test counts its attribution, per_horizon against shared_skip."""
+    if row["test"] in ATTRIBUTION_TESTS:
+        return f"shared_skip{arrow}{row['treatment']} (attribution)"
+    return f"{row['control']}{arrow}{row['treatment']}"
+
+
 def _plot(rows: list[dict]) -> None:
     if not rows:
         return
@@ -285,7 +292,7 @@ def _plot(rows: list[dict]) -> None:
     ax.errorbar(x, rates, yerr=err, fmt="none", color="black", capsize=4)
     ax.axhline(TARGETS["false_ship"], color="tab:red", ls="--", lw=1, label="false-ship target 0.05")
     ax.axhline(TARGETS["power"], color="tab:green", ls="--", lw=1, label="power target 0.8")
-    ax.set_xticks(x, [f"{r['test']}\n{r['control']}→{r['treatment']}\n{r['experiment']}, {r['evidence']}, n={r['n']}"
+    ax.set_xticks(x, [f"{r['test']}\n{_contrast(r, '→')}\n{r['experiment']}, {r['evidence']}, n={r['n']}"
                       + (f", R={r['replicates']}" if r["replicates"] > 1 else "") for r in rows],
                   fontsize=7)
     ax.set_ylabel("share of sweeps that shipped")
