@@ -19,13 +19,17 @@ PVC, where this and every later workflow's gate reads it before the shipped file
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from hera.workflows import (
     DAG,
     ConfigMapEnvFrom,
     Container,
+    EmptyDirVolume,
     Env,
     ExistingVolume,
     Parameter,
+    ResourceEnv,
     Resources,
     RetryStrategy,
     SecretEnvFrom,
@@ -34,9 +38,12 @@ from hera.workflows import (
 )
 from hera.workflows.models import (
     Backoff,
+    Capabilities,
     LabelValueFrom,
     PodGC,
     PodSecurityContext,
+    SeccompProfile,
+    SecurityContext,
     Toleration,
     TTLStrategy,
     ValueFrom,
@@ -70,6 +77,31 @@ GATE_REPORT_DIR = "/perception-home/runs/" + SWEEP_ID + "/gate"  # on the runs P
 # (perception.gate.noise.NOISE_DIR_ENV).
 NOISE_DIR = "/perception-home/runs/noise"
 NOISE_ENV = [Env(name="PERCEPTION_GATE_NOISE_DIR", value=NOISE_DIR)]
+
+# Every container runs with a read-only root filesystem, so what the steps and their libraries write
+# goes to per-pod scratch volumes (emptyDir), each bounded so a runaway writer evicts only its own pod:
+#   /tmp            tempfile (the gate's downloaded predictions, the data build's spill), prepare's and
+#                   the gate's output files, Inductor's cache (/tmp/torchinductor_<user>)
+#   HOME            Triton's kernel cache (~/.triton), matplotlib's config and font cache
+#                   (~/.config/matplotlib, ~/.cache), torch's and CUDA's JIT caches (~/.cache, ~/.nv)
+#   PERCEPTION_HOME Hydra's own output (hydra/, hydra-multirun/); its cache/ and runs/ are the claims
+#                   mounted on top, which is all that outlives the pod
+HOME = "/home/perception"  # the image's HOME (Dockerfile)
+PERCEPTION_HOME = "/perception-home"  # the ConfigMap's PERCEPTION_HOME
+SCRATCH = (("tmp", "/tmp", "8Gi"), ("home", HOME, "4Gi"), ("perception-home", PERCEPTION_HOME, "1Gi"))
+CONTAINER_SECURITY = SecurityContext(
+    allow_privilege_escalation=False,
+    capabilities=Capabilities(drop=["ALL"]),
+    read_only_root_filesystem=True,
+    run_as_non_root=True,
+    seccomp_profile=SeccompProfile(type="RuntimeDefault"),
+)
+# Thread pools sized to the container's CPU limit rather than the node's cores (torch, OpenMP and
+# BLAS read OMP_NUM_THREADS; Inductor's compile workers TORCHINDUCTOR_COMPILE_THREADS): a pool as wide
+# as a 64-core node under an 8-CPU quota spends the step throttled. The Downward API rounds the limit
+# up to whole cores.
+THREAD_ENV = [ResourceEnv(name=name, resource="limits.cpu", divisor="1")
+              for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")]
 
 # Spot preemption ends a pod as Failed ("imminent node shutdown") or Errored ("pod deleted");
 # a real training failure (exit 1) or a config error (exit 2) is not retried.
@@ -135,6 +167,10 @@ def _volumes(cache: bool = True, runs: bool = True, data: bool = True) -> list[E
     return vols
 
 
+def _scratch() -> list[EmptyDirVolume]:
+    return [EmptyDirVolume(name=name, mount_path=path, size_limit=size) for name, path, size in SCRATCH]
+
+
 def _retry(limit: int) -> RetryStrategy:
     return RetryStrategy(
         limit=limit,
@@ -144,14 +180,18 @@ def _retry(limit: int) -> RetryStrategy:
     )
 
 
-def _container(name: str, command: str, args: list[str], resources: Resources, retries: int = 3, **kw) -> Container:
+def _container(name: str, command: str, args: list[str], resources: Resources, volumes: list[ExistingVolume],
+               retries: int = 3, env: Sequence[Env] = (), **kw) -> Container:
     return Container(
         name=name,
         image="{{workflow.parameters.image}}:{{workflow.parameters.tag}}",
         command=[command],
         args=args,
+        env=[*env, *THREAD_ENV],
         env_from=[ConfigMapEnvFrom(name=CONFIG_MAP), SecretEnvFrom(name=CREDENTIALS_SECRET)],
         resources=resources,
+        security_context=CONTAINER_SECURITY,
+        volumes=[*_scratch(), *volumes],  # parents first: /perception-home before its claims
         retry_strategy=_retry(limit=retries),
         **kw,
     )
@@ -161,11 +201,16 @@ def build_workflow(smoke: bool = False) -> Workflow:
     """The study (six L40S pods, production scale) or, with `smoke`, the same graph on CPU pods
     at the `ci` scale for trying a cluster end to end in minutes."""
     if smoke:
-        train_resources = Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi")
+        # the ci experiment trains with one torch thread; two cores hold a calibrate pod's two lanes
+        train_resources = Resources(cpu_request=2, cpu_limit=2, memory_request="4Gi", memory_limit="8Gi")
         gpu_placement: dict = {}
         device = "cpu"
     else:
-        train_resources = Resources(cpu_request=6, memory_request="40Gi", memory_limit="56Gi", gpus=1)
+        # A training's host threads: the step's Python thread and the prefetch thread (gather into pinned
+        # memory and copy, GIL released) at about one core each, MLflow's logging threads, torch's
+        # intra-op pool for the few host ops and, in the first steps, Inductor's compile workers (all
+        # sized by THREAD_ENV); the limit leaves two cores above the request for the compile burst.
+        train_resources = Resources(cpu_request=6, cpu_limit=8, memory_request="40Gi", memory_limit="56Gi", gpus=1)
         gpu_placement = dict(
             node_selector={"nvidia.com/gpu.product": GPU_PRODUCT},
             tolerations=[Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
@@ -184,8 +229,10 @@ def build_workflow(smoke: bool = False) -> Workflow:
         # Failed pods stay for `kubectl logs`; the TTL removes the workflow and them later.
         pod_gc=PodGC(strategy="OnPodSuccess"),
         ttl_strategy=TTLStrategy(seconds_after_success=24 * 3600, seconds_after_failure=7 * 24 * 3600),
-        # The image's user (uid 1000) must be able to write the PVCs.
-        security_context=PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000),
+        # The image's user (uid 1000) must be able to write the PVCs. The pod-level seccomp profile also
+        # covers Argo's init and wait containers (their other settings: infra/k8s/argo).
+        security_context=PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000,
+                                            seccomp_profile=SeccompProfile(type="RuntimeDefault")),
     ) as w:
         p = "{{workflow.parameters.%s}}"
         prepare = _container(
@@ -244,7 +291,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
             "perception-sweep",
             ["calibrate", "--experiment", p % "experiment", "--sweeps", str(CALIBRATION_SWEEPS),
              "--seed-base", str(CALIBRATION_SEED_BASE), "trainer.progress=false", *_scale_overrides()],
-            Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
+            Resources(cpu_request=2, cpu_limit=2, memory_request="4Gi", memory_limit="8Gi"),
             volumes=_volumes(cache=False, data=False),
             env=NOISE_ENV,
         )
@@ -268,7 +315,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "--workflow-url",
                 "{{workflow.parameters.argo-ui}}workflows/{{workflow.namespace}}/{{workflow.name}}",
             ],
-            Resources(cpu_request=2, memory_request="4Gi", memory_limit="8Gi"),
+            Resources(cpu_request=2, cpu_limit=2, memory_request="4Gi", memory_limit="8Gi"),
             inputs=[Parameter(name="control"), Parameter(name="treatment"), Parameter(name="gate-config")],
             volumes=_volumes(cache=False, data=False),
             env=NOISE_ENV,

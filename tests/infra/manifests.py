@@ -102,6 +102,20 @@ def security_problems(where: str, pod_spec: dict) -> list[str]:
         seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {})).get("type")
         if seccomp not in ("RuntimeDefault", "Localhost"):
             problems.append(f"{name}: seccompProfile is {seccomp!r} (Pod Security 'restricted' needs RuntimeDefault)")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            problems.append(f"{name}: readOnlyRootFilesystem is not true")
+    return problems
+
+
+def unwritable_paths(where: str, pod_spec: dict, paths: tuple[str, ...] = ("/tmp",)) -> list[str]:
+    """Each of `paths` that a container with a read-only root filesystem cannot write: no volume
+    mounted writable at it or above it."""
+    problems = []
+    for c in containers(pod_spec):
+        writable = [m["mountPath"].rstrip("/") + "/" for m in c.get("volumeMounts", []) if not m.get("readOnly")]
+        for path in paths:
+            if not any((path.rstrip("/") + "/").startswith(m) for m in writable):
+                problems.append(f"{where} container {c['name']}: nothing writable mounted at {path}")
     return problems
 
 
@@ -114,6 +128,17 @@ def resource_problems(where: str, pod_spec: dict) -> list[str]:
                 if key not in res.get(section, {}):
                     problems.append(f"{where} container {c['name']}: no {section}.{key}")
     return problems
+
+
+def workflow_pod_specs(wf: dict) -> Iterator[tuple[str, dict]]:
+    """The pod spec each container template of a Workflow becomes (its main container; Argo adds
+    its init and wait containers from the controller's `executor` setting)."""
+    pod_sc = wf["spec"].get("securityContext", {})
+    for t in wf["spec"]["templates"]:
+        if "container" in t:
+            container = {"name": "main", **t["container"]}
+            yield (f"{wf['metadata'].get('generateName', 'Workflow')} template {t['name']}",
+                   {"securityContext": pod_sc, "containers": [container], "volumes": t.get("volumes", [])})
 
 
 def load_workflow(path: Path) -> dict:

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 from kubernetes_validate.utils import all_versions
 from packaging.version import Version
 
 from .manifests import (
+    INFRA,
     NAMESPACE,
+    REPO,
     WORKFLOWS,
     ident,
     load_workflow,
@@ -21,6 +24,8 @@ from .manifests import (
     render,
     resource_problems,
     security_problems,
+    unwritable_paths,
+    workflow_pod_specs,
     workflow_references,
 )
 
@@ -207,3 +212,77 @@ def test_market_data_loader_writes_the_claim_training_reads(rendered):
     assert claims == {"perception-market-data"}
     assert "PersistentVolumeClaim/perception-market-data" in by_ident(rendered["base"])
     assert loader["metadata"]["namespace"] == NAMESPACE
+
+
+WORKFLOW_TEMPLATES = {"prepare", "train", "calibrate-sweep", "calibrate-write", "gate"}
+EXECUTOR_SETTING = INFRA / "k8s" / "argo" / "workflow-controller-executor.yaml"
+
+
+def image_home() -> str:
+    (line,) = [ln for ln in (REPO / "Dockerfile").read_text().splitlines() if ln.strip().startswith("HOME=")]
+    return line.strip().split("=", 1)[1].split()[0]
+
+
+def scratch_paths(rendered) -> tuple[str, ...]:
+    """Where the steps write outside the claims: tempfile and the step outputs (/tmp), the caches under
+    the image's HOME, Hydra's output under the ConfigMap's PERCEPTION_HOME."""
+    home = by_ident(rendered["base"])["ConfigMap/perception-config"]["data"]["PERCEPTION_HOME"]
+    return "/tmp", image_home(), home
+
+
+def test_every_workflow_container_is_hardened_bounded_and_has_its_scratch(rendered, workflow):
+    specs = dict(workflow_pod_specs(workflow))
+    assert {where.rsplit(" ", 1)[1] for where in specs} == WORKFLOW_TEMPLATES
+    problems = [p for where, spec in specs.items()
+                for p in security_problems(where, spec) + resource_problems(where, spec)
+                + unwritable_paths(where, spec, scratch_paths(rendered))]
+    assert not problems, "\n".join(problems)
+
+
+def test_workflow_scratch_is_bounded_and_thread_pools_follow_the_cpu_limit(workflow):
+    for where, spec in workflow_pod_specs(workflow):
+        for vol in spec["volumes"]:
+            if "emptyDir" in vol:
+                assert vol["emptyDir"].get("sizeLimit"), f"{where}: emptyDir {vol['name']} is unbounded"
+        (c,) = spec["containers"]
+        env = {e["name"]: e.get("valueFrom", {}).get("resourceFieldRef") for e in c.get("env", [])}
+        for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
+            assert env.get(name) == {"resource": "limits.cpu", "divisor": "1"}, (where, name)
+        # every output file a step writes lies on a writable scratch volume
+        outputs = [p["valueFrom"]["path"] for t in workflow["spec"]["templates"] if t["name"] == where.rsplit(" ", 1)[1]
+                   for p in t.get("outputs", {}).get("parameters", [])]
+        assert not unwritable_paths(where, spec, tuple(outputs))
+
+
+def test_the_workflow_checks_catch_a_writable_root_a_missing_scratch_and_an_unbounded_cpu(workflow):
+    where, spec = next(iter(workflow_pod_specs(workflow)))
+    spec = copy.deepcopy(spec)
+    c = spec["containers"][0]
+    del c["securityContext"]["readOnlyRootFilesystem"]
+    c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/tmp"]
+    del c["resources"]["limits"]["cpu"]
+    assert f"{where} container main: readOnlyRootFilesystem is not true" in security_problems(where, spec)
+    assert unwritable_paths(where, spec, ("/tmp/prepare",)) == [
+        f"{where} container main: nothing writable mounted at /tmp/prepare"]
+    assert f"{where} container main: no limits.cpu" in resource_problems(where, spec)
+
+
+def executor_setting() -> tuple[dict, dict]:
+    (patch,) = [d for d in yaml.safe_load_all(EXECUTOR_SETTING.read_text()) if d]
+    return patch, yaml.safe_load(patch["data"]["executor"])
+
+
+def test_argo_init_and_wait_containers_are_hardened_by_the_controller_setting(workflow, k8s_version):
+    """The executor setting validates as a container, and Argo's init and wait containers built from
+    it, in a pod with the workflow's pod-level security context, pass the same checks."""
+    patch, executor = executor_setting()
+    assert (patch["kind"], patch["metadata"]["name"]) == ("ConfigMap", "workflow-controller-configmap")
+    kubernetes_validate.validate(patch, k8s_version, strict=True)
+    argo = [{"name": name, "image": "quay.io/argoproj/argoexec:v4.0.0", **executor} for name in ("init", "wait")]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "executor", "namespace": NAMESPACE},
+           "spec": {"securityContext": workflow["spec"]["securityContext"], "initContainers": argo[:1],
+                    "containers": argo[1:]}}
+    kubernetes_validate.validate(pod, k8s_version, strict=True)
+    where = f"{workflow['metadata']['generateName']} executor"
+    problems = security_problems(where, pod["spec"]) + resource_problems(where, pod["spec"])
+    assert not problems, "\n".join(problems)
