@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from perception.contract import ROLE, ROLE_SWEEP, SWEEP_ID
-from perception.paths import MLFLOW_EXPERIMENT as DEFAULT_EXPERIMENT, perception_home, tracking_uri as resolve_tracking_uri
+from perception.errors import ConfigError
+from perception.paths import MLFLOW_EXPERIMENT as DEFAULT_EXPERIMENT, inside, perception_home, sweep_dir
+from perception.paths import tracking_uri as resolve_tracking_uri
 
 LEDGER = "tracking.jsonl"
 SENT = "tracking_sent.jsonl"
@@ -201,7 +203,7 @@ class RunLedger:
             metrics = [Metric(k, float(v), entry["time_ms"], entry["step"]) for k, v in entry["values"].items()]
             c.log_batch(run_id, metrics=metrics)
         elif op == "artifact":
-            c.log_artifact(run_id, str(self.run_dir / entry["path"]), entry.get("artifact_path"))
+            c.log_artifact(run_id, str(self._artifact_path(entry)), entry.get("artifact_path"))
         elif op == "tags":
             c.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in entry["tags"].items()])
         elif op == "status":  # a resumed run is alive again after an attempt that ended KILLED/FAILED
@@ -211,6 +213,14 @@ class RunLedger:
         else:
             raise ValueError(f"unknown ledger operation {op!r} in {self.run_dir / LEDGER}")
 
+    def _artifact_path(self, entry: dict) -> Path:
+        """The file an artifact entry names: read from the ledger, so never trusted to stay in the run."""
+        try:
+            return inside(self.run_dir / str(entry["path"]), self.run_dir, "")
+        except ConfigError:
+            raise ConfigError(f"{LEDGER} #{entry['id']}: artifact path {entry['path']!r} lies outside the run "
+                              "directory; not uploaded") from None
+
     def _next_id(self) -> int:
         entries = self.entries()
         return entries[-1]["id"] + 1 if entries else 0
@@ -219,8 +229,7 @@ class RunLedger:
 def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> int:
     """Sends what any run of the sweep could not send while the server was down; returns how many
     operations were sent. Raises RuntimeError listing what still could not be sent."""
-    home = home or perception_home()
-    root = home / "runs" / sweep_id
+    root = sweep_dir(sweep_id, home)
     if not root.is_dir():
         raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
     from perception.locks import LockHeld, run_lock

@@ -23,7 +23,7 @@ from typing import Optional
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT
 from perception.errors import ConfigError
 from perception.exits import EXIT_USAGE, exit_code
-from perception.paths import MLFLOW_EXPERIMENT
+from perception.paths import MLFLOW_EXPERIMENT, sweep_id_option
 
 PROG = "perception-gate"
 
@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[1])
-    p.add_argument("--sweep-id", required=True, action="append",
+    p.add_argument("--sweep-id", required=True, action="append", type=sweep_id_option,
                    help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")

@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_DECIDED, EXIT_INTERRUPTED, EXIT_TIMED_OUT, exit_code, raise_on_sigterm
-from perception.paths import MLFLOW_EXPERIMENT
+from perception.paths import MLFLOW_EXPERIMENT, sweep_id_option
 
 PROG = "perception-sweep"
 STOPPED = "re-run with the same --sweep-id to continue"
@@ -248,7 +248,8 @@ def _design_options(s: argparse.ArgumentParser) -> None:
 def _design(args: argparse.Namespace):
     from perception.sweep.design import Design
 
-    return Design.of(args.arms, args.replicates or 1, args.aa == "true", args.control, args.treatment)
+    replicates = 1 if args.replicates is None else args.replicates
+    return Design.of(args.arms, replicates, args.aa == "true", args.control, args.treatment)
 
 
 def _design_params(args: argparse.Namespace) -> dict[str, str]:
@@ -264,7 +265,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("local", help="run the trainings (arms x folds x replicates) here, then the gate")
-    s.add_argument("--sweep-id", help="resume this sweep (default: a new id)")
+    s.add_argument("--sweep-id", type=sweep_id_option, help="resume this sweep (default: a new id)")
     s.add_argument("--cpu-workers", type=int, default=1,
                    help="without GPUs, train this many runs side by side, one core each (default 1)")
     _design_options(s)
@@ -272,7 +273,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=_local)
 
     s = sub.add_parser("prepare", help="fill the feature cache and create the parent run (workflow step)")
-    s.add_argument("--sweep-id", required=True)
+    s.add_argument("--sweep-id", type=sweep_id_option, required=True)
     s.add_argument("--parent-run-id-file", type=Path, help="also write the parent run id here")
     s.add_argument("--outputs", type=Path, help="write the step's output parameters here (parent-run-id, runs, "
                                                 "control, treatment, gate-config)")
@@ -287,8 +288,9 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--smoke", action="store_true", help="experiment ci on CPU pods: minutes, no GPU")
         _design_options(s)
-        s.add_argument("--sweep-id", help="continue this sweep: finished runs are skipped, unfinished ones "
-                                          "resume (the same as -p sweep-id=ID; default: a new sweep)")
+        s.add_argument("--sweep-id", type=sweep_id_option,
+                       help="continue this sweep: finished runs are skipped, unfinished ones resume "
+                            "(the same as -p sweep-id=ID; default: a new sweep)")
         s.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
                        help="workflow parameter, e.g. -p tag=v1.2.0 -p epochs=10")
         if name == "render":
@@ -341,7 +343,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ui", help="open the MLflow UI on a sweep's training runs: prints the runs view's URLs "
                                   "(grouped by variant, by fold); starts the UI for a local store")
-    s.add_argument("--sweep-id", help="the sweep (default: the latest)")
+    s.add_argument("--sweep-id", type=sweep_id_option, help="the sweep (default: the latest)")
     s.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else $PERCEPTION_HOME/mlflow.db; a "
                                           "server's URL is pointed at, a local store is served")
     s.add_argument("--experiment", default=MLFLOW_EXPERIMENT)
@@ -350,7 +352,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=_ui)
 
     s = sub.add_parser("sync", help="re-send tracking data runs could not send")
-    s.add_argument("--sweep-id", required=True)
+    s.add_argument("--sweep-id", type=sweep_id_option, required=True)
     s.add_argument("--tracking-uri")
     s.set_defaults(run=_sync)
     return p

@@ -39,6 +39,7 @@ from typing import Optional
 from urllib.parse import quote, urlencode, urlsplit
 
 from perception.errors import ConfigError, PerceptionError
+from perception.paths import check_sweep_id
 
 SHARE_TAG_PREFIX, SHARE_URL_PARAM = "mlflow.sharedViewState.", "viewStateShareKey"
 GROUPINGS = ("variant", "fold")  # the shared views, one per grouping; the first is printed first
@@ -121,7 +122,8 @@ def _latest_sweep(client, experiment_id: str, experiment: str) -> str:
     if not parents or "sweep_id" not in parents[0].data.tags:
         raise ConfigError(f"no sweep in experiment {experiment!r} at {client.tracking_uri}: "
                           "run one first (perception-sweep local), or pass --sweep-id")
-    return parents[0].data.tags["sweep_id"]
+    latest = parents[0]  # a tag read from the store goes into a filter: checked like a typed id
+    return check_sweep_id(latest.data.tags["sweep_id"], f"tag sweep_id of the latest sweep's run {latest.info.run_id}")
 
 
 # ---------------------------------------------------------------- the server

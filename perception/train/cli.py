@@ -8,13 +8,15 @@ run records its end as KILLED and uploads its log before the process exits."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import exit_code, raise_on_sigterm
-from perception.train.compose import CONFIG_NAME, composed
+from perception.paths import check_sweep_id, inside, perception_home
+from perception.train.compose import CONFIG_NAME, compose_config, composed, config_error_message
 
 PROG = "perception-train"
 STOPPED = "the run is recorded as KILLED; the same command resumes it from its last checkpoint"
@@ -41,15 +43,52 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def _precheck(args: list[str]) -> None:
-    """Composition errors (unknown variant, wrong type) exit 2 before Hydra starts a run."""
-    if any(a in ("-m", "--multirun", "-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i") or
-           a.startswith(("--", "-")) for a in args):
+    """Before Hydra starts a run (and makes its output directory): the sweep ids (every value of a
+    multirun's), Hydra's output directories, then composition and the config's checks (one run only;
+    each job of a multirun checks its own). Any error exits 2 having written nothing."""
+    if any(a in ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i") for a in args):
         return
-    overrides = [a for a in args if not a.startswith(("hydra.", "hydra/", "+hydra", "~hydra"))]
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
+        return  # another of Hydra's flags: Hydra says what it makes of it
+    overrides = [a for a in args if not a.startswith("-")]
     try:
-        composed(overrides)
+        check_places(overrides)
+        if not multirun:
+            from perception.train.validate import check_config
+
+            cfg = composed([o for o in overrides if not o.lstrip("+~").startswith(("hydra.", "hydra/"))])
+            if cfg.sweep_id is not None:  # set by an experiment's file, say
+                check_sweep_id(cfg.sweep_id)
+            check_config(cfg)
     except ConfigError as exc:  # composition or validation: the message names the key and allowed values
         sys.exit(exit_code(exc, PROG))
+
+
+def check_places(overrides: list[str]) -> None:
+    """Every sweep id the overrides name, and Hydra's run and multirun directories, as they resolve
+    with these overrides: under PERCEPTION_HOME, where the config puts them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:  # Hydra's grammar error: the message quotes the override
+        raise ConfigError(config_error_message(exc)) from None
+    for o in parsed:
+        if o.key_or_group == "sweep_id":
+            for value in (o.sweep_string_iterator() if o.is_sweep_override() else [o.value()]):
+                if value is not None:
+                    check_sweep_id(str(value))
+    single = [o.input_line for o in parsed if not o.is_sweep_override()]
+    try:
+        hydra = compose_config(single, with_hydra=True).hydra
+    except Exception as exc:
+        raise ConfigError(config_error_message(exc)) from None
+    home = perception_home()
+    for key, place in (("hydra.run.dir", hydra.run.dir), ("hydra.sweep.dir", hydra.sweep.dir)):
+        inside(Path(place), home, f"{key}={place}")
+        if hydra.output_subdir is not None:
+            inside(Path(place) / hydra.output_subdir, home, f"hydra.output_subdir={hydra.output_subdir} in {key}")
 
 
 def main() -> None:

@@ -17,12 +17,13 @@ CONFIG_NAME = "config"
 register_configs()  # before any compose: conf/config.yaml's defaults name the structured schemas
 
 
-def compose_config(overrides: Sequence[str]) -> DictConfig:
-    """The config `perception-train` would run with these overrides (Hydra's own errors pass through)."""
+def compose_config(overrides: Sequence[str], with_hydra: bool = False) -> DictConfig:
+    """The config `perception-train` would run with these overrides (Hydra's own errors pass through);
+    `with_hydra`: with Hydra's own node (`hydra.run.dir`, …) too."""
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+        return compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def composed(overrides: Sequence[str]) -> Config:

@@ -33,7 +33,7 @@ from perception.train.run_record import RunRecord, sigterm_deferred, write_confi
 from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
-from perception.train.validate import check_before_work, resolve_device
+from perception.train.validate import check_config, check_resume, resolve_device
 
 
 @dataclass
@@ -67,12 +67,13 @@ def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
     However it ends, its MLflow run says so: FINISHED, FAILED (it raised) or KILLED (KeyboardInterrupt,
     which perception-train also raises on SIGTERM), with its train.log and config uploaded."""
     place = place_of(cfg)
+    check_config(cfg)  # a refused start leaves no run directory
     with run_lock(place.dir, place.sweep_id):  # a second trainer of this run exits here, having touched nothing
         return _train_locked(cfg, overrides, place)
 
 
 def _train_locked(cfg: Config, overrides: Sequence[str], place: RunPlace) -> dict[str, Any]:
-    resume_from = check_before_work(cfg, place.dir)  # every config error, before any work
+    resume_from = check_resume(cfg, place.dir)  # its checkpoint suits this config, before any work
     done = place.dir / DONE_FILE
     if done.exists():
         ledger = RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment)

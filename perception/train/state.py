@@ -35,9 +35,12 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
         return None
     try:
         name = json.loads(pointer.read_text())["dir"]
-    except (json.JSONDecodeError, KeyError) as exc:
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({exc})") from exc
-    path = run_dir / CHECKPOINTS / name
+    path = run_dir / CHECKPOINTS / str(name)
+    if not isinstance(name, str) or path.resolve().parent != (run_dir / CHECKPOINTS).resolve():
+        raise CheckpointError(f"{pointer} points to {name!r}, which resolves to {path.resolve()}: expected a "
+                              f"checkpoint directory inside {run_dir / CHECKPOINTS}")
     if not (path / MODEL_FILE).exists() or not (path / STATE_FILE).exists():
         raise CheckpointError(f"{pointer} points to {path}, which lacks {MODEL_FILE} or {STATE_FILE}")
     return path

@@ -12,11 +12,10 @@ from perception.errors import CheckpointError, ConfigError
 from perception.train.config import Config, ResumeMode
 
 
-def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
-    """Validates `cfg`; returns the checkpoint directory to resume from, if any."""
+def check_config(cfg: Config) -> None:
+    """Every check that needs no run directory: run before one is made, so a refused start leaves none."""
     from perception.data import check_data_config
     from perception.model.checkpoint import read_checkpoint_variant
-    from perception.train.state import latest_checkpoint
 
     check_data_config(cfg.data)
     t = cfg.trainer
@@ -37,12 +36,21 @@ def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
     if t.horizon_weights is not None and len(t.horizon_weights) != n_h:
         raise ConfigError(f"trainer.horizon_weights has {len(t.horizon_weights)} values: expected one per "
                           f"horizon of data.horizons={list(cfg.data.horizons)}")
-    variant = enum_value(cfg.model.attention_pool)
     if t.init_from is not None:
         path = Path(t.init_from).expanduser()
         if not path.is_file():
             raise ConfigError(f"trainer.init_from={t.init_from}: no such checkpoint file")
         read_checkpoint_variant(path)  # readable V1/V2 checkpoint of either variant
+    resolve_device(t.device)
+
+
+def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
+    """The checkpoint directory to resume from, if any, once it is known to suit `cfg`."""
+    from perception.model.checkpoint import read_checkpoint_variant
+    from perception.train.state import latest_checkpoint
+
+    t = cfg.trainer
+    variant = enum_value(cfg.model.attention_pool)
     resume_dir = None
     try:
         resume_dir = latest_checkpoint(run_dir)
@@ -57,7 +65,6 @@ def check_before_work(cfg: Config, run_dir: Path) -> Optional[Path]:
             raise ConfigError(f"cannot resume model.attention_pool={variant} from {resume_dir / 'model.safetensors'}: "
                               f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
                               "use trainer.init_from=PATH in a fresh run directory)")
-    resolve_device(t.device)
     return resume_dir
 
 
