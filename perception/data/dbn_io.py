@@ -26,7 +26,19 @@ N_LEVELS = 10
 PRICE_SCALE = 1e-9  # fixed-point prices: int64 units of 1e-9
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-_DBZ_MAGIC = b"P*M\x18"  # legacy DBZ: a zstd skippable frame ahead of the data
+# Legacy DBZ opens with a zstd skippable frame: magic 0x184D2A50..0x184D2A5F, little-endian, so its
+# first byte is any of 0x50..0x5F ('P'..'_') followed by "*M\x18".
+_SKIPPABLE_TAIL = b"*M\x18"
+
+
+def is_legacy_dbz(lead: bytes) -> bool:
+    """The file's first bytes are a zstd skippable frame's magic, as a legacy DBZ file's are."""
+    return len(lead) >= 4 and 0x50 <= lead[0] <= 0x5F and bytes(lead[1:4]) == _SKIPPABLE_TAIL
+
+
+def legacy_dbz_error(path: Path) -> DataError:
+    return DataError(f"{path}: legacy DBZ format is not supported; convert it to DBN "
+                     "(e.g. `dbn --upgrade` from Databento's dbn CLI)")
 
 
 @dataclass
@@ -46,11 +58,8 @@ def read_mbp10(path: str | Path) -> DbnFile:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
     if not raw:
         raise DataError(f"{path}: empty file (expected a DBN MBP-10 file)")
-    if raw.startswith(_DBZ_MAGIC):
-        raise DataError(
-            f"{path}: legacy DBZ format is not supported; convert it to DBN "
-            "(e.g. `dbn --upgrade` from Databento's dbn CLI)"
-        )
+    if is_legacy_dbz(raw[:4]):
+        raise legacy_dbz_error(path)
     if raw.startswith(_ZSTD_MAGIC):
         raw = _zstd_decompress(path, raw)
     if not raw.startswith(b"DBN") or len(raw) < 8:

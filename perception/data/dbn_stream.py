@@ -24,7 +24,7 @@ try:
 except ImportError:  # Python < 3.14
     from backports.zstd import ZstdDecompressor, ZstdError
 
-from perception.data.dbn_io import _DBZ_MAGIC, _ZSTD_MAGIC, MBP10_DTYPE, check_records
+from perception.data.dbn_io import _ZSTD_MAGIC, MBP10_DTYPE, check_records, is_legacy_dbz, legacy_dbz_error
 from perception.errors import DataError
 
 CHUNK_RECORDS = 262_144  # records per chunk: 96 MB of buffer
@@ -82,11 +82,8 @@ class Mbp10Stream:
             raise DataError(f"{self.path}: cannot read ({e.strerror})") from None
         if not magic:
             raise DataError(f"{self.path}: empty file (expected a DBN MBP-10 file)")
-        if magic == _DBZ_MAGIC:
-            raise DataError(
-                f"{self.path}: legacy DBZ format is not supported; convert it to DBN "
-                "(e.g. `dbn --upgrade` from Databento's dbn CLI)"
-            )
+        if is_legacy_dbz(magic):
+            raise legacy_dbz_error(self.path)
         self._pieces = self._zstd_pieces() if magic == _ZSTD_MAGIC else self._raw_pieces()
         self.header = self._read_header()
         return self

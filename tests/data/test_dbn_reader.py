@@ -77,6 +77,43 @@ def test_legacy_dbz_is_named(databento_dir):
     _expect_data_error(databento_dir / "dbn" / "test_data.mbp-10.dbz", "legacy DBZ")
 
 
+@pytest.mark.parametrize("first", range(0x50, 0x60), ids=lambda b: f"{b:#x}")
+def test_every_skippable_frame_header_gets_the_legacy_message(tmp_path, first):
+    """A zstd skippable frame's magic is 0x184D2A5?: any of the sixteen opens a legacy DBZ file."""
+    from perception.data.dbn_stream import Mbp10Stream
+
+    path = tmp_path / "old.dbz"
+    path.write_bytes(bytes([first]) + b"*M\x18" + bytes(60))
+    _expect_data_error(path, "legacy DBZ format is not supported")
+    with pytest.raises(DataError, match="legacy DBZ format is not supported"):
+        read_mbp10(path)
+    with pytest.raises(DataError, match="legacy DBZ format is not supported"):
+        Mbp10Stream(path, 16).__enter__()
+
+
+@pytest.mark.parametrize("lead", [b"O*M\x18", b"`*M\x18", b"P*M\x19", b"DBN\x02"], ids=repr)
+def test_headers_beside_the_skippable_range_are_not_called_legacy(tmp_path, lead):
+    path = tmp_path / "other.dbn"
+    path.write_bytes(lead + bytes(60))
+    with pytest.raises(DataError) as err:
+        read_mbp10(path)
+    assert "legacy" not in str(err.value) and str(path) in str(err.value)
+
+
+def test_perception_data_build_names_a_legacy_file_whatever_its_frame_number(perception_home):
+    import os
+    import subprocess
+
+    path = perception_home / "ES.dbz"
+    path.write_bytes(b"Q*M\x18" + bytes(60))
+    env = {**os.environ, "PERCEPTION_HOME": str(perception_home)}
+    r = subprocess.run(["perception-data", "build", "data=dbn", f"data.paths=[{path}]", "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode == 1, r.stderr
+    assert f"{path}: legacy DBZ format is not supported" in r.stderr and "Traceback" not in r.stderr
+    assert not (perception_home / "cache").exists() or not any((perception_home / "cache").iterdir())
+
+
 @pytest.mark.parametrize("name", ["test_data.mbp-1.dbn", "test_data.mbp-1.v2.dbn.zst"])
 def test_other_schema_is_named(databento_dir, name):
     _expect_data_error(databento_dir / "dbn" / name, "schema is mbp-1, expected mbp-10")
