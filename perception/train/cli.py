@@ -17,6 +17,8 @@ from perception.errors import ConfigError, PerceptionError
 from perception.exits import exit_code, raise_on_sigterm
 from perception.paths import check_sweep_id, inside, perception_home
 from perception.train.compose import CONFIG_NAME, compose_config, composed, config_error_message
+from perception.train.config import Config
+from perception.train.override_keys import check_override_keys
 
 PROG = "perception-train"
 STOPPED = "the run is recorded as KILLED; the same command resumes it from its last checkpoint"
@@ -43,7 +45,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def _precheck(args: list[str]) -> None:
-    """Before Hydra starts a run (and makes its output directory): the sweep ids (every value of a
+    """Before Hydra starts a run (and makes its output directory): unknown keys and options, the sweep ids (every value of a
     multirun's), Hydra's output directories, then composition and the config's checks (one run only;
     each job of a multirun checks its own). Any error exits 2 having written nothing."""
     if any(a in ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i") for a in args):
@@ -53,6 +55,7 @@ def _precheck(args: list[str]) -> None:
         return  # another of Hydra's flags: Hydra says what it makes of it
     overrides = [a for a in args if not a.startswith("-")]
     try:
+        check_override_keys(overrides, Config)  # a multirun's swept values too
         check_places(overrides)
         if not multirun:
             from perception.train.validate import check_config

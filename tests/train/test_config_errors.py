@@ -22,6 +22,8 @@ CASES = [
     (["trainer.query_lr_scale=0"], ["trainer.query_lr_scale"]),
     (["data.synthetic_world=flat"], ["data.synthetic_world", "no_signal", "per_horizon"]),
     (["trainer.precision=fp16"], ["trainer.precision", "fp32", "tf32", "bf16"]),
+    (["trainer.epochs=abc"], ["trainer.epochs", "'abc'", "integer"]),
+    (["experiment=cii"], ["did you mean experiment=ci?"]),
 ]
 
 
@@ -32,7 +34,24 @@ def test_bad_config_exits_2_naming_the_key(perception_home, overrides, expected)
     message = res.stderr.lower()
     for word in expected:
         assert word.lower() in message, f"{word!r} not in: {res.stderr[-1500:]}"
+    assert "$VALUE" not in res.stderr, res.stderr[-1500:]  # the real value, never OmegaConf's placeholder
     assert not (perception_home / "runs").exists() or not any((perception_home / "runs").rglob("*.safetensors"))
+
+
+TYPOS = [
+    (["trainer.epoch=1"], "did you mean trainer.epochs?"),
+    (["+trainer.epoch=1"], "did you mean trainer.epochs?"),  # Hydra's own hint; it would train 4 epochs
+    (["-m", "trainer.epoch=1,2"], "did you mean trainer.epochs?"),
+]
+
+
+@pytest.mark.parametrize("overrides,hint", TYPOS, ids=[" ".join(c[0]) for c in TYPOS])
+def test_a_typo_names_the_nearest_key_and_never_suggests_plus(perception_home, overrides, hint):
+    res = cli("perception-train", "experiment=ci", *overrides, home=perception_home)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert hint in res.stderr, res.stderr[-1500:]
+    assert "use +" not in res.stderr and "+trainer.epoch=1 " not in res.stderr, res.stderr[-1500:]
+    assert not (perception_home / "runs").exists()
 
 
 @pytest.mark.slow(seconds=85)
