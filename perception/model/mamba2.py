@@ -13,6 +13,7 @@ from torch import nn
 
 from perception.enums import as_enum
 from perception.errors import ConfigError
+from perception.model.compiled import inductor_options
 from perception.model.config import SSDBackend
 from perception.model.init import init_linear, uniform_
 from perception.model.ssd_fla import require_fla, ssd_scan_fla
@@ -106,6 +107,13 @@ def ssd_scan_sequential(
     return torch.stack(ys, dim=1)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim in the weight's dtype, returned in x's. Under bf16 autocast x is bf16 and the
+    weight fp32: ATen then warns and falls back to an unfused upcast-normalise-scale; upcasting first computes
+    the same in its fused kernel."""
+    return F.rms_norm(x.to(weight.dtype), x.shape[-1:], weight, eps).to(x.dtype)
+
+
 def causal_conv(xbc: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """xbc: (B, K, C) -> (B, K, C): the causal depthwise convolution as ATen's conv1d over (B, C, K)."""
     return conv(xbc.transpose(1, 2))[..., : xbc.shape[1]].transpose(1, 2)
@@ -186,7 +194,7 @@ class Mamba2Mixer(nn.Module):
         else:
             y = ssd_scan(x, dt, A, B, C, self.D, self.chunk, self._decay_from_cumsum)
         y = y.reshape(b, k, self.d_inner) * F.silu(z)
-        y = F.rms_norm(y, (self.d_inner,), self.norm_weight, eps=1e-5)
+        y = rms_norm(y, self.norm_weight, eps=1e-5)
         return self.out_proj(y)
 
 
@@ -208,10 +216,10 @@ class Mamba2Block(nn.Module):
         saves (benchmarks/results/mamba_ssd_h200.md; benchmarks/mamba_ssd.py measures the other choices)."""
         self.mixer._conv = causal_conv_shifted
         self.mixer._decay_from_cumsum = True
-        self.compile(dynamic=False, options={"shape_padding": False})
+        self.compile(dynamic=False, options=inductor_options(shape_padding=False))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        return u + self.mixer(self.norm(u))
+        return u + self.mixer(rms_norm(u, self.norm.weight, self.norm.eps))
 
 
 class Mamba2(nn.Module):

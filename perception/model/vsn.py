@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from perception.model.compiled import inductor_options
 from perception.model.init import init_linear, uniform_
 
 
@@ -49,7 +50,7 @@ class GroupedGRN(nn.Module):
     def compile_fused(self) -> None:
         """torch.compile (static shapes, in place: parameter names unchanged) with the block-diagonal linears."""
         self._linear = grouped_linear_block_diag
-        self.compile(dynamic=False)
+        self.compile(dynamic=False, options=inductor_options())
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         d = self.fc1_w.shape[-1]
@@ -117,10 +118,10 @@ class VSN(nn.Module):
         wrong gradients at production size on an H200 (torch 2.11 Inductor; B=4, K=6000: the selection GRN's
         and the embedding's gradients off by 1e2-1e5 relative, right at K=600); the four regions match eager
         (benchmarks/compile_check.py)."""
-        self._embed = torch.compile(embed, dynamic=False)
-        self._select = torch.compile(select, dynamic=False)
+        self._embed = torch.compile(embed, dynamic=False, options=inductor_options())
+        self._select = torch.compile(select, dynamic=False, options=inductor_options())
         self.var_grn.compile_fused()  # in place: parameter names and checkpoints unchanged
-        self.select_grn.compile(dynamic=False)
+        self.select_grn.compile(dynamic=False, options=inductor_options())
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         uniform_(self.embed_w, 1.0, gen)  # fan_in 1

@@ -1,0 +1,16 @@
+"""The Inductor options of every compiled region of the trunk (model.compile_trunk).
+
+Reproducible across processes: by default Inductor times several tile shapes of each reduction kernel in
+every fresh process and keeps the fastest, and tile shapes sum in different orders, so two processes
+could train from one seed to different bits (seen at bf16: 3 parameter hashes in 5 processes). Its
+deterministic mode builds each reduction with one fixed configuration and times nothing that changes
+numerics (no benchmarked matmul padding either). benchmarks/determinism.py measures it."""
+
+from __future__ import annotations
+
+INDUCTOR_OPTIONS: dict[str, object] = {"deterministic": True}
+
+
+def inductor_options(**extra: object) -> dict[str, object]:
+    """The trunk's options plus a region's own (e.g. shape_padding)."""
+    return {**INDUCTOR_OPTIONS, **extra}
