@@ -16,7 +16,8 @@ import pytest
 from hypothesis import settings
 
 from perception.data.config import DataConfig
-from tests.mlflow_server import mlflow_server as _start_mlflow_server
+from tests.mlflow_server import USERNAME, MlflowServer
+from tests.postgres_server import postgres
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # third-party samples, each with its PROVENANCE.md
 
@@ -90,7 +91,36 @@ def perception_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_mlflo
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
-    """One real `mlflow server` on 127.0.0.1 for the whole test session; yields its URI."""
-    with _start_mlflow_server(tmp_path_factory.mktemp("mlflow-server")) as uri:
-        yield uri
+def sqlite_mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """One real `mlflow server` on a sqlite store for the whole test session."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgresql_mlflow_server(tmp_path_factory: pytest.TempPathFactory):
+    """The production backend (DESIGN §6): a real PostgreSQL started for the session, and an `mlflow server`
+    on it with proxied artifacts and basic auth, as infra/k8s/base runs it; both stopped at the end."""
+    import secrets
+
+    with postgres(durable=False) as pg:  # fsync off: the store is thrown away
+        server = MlflowServer(tmp_path_factory.mktemp("mlflow-server-pg"), backend_store_uri=pg.uri("mlflow"),
+                              auth_database_uri=pg.uri("mlflow_auth"), password=secrets.token_hex(12))
+        server.start()
+        yield server
+        server.stop()
+
+
+@pytest.fixture
+def mlflow_server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A real `mlflow server` on 127.0.0.1; yields its URI. sqlite unless a test parametrizes it
+    indirectly with "postgresql"; then the test's process and every command it starts log in to it
+    (MLFLOW_TRACKING_USERNAME/PASSWORD)."""
+    backend = getattr(request, "param", "sqlite")
+    server = request.getfixturevalue(f"{backend}_mlflow_server")
+    if server.auth_database_uri:
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USERNAME)
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    return server.uri

@@ -1,6 +1,7 @@
 """The MLflow server exactly as the Deployment starts it (its script, flags and env, with the
-credentials from the rendered Secrets), only with PostgreSQL and MinIO swapped for sqlite and a
-local directory: the flags parse, /health answers any Host (kubelet probes by pod IP), in-cluster
+credentials from the rendered Secrets) on a real PostgreSQL (tests/postgres_server.py) in place of the
+`postgres` Service, only with MinIO swapped for a local directory: the flags parse, both stores open
+with the driver the image installs, /health answers any Host (kubelet probes by pod IP), in-cluster
 names pass the Host check and others do not, basic auth accepts the workflow's account only, and
 artifacts are proxied (pods hold no S3 credentials)."""
 
@@ -15,8 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import psycopg2
 import pytest
 import requests
+
+from tests.postgres_server import DATABASES, USER, postgres
 
 from .manifests import ident, prepare_tree, render
 
@@ -43,7 +47,13 @@ def container_env(container: dict, secrets: dict[str, dict[str, str]]) -> dict[s
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def database():
+    with postgres(durable=False) as pg:
+        yield pg
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, database):
     tmp = tmp_path_factory.mktemp("mlflow-server")
     resources = {ident(r): r for r in render(prepare_tree(tmp) / "k8s" / "base")}
     secrets = {
@@ -52,12 +62,16 @@ def server(tmp_path_factory):
     }
     container = resources["Deployment/mlflow"]["spec"]["template"]["spec"]["containers"][0]
     env = container_env(container, secrets)
-    assert env["MLFLOW_BACKEND_STORE_URI"].startswith(f"postgresql://mlflow:{secrets['mlflow-db']['POSTGRES_PASSWORD']}@")
+    db = secrets["mlflow-db"]
+    assert db["POSTGRES_USER"] == USER and db["POSTGRES_DB"] in DATABASES  # the names the test cluster has
+    with psycopg2.connect(database.dsn("postgres")) as conn, conn.cursor() as cur:  # the Secret's password
+        cur.execute(f"ALTER ROLE {USER} PASSWORD %s", (db["POSTGRES_PASSWORD"],))
+    for key in ("MLFLOW_BACKEND_STORE_URI", "MLFLOW_AUTH_DATABASE_URI"):
+        assert "@postgres:5432/" in env[key], env[key]
+        env[key] = env[key].replace("@postgres:5432/", f"@127.0.0.1:{database.port}/")
     port = free_port()
     artifacts = tmp / "artifacts"
     env.update(
-        MLFLOW_BACKEND_STORE_URI=f"sqlite:///{tmp / 'mlflow.db'}",
-        MLFLOW_AUTH_DATABASE_URI=f"sqlite:///{tmp / 'auth.db'}",
         MLFLOW_ARTIFACTS_DESTINATION=str(artifacts),
         MLFLOW_AUTH_CONFIG_PATH=str(tmp / "basic_auth.ini"),
         HOME=str(tmp),
@@ -123,7 +137,7 @@ def test_foreign_host_header_is_refused(server):
 
 def test_auth_ini_is_private_and_holds_the_store(server):
     assert oct(server["ini"].stat().st_mode & 0o777) == "0o600"
-    assert "database_uri = sqlite:///" in server["ini"].read_text()
+    assert "database_uri = postgresql+psycopg2://" in server["ini"].read_text()
 
 
 def test_a_pod_logs_a_run_and_an_artifact_through_the_proxy(server, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from tests.gate.sweep_store import SweepSpec, build_sweep, new_store
-from tests.mlflow_server import free_port
+from tests.mlflow_server import BOTH_BACKENDS, free_port
 
 URL_LINE = re.compile(r"^grouped by (variant|fold)\b.*?(http\S+)$", re.M)
 SPEC = SweepSpec(mu_a=[0.6] * 5, mu_b=[0.6, 0.6, 0.6, 0.6, 0.7], n_windows=200)
@@ -48,7 +48,8 @@ def shared_view(client: MlflowClient, url: str) -> tuple[str, dict]:
 
 
 def check_view(client: MlflowClient, url: str, grouping: str, sweep_id: str, base: str) -> None:
-    page = requests.get(url, timeout=30)
+    login = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    page = requests.get(url, timeout=30, auth=login if all(login) else None)  # as a signed-in browser
     assert page.status_code == 200 and '<div id="root"' in page.text, page.text[:300]
     assert url.startswith(base + "/#/")
     experiment_id, state = shared_view(client, url)
@@ -59,6 +60,7 @@ def check_view(client: MlflowClient, url: str, grouping: str, sweep_id: str, bas
         assert column in state["selectedColumns"]
 
 
+@BOTH_BACKENDS
 def test_ui_points_at_a_tracking_server_with_the_sweep_s_runs_view(mlflow_server, tmp_path):
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = f"ui-{uuid.uuid4().hex[:8]}"
