@@ -1,9 +1,13 @@
 """Training state beside the weights: optimizer, scheduler, RNG and loader position, as safetensors
 plus JSON metadata (never pickle). A checkpoint is a directory made complete before `latest.json`
-points to it, so a kill at any moment leaves the previous checkpoint usable."""
+points to it, so a kill at any moment leaves the previous checkpoint usable. `latest.json` also holds
+the sha256 of each of the checkpoint's files, checked before a resume: a file changed after it was
+written (overwritten in place, same size) is refused, never resumed from. A pointer written before the
+digests existed (`{"dir": ...}` alone) still resumes, unchecked."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -34,7 +38,8 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     if not pointer.exists():
         return None
     try:
-        name = json.loads(pointer.read_text())["dir"]
+        content = json.loads(pointer.read_text())
+        name = content["dir"]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({exc})") from exc
     path = run_dir / CHECKPOINTS / str(name)
@@ -43,7 +48,27 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
                               f"checkpoint directory inside {run_dir / CHECKPOINTS}")
     if not (path / MODEL_FILE).exists() or not (path / STATE_FILE).exists():
         raise CheckpointError(f"{pointer} points to {path}, which lacks {MODEL_FILE} or {STATE_FILE}")
+    if "sha256" in content:
+        _verify(pointer, path, content["sha256"])
     return path
+
+
+def _verify(pointer: Path, checkpoint: Path, recorded: Any) -> None:
+    if not isinstance(recorded, dict) or set(recorded) != {MODEL_FILE, STATE_FILE}:
+        raise CheckpointError(f"{pointer}: sha256 must map {MODEL_FILE} and {STATE_FILE} to their digests; "
+                              f"got {recorded!r}")
+    for file, want in sorted(recorded.items()):
+        got = file_sha256(checkpoint / file)
+        if got != want:
+            raise CheckpointError(
+                f"{checkpoint / file}: sha256 {got} differs from {want}, recorded in {pointer} when it was "
+                f"written: the file changed since (overwritten or corrupted), so it is not resumed from; "
+                f"restore it, or delete {checkpoint.parent} to train this run from its start")
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def save_checkpoint(run_dir: Path, name: str, save_model_fn, state: dict[str, Any]) -> Path:
@@ -59,7 +84,8 @@ def save_checkpoint(run_dir: Path, name: str, save_model_fn, state: dict[str, An
     meta = _flatten(state, "s", tensors)
     with atomic_path(target / STATE_FILE) as tmp:
         save_file(tensors, str(tmp), metadata={"state": json.dumps(meta)})
-    atomic_write_text(root / LATEST, json.dumps({"dir": name}))
+    digests = {file: file_sha256(target / file) for file in (MODEL_FILE, STATE_FILE)}
+    atomic_write_text(root / LATEST, json.dumps({"dir": name, "sha256": digests}))
     for old in root.iterdir():
         if old.is_dir() and old.name != name:
             shutil.rmtree(old, ignore_errors=True)
