@@ -2,9 +2,9 @@
 
 The latest FINISHED run per (variant, fold) counts; older duplicates are reported, and every RUNNING
 training run it ignores (training now, or left so by a process that died) is listed. Anything that
-makes the comparison unsound (a missing run, a missing or non-finite metric, missing or misaligned
-predictions, runs that disagree on data, folds, seed, epochs or code) is collected, all of it, into
-one `GateRefusal`.
+makes the comparison unsound (a missing run, a missing, non-finite or impossible metric, an AUC the
+run's own predictions do not give, missing, unreadable or misaligned predictions, runs that disagree
+on data, folds, seed, epochs or code) is collected, all of it, into one `GateRefusal`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import ast
 import math
 import tempfile
 import time
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -26,9 +28,17 @@ from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT, RESEED_SUFFIX, a
 from perception.contract import (AGREED_PARAMS, ATTENTION, DIAGNOSTICS, GPU_UTILIZATION, PARAM_DEFAULTS, PREDICTIONS,
                                  REPLICATE, ROLE, ROLE_SWEEP, ROLE_TRAIN, SAMPLES_PER_S, SEED, param, tag, val_auc)
 from perception.errors import PerceptionError
+from perception.metrics import auc
 from perception.paths import check_sweep_id
 
 Key = tuple[str, int, int]  # (arm, fold, replicate)
+
+# How far a logged final-epoch AUC may lie from the AUC of the run's own predictions. The trainer logs
+# the AUC of exactly the probabilities it saves; a run resumed after its last checkpoint re-evaluates
+# and saves those instead. Killed and resumed ci trainings measured 0 difference (docs/design.md §6
+# "Checkpoints"); 1e-3 leaves room for a re-evaluation on other hardware and still lies an order of
+# magnitude under the gate's min_lift (0.01). More is another run's predictions or an edited metric.
+AUC_TOLERANCE = 1e-3
 
 
 class GateRefusal(PerceptionError):
@@ -156,6 +166,7 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
             preds = _load_predictions(client, run, horizons, Path(tmp), where, reasons)
             attention = _load_attention(client, run, Path(tmp), where, notes)
             if final_auc is not None and preds is not None:
+                _check_logged_auc(final_auc, preds, horizons, where, reasons)
                 diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
                 arm_runs[(arm, fold, rep)] = ArmRun(
                     run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, SAMPLES_PER_S), preds,
@@ -319,15 +330,33 @@ def _parse_int(params: dict[str, str], key: str, reasons: list[str]) -> int:
 
 
 def _final_aucs(run: Run, horizons: list[int], where: str, reasons: list[str]) -> Optional[np.ndarray]:
-    """MLflow's latest value of a metric is the one at the largest step: the final epoch."""
+    """MLflow's latest value of a metric is the one at the largest step: the final epoch. An AUC lies
+    in [0, 1]; MLflow stores +inf as 1.8e308, so a range check catches that too."""
     out, ok = [], True
     for h in horizons:
         value = run.data.metrics.get(val_auc(h))
         if value is None or not math.isfinite(value):
             reasons.append(f"{where}: metric {val_auc(h)} is {'missing' if value is None else value}")
             ok = False
+        elif not 0.0 <= value <= 1.0:
+            reasons.append(f"{where}: metric {val_auc(h)} is {value:.6g}, outside [0, 1]"
+                           + (" (MLflow's stored +inf)" if value >= 1e308 else ""))
+            ok = False
         out.append(value)
     return np.asarray(out, dtype=np.float64) if ok else None
+
+
+def _check_logged_auc(final_auc: np.ndarray, preds: Predictions, horizons: list[int], where: str,
+                      reasons: list[str]) -> None:
+    """The logged final-epoch AUC must be the AUC of the predictions the gate decides on."""
+    for j, h in enumerate(horizons):
+        valid = preds.mask[:, j]
+        recomputed = auc(preds.probs[valid, j], preds.labels[valid, j])
+        gap = abs(recomputed - final_auc[j])
+        if not gap <= AUC_TOLERANCE:  # also when the predictions give no AUC (NaN)
+            reasons.append(f"{where}: logged {val_auc(h)} = {final_auc[j]:.6f} but the AUC of {PREDICTIONS} "
+                           f"is {recomputed:.6f} (|difference| {gap:.6f} > tolerance {AUC_TOLERANCE:g}): "
+                           f"the metric and the predictions are not of one evaluation")
 
 
 def _median_metric(client: MlflowClient, run: Run, key: str) -> Optional[float]:
@@ -353,8 +382,9 @@ def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: 
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in ("probs", "labels", "mask", "index")}
-    except (KeyError, ValueError, OSError) as e:
-        reasons.append(f"{where}: {PREDICTIONS} is unreadable or lacks probs/labels/mask/index ({e})")
+    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        reasons.append(f"{where}: {PREDICTIONS} is unreadable or lacks probs/labels/mask/index "
+                       f"({type(e).__name__}: {e})")
         return None
     n, h = len(arrays["index"]), len(horizons)
     for key in ("probs", "labels", "mask"):
@@ -370,6 +400,10 @@ def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: 
     probs = arrays["probs"].astype(np.float32)
     if not np.isfinite(probs[mask]).all():
         reasons.append(f"{where}: {PREDICTIONS} probs has non-finite values at unmasked windows")
+        return None
+    if not ((probs[mask] >= 0) & (probs[mask] <= 1)).all():
+        reasons.append(f"{where}: {PREDICTIONS} probs has values outside [0, 1] at unmasked windows "
+                       f"(min {probs[mask].min():.6g}, max {probs[mask].max():.6g})")
         return None
     order = np.argsort(index, kind="stable")  # time order: the block bootstrap needs it
     return Predictions(probs[order], arrays["labels"].astype(np.uint8)[order], mask[order], index[order])
