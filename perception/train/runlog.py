@@ -4,11 +4,16 @@ kept beside the checkpoints and uploaded with the run (a pod's own log vanishes 
 Python-level: print, warnings, tqdm and logging reach the file; output written by C code straight
 to file descriptors 1 and 2 does not. A retried or resumed run appends to the same file.
 Carriage-return frames (progress bars drawn on a terminal) reach the file as their last frame only.
+
+A stream that already writes into the log (a sweep's lane sends a training's stdout and stderr there,
+C-level output and errors before the run included) is not copied again, nor is a log record that a
+handler already writes through it: every line is in the file once.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import traceback
 from datetime import datetime, timezone
@@ -72,11 +77,29 @@ class RunLog:
         self._file = _LineFile(open(self.path, "a", encoding="utf-8", errors="replace"))
         self._file.write(f"---- {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC: {' '.join(sys.argv)}\n")
         self._saved = sys.stdout, sys.stderr
-        sys.stdout, sys.stderr = _Tee(sys.stdout, self._file), _Tee(sys.stderr, self._file)
+        sys.stdout, sys.stderr = (self._tee(stream) for stream in self._saved)
         self._handler = logging.StreamHandler(self._file)  # type: ignore[arg-type]
         self._handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-        logging.getLogger().addHandler(self._handler)
+        root = logging.getLogger()
+        if not any(isinstance(h, logging.StreamHandler) and self._is_log(h.stream) for h in root.handlers):
+            root.addHandler(self._handler)
         return self
+
+    def _tee(self, stream: TextIO) -> TextIO:
+        """`stream`, copied into the log unless it writes there already (then line-buffered, so its lines
+        reach the file in order with the log's own and survive a kill)."""
+        if not self._is_log(stream):
+            return _Tee(stream, self._file)
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(line_buffering=True)
+        return stream
+
+    def _is_log(self, stream) -> bool:
+        """The stream's file descriptor is the log file itself."""
+        try:
+            return os.path.samestat(os.fstat(stream.fileno()), os.stat(self.path))
+        except (AttributeError, OSError, ValueError):  # no descriptor (a StringIO, pytest's capture): not it
+            return False
 
     def exception(self, exc: BaseException) -> None:
         """The traceback, into the log only: Python prints it to the terminal after the run has

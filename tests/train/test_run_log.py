@@ -65,3 +65,32 @@ def test_a_pinned_git_sha_wins_over_git(monkeypatch):
         assert gitinfo.git_sha() != "pinned0123"
     finally:
         gitinfo.git_sha.cache_clear()
+
+
+def test_a_stream_that_already_writes_into_the_log_is_not_copied_again(tmp_path, monkeypatch):
+    """A sweep's lane sends the training's stdout and stderr into train.log itself: each line once."""
+    path = tmp_path / "train.log"
+    out = open(path, "a", encoding="utf-8")  # what the lane's child inherits as fds 1 and 2
+    err = open(path, "a", encoding="utf-8")
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    console = logging.StreamHandler(out)  # Hydra's console handler, made before the run starts
+    root = logging.getLogger()
+    root.addHandler(console)
+    try:
+        with RunLog(path) as log:
+            print("epoch 1 done")
+            sys.stderr.write("a warning\n")
+            logging.getLogger("perception.test").warning("low disk")
+            try:
+                raise ValueError("boom")
+            except ValueError as exc:
+                log.exception(exc)
+    finally:
+        root.removeHandler(console)
+        out.close()
+        err.close()
+    lines = path.read_text().splitlines()
+    for line in ("epoch 1 done", "a warning", "low disk", "ValueError: boom"):
+        assert sum(line in ln for ln in lines) == 1, (line, lines)
+    assert lines[0].startswith("---- ") and lines.index("epoch 1 done") < lines.index("a warning")
