@@ -155,7 +155,7 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
                   inputs, control, treatment, boot, cells, noise, thinned)
     for r, level, threshold in zip((rule1, rule2), holm_levels(rule1.p_bootstrap, rule2.p_bootstrap, cfg.alpha),
                                    (cfg.min_lift, 0.0)):
-        _conclude(r, level, cfg)
+        conclude(r, level, cfg.noise_floor)
         r.mde = minimum_detectable(r.se, r.df, cfg.alpha / 2, threshold)
 
     fired = next((r for r in (rule1, rule2) if r.fired), None)
@@ -245,12 +245,12 @@ def _windows_variance(inputs: SweepInputs, a: str, b: str, boot: Resamples, w: n
     return np.asarray(out)
 
 
-def _conclude(rule: RuleResult, level: float, cfg: GateConfig) -> None:
+def conclude(rule: RuleResult, level: float, noise_floor: float) -> None:
     """The test and the noise floor at the rule's Holm level."""
     rule.level = level
     rule.evidence_test = math.isfinite(rule.p_bootstrap) and rule.p_bootstrap < level
     rule.lower_bound = rule.lift - t_quantile(level, rule.df) * rule.se if math.isfinite(rule.se) else math.nan
-    rule.evidence_floor = bool(math.isfinite(rule.lower_bound) and rule.lower_bound >= cfg.noise_floor)
+    rule.evidence_floor = bool(math.isfinite(rule.lower_bound) and rule.lower_bound >= noise_floor)
 
 
 def satterthwaite_df(se: float, se_training: float, df_training: float) -> float:

@@ -15,10 +15,11 @@ import numpy as np
 
 from perception.arms import ATTRIBUTION
 from perception.gate.config import GateConfig
-from perception.gate.decision import GateResult, decide, resample
+from perception.gate.decision import GateResult, Resamples, decide, resample
 from perception.gate.evidence import MULTIPLICITY
 from perception.gate.inputs import SweepInputs
 from perception.gate.noise import TrainingNoise, matching_noise
+from perception.gate.sequential import FIXED, plan_fields
 
 # A pool query whose gradient is this small against the trunk's learns nothing (DESIGN §3: the shared
 # query's gradient was measured 0 in fp32, the CfC forgets h_0 within tens of steps).
@@ -45,17 +46,18 @@ class Study:
     exploratory: list[str] = field(default_factory=list)  # how this gate differs from the plan
 
 
-def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, progress: bool = True) -> Study:
+def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, progress: bool = True,
+                 boot: Optional[Resamples] = None) -> Study:
     noise = None
     if len(inputs.replicates) == 1:
         noise = matching_noise(inputs.run(control, 0, inputs.replicates[0]).params, inputs.horizons)
-    boot = resample(inputs, cfg, progress)
+    boot = boot or resample(inputs, cfg, progress)  # a sequential study draws once for all its looks
     study = Study(decide(inputs, cfg, control, treatment, boot, noise), noise=noise)
     beside = {name: decide(inputs, cfg, a, b, boot, noise)
               for name, (a, b) in ATTRIBUTION.comparisons(control, treatment, inputs.arms).items()}
     study.attribution, study.context_path = beside.get("attribution"), beside.get("context_path")
     if study.attribution is not None:
-        study.verdict = _verdict(study.attribution, study.main)
+        study.verdict = attribution_verdict(study.attribution, study.main)
     study.diagnostics = {arm: _diagnostics(inputs, arm) for arm in inputs.arms}
     study.flags = _flags(study, control, treatment)
     if study.flags and study.main.decision == f"ship_{treatment}" and study.attribution is None:
@@ -69,7 +71,7 @@ def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: 
     return study
 
 
-def _verdict(attr: GateResult, main: GateResult) -> str:
+def attribution_verdict(attr: GateResult, main: GateResult) -> str:
     if attr.decision == f"ship_{attr.treatment}":
         return "per-horizon queries add lift beyond the context path"
     if attr.decision == f"keep_{attr.control}":
@@ -106,10 +108,12 @@ def _flags(study: Study, control: str, treatment: str) -> list[str]:
     return flags
 
 
-def gate_plan(cfg: GateConfig, control: str, treatment: str, arms: list[str], replicates: int) -> dict:
-    """What a sweep pre-registers on its parent run before any training: rule, weights, thresholds."""
+def gate_plan(cfg: GateConfig, control: str, treatment: str, arms: list[str], replicates: int,
+              design: str = FIXED) -> dict:
+    """What a sweep pre-registers on its parent run before any training: rule, weights, thresholds, and
+    for a sequential study its looks and boundaries (`replicates` is then the most it may train)."""
     return {"control": control, "treatment": treatment, "arms": list(arms), "replicates": int(replicates),
-            "settings": plan_settings(cfg)}
+            "settings": plan_settings(cfg), **plan_fields(design, replicates, cfg.alpha)}
 
 
 def plan_settings(cfg: GateConfig) -> dict:
