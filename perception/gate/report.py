@@ -15,6 +15,7 @@ from perception.contract import NOT_MEASURED
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult
 from perception.gate.inputs import SweepInputs
+from perception.gate.report_looks import looks_section
 from perception.gate.study import UNATTRIBUTED, Study
 
 
@@ -153,6 +154,7 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
               + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
               ""] + lead_lines(result, s["config"]["noise_floor"])
     lines += ["## Caveats", ""] + [f"- {c}" for c in _caveats(s, study)] + [""]
+    lines += looks_section(s)
     lines += ["## Why", ""] + [f"- {r}" for r in s["reasons"]] + [""]
     cfg = s["config"]
     lines += [f"Config `{cfg['source']}`: weights {cfg['weights']}, min_lift {cfg['min_lift']}, "

@@ -26,8 +26,10 @@ from perception.contract import ROLE, ROLE_GATE, SWEEP_ID
 from perception.errors import ConfigError
 from perception.exits import EXIT_DECIDED, EXIT_REFUSED, REFUSED
 from perception.gate.inputs import GateRefusal, SweepInputs, find_parent_run, load_sweep
+from perception.gate.looks import cost, restrict, sequential_study
 from perception.gate.report import refusal_json, summary_json, write_report
-from perception.gate.study import study_result
+from perception.gate.sequential import CONTINUE, FIXED, SEQUENTIAL, planned_boundaries, read_plan
+from perception.gate.study import PLAN_TAG, Study, study_result
 
 
 @dataclass
@@ -44,7 +46,8 @@ class GateOutcome:
         return {"decision": self.decision, "W": s.get("W"), "G": s.get("G"), "p": s.get("p"),
                 "rule": s.get("rule"), "refused": self.refused, "reasons": self.reasons,
                 "sweep_id": s.get("sweep_id"), "report_dir": str(self.report_dir),
-                "gate_run_id": s.get("gate_run_id")}
+                "gate_run_id": s.get("gate_run_id"), "design": s.get("design"), "look": s.get("look"),
+                "max_looks": s.get("max_looks"), "next_wave": s.get("next_wave")}
 
 
 def run_gate(
@@ -82,11 +85,15 @@ def run_gate(
         outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, refusal_json(sweep_id, reasons, []))
     else:
         check_horizons(cfg, inputs.horizons)
-        study = study_result(inputs, cfg, control, treatment, progress)
-        result = study.main
-        summary = summary_json(study, inputs, cfg)
-        outcome = GateOutcome(result.decision, False, result.reasons + summary["notes"], out_dir,
-                              EXIT_DECIDED, summary)
+        try:
+            study, inputs, summary = _decide(inputs, cfg, control, treatment, progress)
+        except GateRefusal as refusal:
+            summary = refusal_json(sweep_id, refusal.reasons, refusal.notes, inputs.running)
+            outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
+        else:
+            result = study.main
+            outcome = GateOutcome(result.decision, False, result.reasons + summary["notes"], out_dir,
+                                  EXIT_DECIDED, summary)
 
     parent = inputs.parent_run_id if inputs else None
     gate_run_id = _start_gate_run(client, experiment, sweep_id, parent, outcome)
@@ -98,6 +105,28 @@ def run_gate(
     if decision_file is not None:
         atomic_write_text(decision_file, (outcome.decision or REFUSED) + "\n")
     return outcome
+
+
+def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bool) -> tuple[Study, SweepInputs, dict]:
+    """The fixed design's one look, or the sequential study at the look its complete waves reach (the
+    design and boundaries as the parent run's gate_plan pre-registered them)."""
+    where = f"sweep {inputs.sweep_id}: the parent run's {PLAN_TAG} tag"
+    try:
+        bounds = planned_boundaries(read_plan(inputs.parent_tags, PLAN_TAG), where)
+    except ConfigError as e:  # the store holds a plan the gate cannot trust
+        raise GateRefusal([str(e)]) from e
+    if bounds is None:
+        study = study_result(inputs, cfg, control, treatment, progress)
+        return study, inputs, {**summary_json(study, inputs, cfg), "design": FIXED, "look": 1, "max_looks": 1}
+    seq = sequential_study(inputs, cfg, control, treatment, bounds, progress)
+    at_look = restrict(inputs, len(seq.looks))
+    per_wave = len(inputs.arms) * inputs.n_folds
+    used = seq.stopped_at or len(seq.looks)
+    summary = {**summary_json(seq.study, at_look, cfg), "design": SEQUENTIAL, "look": len(seq.looks),
+               "max_looks": seq.max_looks, "stopped_at": seq.stopped_at, "why_stopped": seq.why,
+               "looks": seq.looks, "next_wave": seq.next_wave, "boundaries": bounds.to_json(),
+               "cost": cost(used, seq.max_looks, per_wave)}
+    return seq.study, at_look, summary
 
 
 # A gate run per invocation, refusals included, so the UI shows why a sweep has no decision. A failure
@@ -114,10 +143,13 @@ def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent
             return None
         tags = {ROLE: ROLE_GATE, SWEEP_ID: sweep_id, "decision": outcome.decision or REFUSED,
                 "exploratory": str(bool(outcome.summary.get("exploratory"))).lower()}
+        if outcome.summary.get("look") is not None:
+            tags["look"] = str(outcome.summary["look"])
         parent = parent or find_parent_run(client, exp.experiment_id, sweep_id)  # refusals nest too
         if parent:
             tags["mlflow.parentRunId"] = parent
-        run = client.create_run(exp.experiment_id, tags=tags, run_name=f"gate-{sweep_id}")
+        look = f"-look{tags['look']}" if outcome.summary.get("design") == SEQUENTIAL else ""
+        run = client.create_run(exp.experiment_id, tags=tags, run_name=f"gate-{sweep_id}{look}")
     except (MlflowException, requests.RequestException) as e:
         notes.append(f"could not create the gate run in MLflow: {e}")
         return None
@@ -163,6 +195,9 @@ def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent
             parent = find_parent_run(client, exp.experiment_id, sweep_id) if exp else None
         if parent is None:
             print(f"[gate] no parent run of sweep {sweep_id!r} to end")
+            return
+        if outcome.decision == CONTINUE:  # the study goes on: the parent stays open, no decision yet
+            client.set_tag(parent, "gate_look", str(s.get("look")))
             return
         tags = [RunTag("decision", outcome.decision or REFUSED)]
         if workflow_url:

@@ -1,0 +1,98 @@
+"""perception-gate at the looks of a sequential study: waves of replicates revealed one at a time in a real
+MLflow store, the design read from the parent run's gate_plan tag."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from perception.gate.config import load_gate_config
+from perception.gate.run import run_gate
+from perception.gate.study import PLAN_TAG, gate_plan
+from tests.gate.sweep_store import SweepSpec, _log_run, fold_predictions
+
+BASE = [0.6] * 5
+
+
+def start_sweep(client, sweep_id: str, replicates: int, design: str = "sequential") -> str:
+    exp_id = client.get_experiment_by_name("perception-ab").experiment_id
+    plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon"], replicates, design)
+    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id, PLAN_TAG: json.dumps(plan)},
+                               run_name=sweep_id)
+    return parent.info.run_id
+
+
+def log_wave(client, sweep_id: str, parent: str, spec: SweepSpec, rep: int) -> None:
+    exp_id = client.get_experiment_by_name("perception-ab").experiment_id
+    with tempfile.TemporaryDirectory() as tmp:
+        for fold in range(3):
+            for variant, pred in fold_predictions(spec, fold, rep).items():
+                _log_run(client, exp_id, parent, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep)
+
+
+def test_a_null_study_goes_on_then_stops_and_its_parent_closes_only_then(gate_store, tmp_path):
+    uri, client = gate_store
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=11)
+    parent = start_sweep(client, "seq-null", 3)
+    looks = []
+    for rep in range(3):
+        log_wave(client, "seq-null", parent, spec, rep)
+        out = run_gate("seq-null", tracking_uri=uri, config_name="ci", out_dir=tmp_path / f"look{rep + 1}",
+                       progress=False)
+        assert not out.refused, out.reasons
+        line = out.json_line()
+        assert line["look"] == rep + 1 and line["max_looks"] == 3 and line["design"] == "sequential"
+        row = out.summary["looks"][-1]
+        assert row["look"] == rep + 1 and row["efficacy_alpha"] > 0
+        gate_run = client.get_run(out.summary["gate_run_id"])
+        assert gate_run.data.tags["look"] == str(rep + 1) and gate_run.data.tags["role"] == "gate"
+        looks.append(out)
+        if out.decision != "continue":
+            break
+        assert line["next_wave"]["replicate"] == rep + 1 and line["next_wave"]["trainings"] == 6
+        still = client.get_run(parent)
+        assert still.info.status == "RUNNING" and "decision" not in still.data.tags
+    last = looks[-1]
+    assert last.decision in ("keep_shared", "inconclusive")  # no effect: never a ship here
+    assert last.summary["stopped_at"] == len(looks)
+    ended = client.get_run(parent)
+    assert ended.info.status == "FINISHED" and ended.data.tags["decision"] == last.decision
+    report = (tmp_path / f"look{len(looks)}" / "report.md").read_text()
+    assert "## Looks (sequential design)" in report and f"Stopped at look {len(looks)} of 3" in report
+    used = last.summary["cost"]
+    assert used["trainings"] == 6 * len(looks) and used["fixed_trainings"] == 18
+
+
+def test_a_large_lift_ships_before_the_last_look_with_its_repeated_interval(gate_store, tmp_path):
+    uri, client = gate_store
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.9], replicates=3, seed=5)
+    parent = start_sweep(client, "seq-ship", 3)
+    for rep in range(2):
+        log_wave(client, "seq-ship", parent, spec, rep)
+        out = run_gate("seq-ship", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r", progress=False)
+        if out.decision != "continue":
+            break
+    assert out.decision == "ship_per_horizon" and out.summary["stopped_at"] < 3
+    row = out.summary["looks"][-1]
+    lo, hi = row["repeated_ci"]
+    assert lo < out.summary["W"] < hi and lo > 0
+    assert client.get_run(parent).data.tags["decision"] == "ship_per_horizon"
+
+
+def test_a_missing_wave_and_a_bad_plan_are_refused(gate_store, tmp_path):
+    uri, client = gate_store
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=3)
+    parent = start_sweep(client, "seq-gap", 3)
+    log_wave(client, "seq-gap", parent, spec, 0)
+    log_wave(client, "seq-gap", parent, spec, 2)  # wave 1 never trained
+    out = run_gate("seq-gap", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "gap", progress=False)
+    assert out.refused and "replicates [0, 2]: a wave is missing" in out.reasons[0]
+
+    parent = start_sweep(client, "seq-badplan", 3)
+    plan = json.loads(client.get_run(parent).data.tags[PLAN_TAG])
+    plan["boundaries"]["efficacy_alpha"] = [0.04, 0.04, 0.04]
+    client.set_tag(parent, PLAN_TAG, json.dumps(plan))
+    log_wave(client, "seq-badplan", parent, spec, 0)
+    out = run_gate("seq-badplan", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "bad", progress=False)
+    assert out.refused and "gate_plan tag" in out.reasons[0] and "sum to at most alpha" in out.reasons[0]
