@@ -2,6 +2,8 @@
 
     perception-sweep local [--sweep-id ID] [--arms a,b[,c]] [--replicates R] [--aa] [overrides…]
                                                             the trainings here, then the gate
+    perception-sweep local --design sequential [--max-replicates R] [...]
+                                                            waves of replicates, the gate after each
     perception-sweep prepare --sweep-id ID [overrides…]     feature cache + parent run (workflow step)
     perception-sweep render [--smoke] [--out wf.yaml]       the Argo Workflow as YAML
     perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…] [--wait]   (token: ARGO_TOKEN)
@@ -246,10 +248,11 @@ def _design_options(s: argparse.ArgumentParser) -> None:
 
 
 def _design(args: argparse.Namespace):
-    from perception.sweep.design import Design
+    from perception.sweep.design import Design, replicates_flag
 
-    replicates = 1 if args.replicates is None else args.replicates
-    return Design.of(args.arms, replicates, args.aa == "true", args.control, args.treatment)
+    kind = getattr(args, "design", "fixed")
+    replicates = replicates_flag(kind, args.replicates, getattr(args, "max_replicates", None))
+    return Design.of(args.arms, replicates, args.aa == "true", args.control, args.treatment, kind)
 
 
 def _design_params(args: argparse.Namespace) -> dict[str, str]:
@@ -269,6 +272,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cpu-workers", type=int, default=1,
                    help="without GPUs, train this many runs side by side, one core each (default 1)")
     _design_options(s)
+    s.add_argument("--design", choices=["fixed", "sequential"], default="fixed",
+                   help="fixed: every replicate, then the gate once (takes --replicates); sequential: waves of "
+                        "one replicate each, the gate after every wave, stop when it settles (takes --max-replicates)")
+    s.add_argument("--max-replicates", type=int, default=None,
+                   help="--design sequential: the most waves it may train (default 3)")
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. experiment=ci")
     s.set_defaults(run=_local)
 

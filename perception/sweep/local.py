@@ -21,6 +21,7 @@ from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from perception.locks import RUN_LOCK, read_holder, sweep_lock
 from perception.paths import DONE_FILE, check_sweep_id, new_sweep_id, perception_home, sweep_dir, tracking_uri
+from perception.gate.sequential import CONTINUE
 from perception.sweep.design import Design, RunSpec, plan_tags, study_runs
 from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
 from perception.sweep.overrides import check_overrides, compose, experiment_of, gate_config_for
@@ -116,56 +117,101 @@ def run_local_sweep(
                                 say) as parent:
         where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
                  f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
-        say(f"sweep {sweep_id}: {len(runs)} runs {where}; parent run {parent}; tracking {uri}")
+        waves = (f" in waves of {len(runs) // design.replicates}, the gate after each (sequential design)"
+                 if design.sequential else "")
+        say(f"sweep {sweep_id}: {'up to ' if design.sequential else ''}{len(runs)} runs {where}{waves}; "
+            f"parent run {parent}; tracking {uri}")
         result = SweepResult(sweep_id, parent)
 
-        pending = []
-        for spec in runs:
-            done = _read_done(spec.directory(sweep_id, home))
-            if done is not None:
-                result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
-                say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
-            else:
-                pending.append(spec)
-
-        if pending:
-            say("building the feature cache (perception-data build)")
-            build_features(overrides, env, data_command)
         trainer = train_command or command("perception-train")
-        for wave in plan_waves(pending, lanes):
-            for spec, device in wave:
-                d = spec.directory(sweep_id, home)
-                verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
-                say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{len(runs)}] {spec.label}: {verb}"
-                    + (f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
-                       if device is not None else ""))
+        built = []
 
-            def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
-                spec, device = item
-                args = [*trainer, *overrides, f"sweep_id={sweep_id}", *spec.overrides(), f"tracking.parent_run_id={parent}"]
-                log = spec.directory(sweep_id, home) / "train.log" if device is not None else None
-                return _train_one(spec, args, child_env(env, device), log, home, sweep_id, trainers)
-
-            with ThreadPoolExecutor(max_workers=len(wave)) as pool:
-                try:
-                    outcomes = list(pool.map(one, wave))
-                except BaseException:  # interrupted: end the trainings (KILLED) before the pool waits for them
-                    trainers.stop()
-                    raise
-            for out in outcomes:
-                result.runs.append(out)
-                say(_progress_line(out, result, len(runs), time.perf_counter() - t_start, max(1, len(lanes))))
-            rejected = [o.spec.label for o in outcomes if o.returncode == EXIT_USAGE and o.note is None]
-            if rejected:  # the same config fails every run
-                raise ConfigError(f"perception-train rejected the configuration (exit 2) for {', '.join(rejected)}")
+        def train(specs: list[RunSpec]) -> None:
+            """Trains those of `specs` not finished earlier (the feature cache built first, once)."""
+            pending = []
+            for spec in specs:
+                done = _read_done(spec.directory(sweep_id, home))
+                if done is not None:
+                    result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
+                    say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
+                else:
+                    pending.append(spec)
+            if pending and not built:
+                say("building the feature cache (perception-data build)")
+                build_features(overrides, env, data_command)
+                built.append(True)
+            for wave in plan_waves(pending, lanes):
+                _train_wave(wave, result, len(runs), t_start, lanes, trainer, overrides, sweep_id, parent, home,
+                            env, trainers, say)
 
         if gate is None:
             from perception.gate.run import run_gate as gate
-        say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
-        result.gate = gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
-                           control=design.control, treatment=design.treatment)
+
+        def decide() -> Any:
+            say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
+            return gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
+                        control=design.control, treatment=design.treatment)
+
+        if not design.sequential:
+            train(runs)
+            result.gate = decide()
+        else:
+            for wave in range(design.replicates):
+                specs = [s for s in runs if s.replicate == wave]
+                train(specs)
+                later = [s for s in runs if s.replicate == wave + 1]
+                if later and all(_read_done(s.directory(sweep_id, home)) for s in later):
+                    continue  # resumed past this look: the gate decides every look up to the last wave anyway
+                result.gate = decide()
+                say(look_line(result.gate))
+                if result.gate.refused or result.gate.decision != CONTINUE:
+                    break
         result.wall_s = time.perf_counter() - t_start
         return result
+
+
+def _train_wave(wave: list[tuple[RunSpec, Optional[str]]], result: SweepResult, total: int, t_start: float,
+                lanes: list[str], trainer: list[str], overrides: Sequence[str], sweep_id: str, parent: str,
+                home: Path, env: dict[str, str], trainers: Trainers, say: Callable[[str], None]) -> None:
+    """One round of trainings side by side (one per lane), each the installed perception-train."""
+    for spec, device in wave:
+        d = spec.directory(sweep_id, home)
+        verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
+        say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{total}] {spec.label}: {verb}"
+            + (f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
+               if device is not None else ""))
+
+    def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
+        spec, device = item
+        args = [*trainer, *overrides, f"sweep_id={sweep_id}", *spec.overrides(), f"tracking.parent_run_id={parent}"]
+        log = spec.directory(sweep_id, home) / "train.log" if device is not None else None
+        return _train_one(spec, args, child_env(env, device), log, home, sweep_id, trainers)
+
+    with ThreadPoolExecutor(max_workers=len(wave)) as pool:
+        try:
+            outcomes = list(pool.map(one, wave))
+        except BaseException:  # interrupted: end the trainings (KILLED) before the pool waits for them
+            trainers.stop()
+            raise
+    for out in outcomes:
+        result.runs.append(out)
+        say(_progress_line(out, result, total, time.perf_counter() - t_start, max(1, len(lanes))))
+    rejected = [o.spec.label for o in outcomes if o.returncode == EXIT_USAGE and o.note is None]
+    if rejected:  # the same config fails every run
+        raise ConfigError(f"perception-train rejected the configuration (exit 2) for {', '.join(rejected)}")
+
+
+def look_line(gate: Any) -> str:
+    """One line per look of a sequential study: what the gate saw and what happens next."""
+    s = getattr(gate, "summary", {}) or {}
+    if gate.refused:
+        return "look: refused — " + "; ".join(gate.reasons)
+    look = next((r for r in s.get("looks", []) if r["look"] == s.get("look")), {})
+    fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
+    head = (f"look {s.get('look')}/{s.get('max_looks')}: W {fmt(look.get('W'), '+.4f')}, G {fmt(look.get('G'), '+.4f')}, "
+            f"p(W) {fmt(look.get('p_W'), '.3g')}, p(G) {fmt(look.get('p_G'), '.3g')}, "
+            f"alpha_k {fmt(look.get('efficacy_alpha'), '.3g')} -> {gate.decision}")
+    return head + (f" ({s.get('why_stopped')})" if s.get("why_stopped") else "")
 
 
 @contextmanager

@@ -179,3 +179,43 @@ def test_gate_config_follows_the_experiment():
     assert gate_config_for("ci") == "ci"
     assert gate_config_for("local") == "local"
     assert gate_config_for("production") == "default"
+
+
+def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, tmp_path):
+    from perception.sweep.design import Design
+
+    verdicts = iter(["continue", "ship_per_horizon"])
+
+    def gate(sweep_id, **kw):
+        look = len(fakes.gate_calls) + 1
+        fakes.gate_calls.append({"look": look, "trained": len(train_calls(fakes.calls()))})
+        decision = next(verdicts, "keep_shared")
+        summary = {"look": look, "max_looks": 3, "looks": [{"look": look, "W": 0.01, "G": 0.0, "p_W": 0.2,
+                                                             "p_G": 0.5, "efficacy_alpha": 0.013}],
+                   "why_stopped": "" if decision == "continue" else "efficacy boundary crossed"}
+        return SimpleNamespace(decision=decision, refused=False, reasons=[], report_dir=tmp_path, exit_code=0,
+                               summary=summary)
+
+    def run(sweep_id=fakes.id):
+        lines: list[str] = []
+        result = run_local_sweep(sweep_id, ["experiment=ci", f"tracking.uri={fakes.uri}"], gpus=[],
+                                 train_command=[sys.executable, str(tmp_path / "train.py")],
+                                 data_command=[sys.executable, str(tmp_path / "data.py")], gate=gate,
+                                 say=lines.append, design=Design(replicates=3, kind="sequential"))
+        return result, lines
+
+    result, lines = run()
+    assert [c["trained"] for c in fakes.gate_calls] == [6, 12]  # a look after each wave, no third wave
+    names = [c["name"] for c in train_calls(fakes.calls())]
+    assert names[:6] == ["shared-f0", "per_horizon-f0", "shared-f1", "per_horizon-f1", "shared-f2", "per_horizon-f2"]
+    assert all(n.endswith("-r1") for n in names[6:]) and len(names) == 12
+    assert result.gate.decision == "ship_per_horizon" and result.exit_code == 0
+    looks = [line for line in lines if line.startswith("look ")]
+    assert looks[0].startswith("look 1/3: W +0.0100") and looks[0].endswith("-> continue")
+    assert "look 2/3" in looks[1] and "ship_per_horizon (efficacy boundary crossed)" in looks[1]
+    assert "up to 18 runs" in lines[0] and "waves of 6" in lines[0]
+
+    # a re-run finds both waves done: one gate call at the last complete look, nothing trained
+    again, _ = run()
+    assert len(train_calls(fakes.calls())) == 12 and len(fakes.gate_calls) == 3
+    assert [r.status for r in again.runs] == ["skipped"] * 12
