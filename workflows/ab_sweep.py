@@ -109,28 +109,36 @@ PREEMPTED = 'lastRetry.message contains "imminent node shutdown" || lastRetry.me
 
 
 def _params(smoke: bool) -> list[Parameter]:
+    """The workflow's parameters; each description is shown in the Argo UI and listed in README
+    (`perception-sweep render --list-parameters`)."""
     return [
-        Parameter(name="image", value="ghcr.io/perception-platform/perception"),
-        Parameter(name="tag", value="latest"),
-        Parameter(name="experiment", value="ci" if smoke else "production"),
-        Parameter(name="epochs", value="2" if smoke else "30"),
-        Parameter(name="data", value="synthetic", enum=["synthetic", "dbn"]),
-        # DBN inputs under the read-only market-data mount, e.g. [/data/ES/*.dbn.zst]
-        Parameter(name="data-paths", value="[]"),
-        # conf/gate/<name>.yaml; auto: the one that belongs to the experiment (its horizons match)
-        Parameter(name="gate-config", value="auto"),
-        # empty: a new sweep named after the workflow; an earlier sweep's id: continue it (finished
-        # runs are skipped, unfinished ones resume from their checkpoints)
-        Parameter(name="sweep-id", value=""),
-        # the Argo UI's base URL (https://argo.example.com/); `perception-sweep submit` sets it, so the gate
-        # tags the sweep's parent run with this workflow's page
-        Parameter(name="argo-ui", value=""),
-        # the design: arms to train (e.g. shared,per_horizon,shared_skip), seed replicates, A/A test
-        Parameter(name="arms", value=",".join(VARIANTS)),
-        Parameter(name="replicates", value="1"),
-        Parameter(name="aa", value="false", enum=["false", "true"]),
-        # measure the experiment's training noise (A/A sweeps) and write its noise file before the A/B
-        Parameter(name="calibrate", value="false", enum=["false", "true"]),
+        Parameter(name="image", value="ghcr.io/perception-platform/perception", description="the training image"),
+        Parameter(name="tag", value="latest", description="its tag"),
+        Parameter(name="experiment", value="ci" if smoke else "production",
+                  description="conf/experiment/NAME.yaml: the scale every step runs at"),
+        Parameter(name="epochs", value="2" if smoke else "30", description="epochs per training"),
+        Parameter(name="data", value="synthetic", enum=["synthetic", "dbn"],
+                  description="synthetic books, or DBN files from data-paths"),
+        Parameter(name="data-paths", value="[]",
+                  description="DBN inputs under the read-only market-data mount, e.g. [/data/ES/*.dbn.zst]"),
+        Parameter(name="gate-config", value="auto",
+                  description="conf/gate/NAME.yaml; auto: the experiment's own (its horizons match)"),
+        Parameter(name="sweep-id", value="",
+                  description="empty: a new sweep named after the workflow; an earlier sweep's id continues it "
+                              "(finished runs skipped, unfinished ones resumed from their checkpoints)"),
+        Parameter(name="argo-ui", value="",
+                  description="the Argo UI's base URL; `perception-sweep submit` sets it, so the gate tags the "
+                              "sweep's parent run with this workflow's page"),
+        Parameter(name="arms", value=",".join(VARIANTS),
+                  description="the arms to train, e.g. shared,per_horizon,shared_skip"),
+        Parameter(name="replicates", value="1", description="seed replicates per arm and fold"),
+        Parameter(name="aa", value="false", enum=["false", "true"],
+                  description="true: the A/A test, the control against its twin"),
+        Parameter(name="control", value="", description="the gate's arm A; empty: shared"),
+        Parameter(name="treatment", value="", description="the gate's arm B; empty: per_horizon (with aa: the twin)"),
+        Parameter(name="calibrate", value="false", enum=["false", "true"],
+                  description="true: measure the experiment's training noise (A/A sweeps) and write its noise "
+                              "file before the A/B"),
     ]
 
 
@@ -239,7 +247,8 @@ def build_workflow(smoke: bool = False) -> Workflow:
             "prepare",
             "perception-sweep",
             ["prepare", "--sweep-id", SWEEP_ID, "--outputs", OUTPUTS, "--arms", p % "arms",
-             "--replicates", p % "replicates", "--aa", p % "aa", "--gate-config", p % "gate-config",
+             "--replicates", p % "replicates", "--aa", p % "aa", "--control", p % "control",
+             "--treatment", p % "treatment", "--gate-config", p % "gate-config",
              *shared_overrides()],
             # `perception-data build` streams the files (benchmarks/results/data_pipeline_files.json):
             # ~0.17 GB (its reader threads share one 96 MB chunk budget) and ~30 B a snapshot (a year of

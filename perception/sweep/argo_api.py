@@ -3,7 +3,9 @@ stop, create) and plain requests for the pods' logs, whose newline-delimited JSO
 `workflow_logs` cannot parse.
 
 Every call has a timeout (hera's own session has none, and a wait of three days must not hang on one
-dead connection). Errors become ArgoError, which says whether a retry can help."""
+dead connection). Errors become ArgoError, which says whether a retry can help; a response body in
+its message has the token and any credential-like field removed first (perception.sweep.redact).
+Where the server is and how to reach it: perception.sweep.argo_options."""
 
 from __future__ import annotations
 
@@ -11,23 +13,14 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Iterator, Mapping, Optional
-from urllib.parse import urlparse
-
 import requests
 
 from perception.errors import ConfigError, PerceptionError
+from perception.sweep.argo_options import ArgoTarget
+from perception.sweep.redact import redact
 
 TOKEN_ENV = "ARGO_TOKEN"
 REQUEST_TIMEOUT_S = 30.0  # connect and read, per call; a followed log stream reads without a limit
-
-
-def argo_host(host: str) -> str:
-    """An http(s) URL with a trailing slash: hera joins API paths onto it, and a host with a path
-    prefix (https://example.com/argo/) loses that prefix without the slash."""
-    parsed = urlparse(host)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ConfigError(f"--host {host!r}: expected the Argo server's URL, e.g. https://argo.example.com")
-    return host if host.endswith("/") else host + "/"
 
 
 def token_from_env(env: Mapping[str, str] = os.environ) -> str:
@@ -37,6 +30,14 @@ def token_from_env(env: Mapping[str, str] = os.environ) -> str:
         raise ConfigError(f"{TOKEN_ENV} is not set: export the Argo server's bearer token "
                           f"(e.g. ARGO_TOKEN=\"$(argo auth token)\")")
     return token
+
+
+class _Refused(Exception):
+    """A non-2xx answer, raised by the session before hera formats it (hera puts the body in its message)."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(status)
+        self.status, self.text = status, text
 
 
 class ArgoError(PerceptionError):
@@ -53,21 +54,28 @@ class LogLine:
     content: str
 
 
-class _TimeoutSession(requests.Session):
+class _Session(requests.Session):
+    """Every call with a timeout; an error answer raised as _Refused with its body (streams too)."""
+
     def request(self, method, url, **kwargs):  # noqa: D102 (requests' signature)
         kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
-        return super().request(method, url, **kwargs)
+        resp = super().request(method, url, **kwargs)
+        if not resp.ok:
+            with resp:
+                raise _Refused(resp.status_code, resp.text)
+        return resp
 
 
 class ArgoServer:
     """One Argo server and namespace; the token comes from ARGO_TOKEN unless given."""
 
-    def __init__(self, host: str, namespace: str, token: Optional[str] = None, verify_ssl: bool = True):
+    def __init__(self, target: ArgoTarget, token: Optional[str] = None):
         from hera.workflows import WorkflowsService
 
-        self.host, self.namespace = argo_host(host), namespace
-        self.service = WorkflowsService(host=self.host, token=token or token_from_env(), namespace=namespace,
-                                        verify_ssl=verify_ssl, session=_TimeoutSession())
+        self.target, self.host, self.namespace = target, target.host, target.namespace
+        self.token = token or token_from_env()
+        self.service = WorkflowsService(host=self.host, token=self.token, namespace=self.namespace,
+                                        verify_ssl=target.verify_tls, session=_Session())
 
     def link(self, name: str) -> str:
         """The workflow's page in the Argo UI."""
@@ -111,14 +119,15 @@ class ArgoServer:
             resp = self.service.session.get(url, params=params, headers={"Authorization": self.service.token},
                                             verify=self.service.verify_ssl, stream=True,
                                             timeout=(REQUEST_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S))
+        except _Refused as exc:
+            raise _http_error(what, url, exc.status, self._clean(exc.text)) from None
         except requests.RequestException as exc:
-            raise ArgoError(f"{what} at {url} failed: {type(exc).__name__}: {exc}", transient=True) from exc
+            raise ArgoError(f"{what} at {url} failed: {type(exc).__name__}: {self._clean(str(exc))}",
+                            transient=True) from exc
         with resp:
-            if not resp.ok:
-                raise _http_error(what, url, resp.status_code, resp.text)
             for raw in resp.iter_lines(decode_unicode=True):
                 if raw:
-                    yield _log_line(raw, url)
+                    yield _log_line(raw, url, self._clean)
 
     def _call(self, what: str, fn, name: str):
         from hera.exceptions import HeraException
@@ -126,12 +135,17 @@ class ArgoServer:
         where = f"{self.host}api/v1/workflows/{self.namespace}" + (f"/{name}" if name else "")
         try:
             return fn()
+        except _Refused as exc:  # `from None`: the traceback would repeat the body unredacted
+            raise _http_error(f"{what} {name or 'workflows'}", where, exc.status, self._clean(exc.text)) from None
         except HeraException as exc:
             status = getattr(exc, "status_code", None)
-            raise _http_error(f"{what} {name or 'workflows'}", where, status, str(exc)) from exc
+            raise _http_error(f"{what} {name or 'workflows'}", where, status, self._clean(str(exc))) from None
         except requests.RequestException as exc:
-            raise ArgoError(f"{what} {name or 'workflows'} at {where} failed: {type(exc).__name__}: {exc}",
-                            transient=True) from exc
+            raise ArgoError(f"{what} {name or 'workflows'} at {where} failed: {type(exc).__name__}: "
+                            f"{self._clean(str(exc))}", transient=True) from None
+
+    def _clean(self, text: str) -> str:
+        return redact(text, [self.token, self.service.token or ""])
 
 
 def _http_error(what: str, where: str, status: Optional[int], text: str) -> ArgoError:
@@ -141,12 +155,12 @@ def _http_error(what: str, where: str, status: Optional[int], text: str) -> Argo
     return ArgoError(f"{what} at {where} failed with HTTP {status}{hint}: {text.strip()[:300]}", status, transient)
 
 
-def _log_line(raw: str, url: str) -> LogLine:
+def _log_line(raw: str, url: str, clean) -> LogLine:
     try:
         obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ArgoError(f"{url} answered a line that is not JSON: {raw[:200]!r}") from exc
+    except json.JSONDecodeError:
+        raise ArgoError(f"{url} answered a line that is not JSON: {clean(raw)[:200]!r}") from None
     if obj.get("error"):  # a stream ends with {"error": {...}} when the server gives up mid-way
-        raise ArgoError(f"{url} reported: {obj['error'].get('message', obj['error'])}", transient=True)
+        raise ArgoError(f"{url} reported: {clean(str(obj['error'].get('message', obj['error'])))}", transient=True)
     result = obj.get("result") or {}
     return LogLine(result.get("podName", ""), result.get("content", ""))

@@ -5,11 +5,14 @@
     perception-sweep local --design sequential [--max-replicates R] [...]
                                                             waves of replicates, the gate after each
     perception-sweep prepare --sweep-id ID [overrides…]     feature cache + parent run (workflow step)
-    perception-sweep render [--smoke] [--out wf.yaml]       the Argo Workflow as YAML
-    perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…] [--wait]   (token: ARGO_TOKEN)
+    perception-sweep render [--smoke] [--out wf.yaml] [--check] [--list-parameters]   the Argo Workflow as YAML
+    perception-sweep validate wf.yaml                       check a render against the strict Argo schema
+    perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…] [--wait | --dry-run]
     perception-sweep status NAME --host URL --namespace NS  the workflow, each step, the decision
     perception-sweep logs NAME [--task T] [-f] --host URL --namespace NS
     perception-sweep stop NAME --host URL --namespace NS    Argo's stop: exit handlers still run
+      (the server commands: --host, --namespace, --secure=false, -k/--insecure also from ARGO_SERVER,
+      ARGO_NAMESPACE, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY, as the argo CLI reads them; token: ARGO_TOKEN)
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
     perception-sweep ui [--sweep-id ID] [--port 5000]       the MLflow UI on a sweep's runs, folds side by side
     perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE] [--no-write] [overrides…]
@@ -81,9 +84,22 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from perception.sweep.render import render
+    from perception.sweep.render import parameters_markdown, render
 
+    if args.list_parameters:
+        sys.stdout.write(parameters_markdown(smoke=args.smoke))
+        return 0
     text = render(smoke=args.smoke, params=_workflow_params(args))
+    if args.check:
+        import yaml
+
+        from perception.sweep.schema import schema_errors
+
+        errors = schema_errors(yaml.safe_load(text))
+        if errors:
+            raise PerceptionError("the render does not validate against the Argo schema: "
+                                  + "; ".join(f"{w}: {m[:200]}" for w, m in errors[:5]))
+        print("Workflow OK (strict Argo v4.1.2 schema)", file=sys.stderr)
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -92,13 +108,38 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from perception.sweep.schema import file_errors
+
+    failed = 0
+    for path in args.files:
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such file (a render: perception-sweep render --out {path})")
+        problems = file_errors(path)
+        for line in problems:
+            print(line)
+        if not problems:
+            print(f"{path}: Workflow OK (strict Argo v4.1.2 schema)")
+        failed += bool(problems)
+    return 1 if failed else 0
+
+
 def _submit(args: argparse.Namespace) -> int:
-    from perception.sweep.submit import submit
+    import json
+
+    from perception.sweep.submit import dry_run, submit
 
     if args.poll_interval <= 0 or (args.timeout is not None and args.timeout <= 0):
         raise ConfigError(f"--poll-interval {args.poll_interval:g} / --timeout {args.timeout}: expected seconds > 0")
-    done = submit(args.host, args.namespace, smoke=args.smoke, params=_workflow_params(args),
-                  verify_ssl=not args.insecure)
+    if args.dry_run:
+        if args.wait:
+            raise ConfigError("--dry-run posts nothing, so there is nothing to --wait for: drop one of them")
+        shown = dry_run(_target(args, required=False), smoke=args.smoke, params=_workflow_params(args))
+        print(json.dumps(shown.body, indent=2))
+        where = f"POST {shown.url}" if shown.url else "no server named (--host or ARGO_SERVER)"
+        print(f"dry run: validated strictly; would {where}; nothing sent", file=sys.stderr)
+        return 0
+    done = submit(_target(args), smoke=args.smoke, params=_workflow_params(args))
     print(f"submitted {done.name} to namespace {done.namespace}", flush=True)
     print(done.link, flush=True)
     if not args.wait:
@@ -177,7 +218,22 @@ def _get(server, name: str):
 def _server(args: argparse.Namespace):
     from perception.sweep.argo_api import ArgoServer
 
-    return ArgoServer(args.host, args.namespace, verify_ssl=not args.insecure)
+    return ArgoServer(_target(args))
+
+
+def _target(args: argparse.Namespace, required: bool = True):
+    """The server from the options, else the argo CLI's environment variables; plain http only when
+    asked for, and said so."""
+    from perception.sweep.argo_options import resolve
+
+    target = resolve(args.host, args.namespace, args.secure, args.insecure)
+    if target is None and required:
+        raise ConfigError("no Argo server: pass --host (e.g. --host https://argo.example.com) or set "
+                          "ARGO_SERVER=host:port")
+    if target is not None and target.plain_http:
+        print(f"{PROG}: warning: plain http: the bearer token goes to {target.host} unencrypted "
+              f"(asked for with --secure=false or ARGO_SECURE=false)", file=sys.stderr)
+    return target
 
 
 def _sync(args: argparse.Namespace) -> int:
@@ -233,9 +289,18 @@ def _params(items: Optional[list[str]]) -> dict[str, str]:
 
 
 def _workflow_params(args: argparse.Namespace) -> dict[str, str]:
-    """render/submit: the design flags and --sweep-id as workflow parameters; -p wins over both."""
+    """render/submit: the design flags and --sweep-id as workflow parameters; -p wins over both. The
+    design they make together is checked here, as prepare will check it in its pod."""
+    from perception.sweep.design import Design
+
     sweep = {"sweep-id": args.sweep_id} if args.sweep_id else {}
-    return {**_design_params(args), **sweep, **_params(args.param)}
+    params = {**_design_params(args), **sweep, **_params(args.param)}
+    replicates = params.get("replicates", "1")
+    if not replicates.strip().isdigit():
+        raise ConfigError(f"-p replicates={replicates!r}: expected a whole number, 1 or more")
+    Design.of(params.get("arms") or None, int(replicates), params.get("aa") == "true",
+              params.get("control") or None, params.get("treatment") or None)
+    return params
 
 
 def _design_options(s: argparse.ArgumentParser) -> None:
@@ -303,15 +368,27 @@ def parser() -> argparse.ArgumentParser:
                        help="workflow parameter, e.g. -p tag=v1.2.0 -p epochs=10")
         if name == "render":
             s.add_argument("--out", type=Path, help="write here instead of stdout")
+            s.add_argument("--check", action="store_true", help="validate the render against the strict Argo "
+                                                                "schema first (exit 1 if it does not)")
+            s.add_argument("--list-parameters", action="store_true",
+                           help="print the workflow's parameters (name, default, meaning) as a Markdown table")
             s.set_defaults(run=_render)
         else:
             _server_options(s)
+            s.add_argument("--dry-run", action="store_true",
+                           help="render, validate strictly and print the request body that would be posted; "
+                                "send nothing (no server or token needed)")
             s.add_argument("--wait", action="store_true",
                            help="follow the workflow to its end; exit with the gate's decision (see Exit codes)")
             s.add_argument("--poll-interval", type=float, default=30.0, metavar="S",
                            help="seconds between polls with --wait (default 30)")
             s.add_argument("--timeout", type=float, metavar="S", help="give up waiting after S seconds (exit 124)")
             s.set_defaults(run=_submit)
+
+    s = sub.add_parser("validate", help="check rendered workflow files against the strict Argo schema "
+                                        "(exit 1 naming every problem)")
+    s.add_argument("files", nargs="+", type=Path, metavar="FILE", help="e.g. wf.yaml from perception-sweep render")
+    s.set_defaults(run=_validate)
 
     s = sub.add_parser("status", help="a submitted sweep: phase, progress, each step, the decision")
     s.add_argument("name", help="the workflow's name, as submit printed it")
@@ -367,9 +444,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _server_options(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--host", required=True, help="Argo server URL, e.g. https://argo.example.com")
-    s.add_argument("--namespace", default="perception")
-    s.add_argument("--insecure", action="store_true", help="skip TLS verification")
+    s.add_argument("--host", help="the Argo server: https://argo.example.com, or host:port as the argo CLI takes "
+                                  "it (default: ARGO_SERVER)")
+    s.add_argument("--namespace", help="default: ARGO_NAMESPACE, else perception")
+    s.add_argument("--secure", nargs="?", const="true", metavar="BOOL",
+                   help="--secure=false: plain http, the token sent unencrypted (default: ARGO_SECURE, else true)")
+    s.add_argument("-k", "--insecure", "--insecure-skip-verify", dest="insecure", action="store_true",
+                   help="TLS without checking the server's certificate (default: ARGO_INSECURE_SKIP_VERIFY)")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

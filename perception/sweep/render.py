@@ -66,3 +66,19 @@ def set_parameters(w, params: Mapping[str, str]) -> None:
 
 def render(smoke: bool = False, params: Optional[Mapping[str, str]] = None) -> str:
     return build(smoke, params).to_yaml()
+
+
+def parameters_markdown(smoke: bool = False) -> str:
+    """The workflow's parameters as README lists them: name, default (the smoke variant's where it
+    differs), allowed values, meaning; from the definition itself, so the list cannot fall behind."""
+    definition = load_definition()
+    study = definition.build_workflow(smoke=False).arguments
+    smoke_values = {p.name: p.value for p in definition.build_workflow(smoke=True).arguments}
+    lines = ["| parameter | default | meaning |", "|---|---|---|"]
+    for p in study:
+        default = f"`{p.value}`" if p.value else "(empty)"
+        if smoke_values[p.name] != p.value:
+            default += f" (smoke: `{smoke_values[p.name]}`)"
+        allowed = f" One of {', '.join(f'`{v}`' for v in p.enum)}." if p.enum else ""
+        lines.append(f"| `{p.name}` | {default} | {p.description}.{allowed} |")
+    return "\n".join(lines) + "\n"

@@ -1,17 +1,21 @@
-"""Submits the A/B workflow to an Argo server through hera's WorkflowsService.
+"""Submits the A/B workflow to an Argo server through hera's WorkflowsService, or shows what would be
+posted (`--dry-run`: rendered, validated strictly, nothing sent, no server or token needed).
 
 The bearer token comes from ARGO_TOKEN only: a command-line argument would land in shell history
 and in `ps` output."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from perception.errors import ConfigError
 from perception.sweep.argo_api import ArgoServer
+from perception.sweep.argo_options import ArgoTarget
 from perception.sweep.follow import FINISHED, SWEEP_ID_LABEL
 from perception.sweep.render import build
+from perception.sweep.schema import schema_errors
 
 
 @dataclass
@@ -21,17 +25,61 @@ class Submitted:
     link: str
 
 
-def submit(host: str, namespace: str, smoke: bool = False, params: Optional[Mapping[str, str]] = None,
-           token: Optional[str] = None, verify_ssl: bool = True) -> Submitted:
-    server = ArgoServer(host, namespace, token, verify_ssl)
-    w = build(smoke, {"argo-ui": server.host, **(params or {})})  # the gate links the parent run to the UI
-    w.namespace = namespace
+@dataclass
+class DryRun:
+    body: dict  # the request body `submit` would post: {"workflow": {...}}
+    url: Optional[str]  # where it would post it; None without a server
+
+
+def submit(target: ArgoTarget, smoke: bool = False, params: Optional[Mapping[str, str]] = None,
+           token: Optional[str] = None) -> Submitted:
+    server = ArgoServer(target, token)
+    w = _workflow(target, smoke, params)
     sweep_id = next((p.value for p in w.arguments if p.name == "sweep-id"), "")
     if sweep_id:  # continuing a sweep: labelled now, so a second submission sees it before the controller does
         refuse_if_running(server, sweep_id)
         w.labels = {**(w.labels or {}), SWEEP_ID_LABEL: sweep_id}
-    name = server.create(w.build())
-    return Submitted(name, namespace, server.link(name))
+    built = w.build()
+    check_strictly(request_body(built)["workflow"])
+    name = server.create(built)
+    return Submitted(name, target.namespace, server.link(name))
+
+
+def dry_run(target: Optional[ArgoTarget], smoke: bool = False,
+            params: Optional[Mapping[str, str]] = None) -> DryRun:
+    """What `submit` would post, checked as `submit` checks it; the running-sweep check needs the
+    server and is left out."""
+    w = _workflow(target, smoke, params)
+    sweep_id = next((p.value for p in w.arguments if p.name == "sweep-id"), "")
+    if sweep_id:
+        w.labels = {**(w.labels or {}), SWEEP_ID_LABEL: sweep_id}
+    body = request_body(w.build())
+    check_strictly(body["workflow"])
+    url = f"{target.host}api/v1/workflows/{target.namespace}" if target else None
+    return DryRun(body, url)
+
+
+def _workflow(target: Optional[ArgoTarget], smoke: bool, params: Optional[Mapping[str, str]]):
+    ui = {"argo-ui": target.host} if target else {}  # the gate links the parent run to the workflow's page
+    w = build(smoke, {**ui, **(params or {})})
+    if target:
+        w.namespace = target.namespace
+    return w
+
+
+def request_body(built) -> dict:
+    """The JSON hera's create_workflow posts for a built workflow."""
+    from hera.workflows.models import WorkflowCreateRequest
+
+    req = WorkflowCreateRequest(workflow=built)
+    return json.loads(req.json(exclude_none=True, by_alias=True, exclude_unset=True, exclude_defaults=True))
+
+
+def check_strictly(workflow: dict) -> None:
+    errors = schema_errors(workflow)
+    if errors:
+        raise ConfigError("the rendered workflow does not validate against the Argo schema: "
+                          + "; ".join(f"{where}: {message[:200]}" for where, message in errors[:5]))
 
 
 def refuse_if_running(server: ArgoServer, sweep_id: str) -> None:

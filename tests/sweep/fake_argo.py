@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Optional
 from urllib.parse import parse_qs, urlparse
 
-from .argo import schema_errors
+from perception.sweep.schema import schema_errors
 
 TOKEN = "s3cr3t-token"
 TRAININGS = [(v, f) for f in (0, 1, 2) for v in ("shared", "per_horizon")]

@@ -27,14 +27,14 @@ def argo():
 
 
 def sweep(*args: str, token: str | None = TOKEN, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "ARGO_TOKEN"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARGO_")}
     if token is not None:
         env["ARGO_TOKEN"] = token
     return subprocess.run(["perception-sweep", *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def server_args(argo) -> list[str]:
-    return ["--host", argo.url, "--namespace", "perception"]
+    return ["--host", argo.url, "--namespace", "perception", "--secure=false"]  # the fake speaks plain http
 
 
 # ---- submit --wait ---------------------------------------------------------------------------

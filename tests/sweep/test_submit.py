@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .argo import schema_errors
+from perception.sweep.schema import schema_errors
 from .fake_argo import reply_json
 
 TOKEN = "s3cr3t-token"
@@ -62,11 +62,15 @@ def argo():
         fake.server.server_close()
 
 
-def submit(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "ARGO_TOKEN"}
+def submit(*args: str, token: str | None = TOKEN, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The installed command with none of the caller's ARGO_* settings; the fake server speaks plain http,
+    which is asked for explicitly (--secure=false) unless `env` says otherwise."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("ARGO_")}
     if token is not None:
-        env["ARGO_TOKEN"] = token
-    return subprocess.run(["perception-sweep", "submit", *args], env=env, capture_output=True, text=True,
+        full["ARGO_TOKEN"] = token
+    plain = [] if env is not None else ["--secure=false"]
+    full.update(env or {})
+    return subprocess.run(["perception-sweep", "submit", *args, *plain], env=full, capture_output=True, text=True,
                           timeout=120)
 
 
@@ -124,6 +128,8 @@ def test_the_token_comes_from_the_environment_only(argo):
 
 
 def test_a_bad_host_is_a_usage_error(argo):
-    r = submit("--host", "argo.example.com", "--namespace", "perception")
-    assert r.returncode == 2 and "--host 'argo.example.com'" in r.stderr
+    r = submit("--host", "ftp://argo.example.com", "--namespace", "perception")
+    assert r.returncode == 2 and "--host 'ftp://argo.example.com'" in r.stderr and "host:port" in r.stderr
+    r = submit("--namespace", "perception")
+    assert r.returncode == 2 and "ARGO_SERVER" in r.stderr
     assert argo.requests == []

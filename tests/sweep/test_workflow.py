@@ -6,7 +6,6 @@ import copy
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import yaml
 from perception.errors import ConfigError
 from perception.sweep.render import render
 
-from .argo import schema_errors
+from perception.sweep.schema import schema_errors
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = {False: REPO / "workflows" / "ab_sweep.yaml", True: REPO / "workflows" / "ab_sweep_smoke.yaml"}
@@ -48,8 +47,7 @@ def test_rendered_yaml_passes_the_strict_validator(smoke, tmp_path):
     out = tmp_path / "wf.yaml"
     cmd = ["perception-sweep", "render", "--out", str(out)] + (["--smoke"] if smoke else [])
     subprocess.run(cmd, check=True, timeout=120)
-    r = subprocess.run([sys.executable, "-m", "tests.sweep.argo", str(out)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(["perception-sweep", "validate", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Workflow OK" in r.stdout
 
