@@ -274,6 +274,13 @@ def test_validate_checks_a_render_from_outside_the_checkout(tmp_path):
 
 # ---- the gate's pair ---------------------------------------------------------------------------
 
+def filled(args: list[str], params: dict[str, str]) -> list[str]:
+    """A template's args as Argo fills them in: parameters substituted, the sweep-id expression evaluated
+    (no sweep-id parameter: the workflow's name)."""
+    out = [re.sub(r"\{\{=.*\}\}", params["sweep-id"] or "ab-sweep-x7k2p", a) for a in args]
+    return [re.sub(r"\{\{workflow\.parameters\.([a-z-]+)\}\}", lambda m: params[m.group(1)], a) for a in out]
+
+
 def test_control_and_treatment_reach_prepare_and_are_checked(tmp_path, serve):
     from perception.sweep import cli
     from perception.sweep.design import Design
@@ -286,14 +293,12 @@ def test_control_and_treatment_reach_prepare_and_are_checked(tmp_path, serve):
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
     prepare = next(t for t in doc["spec"]["templates"] if t["name"] == "prepare")["container"]["args"]
     # the pod's command line as Argo fills it in, parsed by the command prepare runs
-    filled = [re.sub(r"\{\{workflow\.parameters\.([a-z-]+)\}\}", lambda m: params[m.group(1)], a) for a in prepare]
-    args = cli.parser().parse_args(filled)
+    args = cli.parser().parse_args(filled(prepare, params))
     assert cli._design(args) == Design(("shared", "per_horizon", "shared_skip"), 1, "shared_skip", "per_horizon")
     # the defaults (empty parameters) are the design's default pair
     default = {p["name"]: p["value"] for p in yaml.safe_load(
         sweep("render").stdout)["spec"]["arguments"]["parameters"]}
-    filled = [re.sub(r"\{\{workflow\.parameters\.([a-z-]+)\}\}", lambda m: default[m.group(1)], a) for a in prepare]
-    assert cli._design(cli.parser().parse_args(filled)) == Design()
+    assert cli._design(cli.parser().parse_args(filled(prepare, default))) == Design()
     r = sweep("render", "--treatment", "shared_skip")
     assert r.returncode == 2 and "--treatment 'shared_skip' is not among the sweep's arms" in r.stderr
     r = sweep("render", "-p", "control=per_horizon", "-p", "treatment=per_horizon")
