@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from perception.contract import ROLE, ROLE_SWEEP, SWEEP_ID
+from perception.contract import ROLE, ROLE_SWEEP, ROLE_TRAIN, SWEEP_ID
 from perception.errors import ConfigError
 from perception.paths import MLFLOW_EXPERIMENT as DEFAULT_EXPERIMENT, inside, perception_home, sweep_dir
 from perception.paths import tracking_uri as resolve_tracking_uri
@@ -109,6 +109,33 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
         return found[0].info.run_id
     run = c.create_run(exp_id, tags={**(first_tags or {}), SWEEP_ID: sweep_id, ROLE: ROLE_SWEEP}, run_name=sweep_id)
     return run.info.run_id
+
+
+def settle_parent(c, run_id: str) -> Optional[str]:
+    """Sets the parent of training run `run_id` to what its trainings say: RUNNING while any of them
+    runs, else FAILED if any failed, KILLED if any was killed, FINISHED otherwise; returns that status
+    (None: no parent). What a standalone `perception-train` does at its start and end, so that no parent
+    claims to run after its trainings ended (a sweep runner's parent is ended by the gate instead)."""
+    run = c.get_run(run_id)
+    parent = run.data.tags.get("mlflow.parentRunId")
+    if not parent:
+        return None
+    children, token = [], None
+    while True:  # every training nested under it, paged
+        page = c.search_runs([run.info.experiment_id], max_results=1000, page_token=token,
+                             filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.{ROLE} = '{ROLE_TRAIN}'")
+        children += page
+        token = page.token
+        if not token:
+            break
+    said = {r.info.status for r in children} | {run.info.status}
+    status = next((s for s in ("RUNNING", "FAILED", "KILLED") if s in said), "FINISHED")
+    if c.get_run(parent).info.status != status:
+        if status == "RUNNING":
+            c.update_run(parent, status=status)
+        else:
+            c.set_terminated(parent, status=status)
+    return status
 
 
 @dataclass
@@ -210,6 +237,8 @@ class RunLedger:
             c.update_run(run_id, status=entry["status"])
         elif op == "end":
             c.set_terminated(run_id, status=entry["status"], end_time=entry["time_ms"])
+        elif op == "settle_parent":
+            settle_parent(c, run_id)
         else:
             raise ValueError(f"unknown ledger operation {op!r} in {self.run_dir / LEDGER}")
 

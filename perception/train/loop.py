@@ -86,7 +86,7 @@ def _train_locked(cfg: Config, overrides: Sequence[str], place: RunPlace) -> dic
         return json.loads(done.read_text())["metrics"]
     write_config(place.dir, cfg, overrides)
     record = RunRecord(RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment),
-                       bool(cfg.tracking.system_metrics))
+                       bool(cfg.tracking.system_metrics), settles_parent=not cfg.tracking.parent_run_id)
     with RunLog(place.dir / LOG_FILE) as log:
         try:
             return _train(cfg, place, resume_from, record)
@@ -166,6 +166,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     else:
         ledger.record("tags", tags={"resumed_at_epoch": str(position.epoch)})
         ledger.record("status", status="RUNNING")  # the attempt before may have ended KILLED
+    record.status_changed()
     ledger.flush(force=True)
     record.monitoring()
 

@@ -52,7 +52,16 @@ def sigterm_deferred() -> Iterator[None]:
 class RunRecord:
     ledger: RunLedger
     system_metrics: bool  # tracking.system_metrics
+    # a standalone training (no tracking.parent_run_id, no sweep runner): it settles its parent's status
+    # each time its own changes (tracking.settle_parent), so the parent never claims to run after it ended
+    settles_parent: bool = False
     monitor: Optional[SystemMetrics] = None
+
+    def status_changed(self) -> None:
+        """After the run's start, resume or end is recorded: its parent follows, through the ledger (an
+        outage delays it, in order, until the run's own operations are sent)."""
+        if self.settles_parent:
+            self.ledger.record("settle_parent")
 
     def monitoring(self) -> None:
         """Starts the system metrics once the MLflow run exists; restarts them if they stopped."""
@@ -77,4 +86,5 @@ class RunRecord:
             if (self.ledger.run_dir / rel).exists():
                 self.ledger.record("artifact", path=rel, artifact_path=artifact_path)
         self.ledger.record("end", status=status)
+        self.status_changed()
         return self.ledger.flush(force=True)

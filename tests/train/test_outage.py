@@ -25,7 +25,7 @@ def test_outage_then_replay(perception_home, mlflow_server):
     done = json.loads((run_dir / "done.json").read_text())
     assert done["run_id"] is None and done["unsent"] > 0
     ops = [json.loads(line)["op"] for line in (run_dir / "tracking.jsonl").read_text().splitlines()]
-    assert ops[0] == "start" and ops.count("metrics") == 2 and ops[-1] == "end"
+    assert ops[0] == "start" and ops.count("metrics") == 2 and ops[-2:] == ["end", "settle_parent"]
 
     sent = replay_unsent("outage", perception_home, mlflow_server)
     assert sent == len(ops)
@@ -33,6 +33,7 @@ def test_outage_then_replay(perception_home, mlflow_server):
     run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["sweep_id"] == "outage"
+    assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FINISHED"  # made, then settled
     assert [m.step for m in client.get_metric_history(run_id, "val_auc_mean")] == [0, 1]
     paths = {a.path for a in client.list_artifacts(run_id, "predictions")}
     assert "predictions/val_final.npz" in paths

@@ -60,6 +60,8 @@ def test_sigterm_ends_the_run_killed_with_its_system_metrics_and_a_resume_finish
     run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
     run = client.get_run(run_id)
     assert run.info.status == "KILLED" and run.info.end_time
+    parent = run.data.tags["mlflow.parentRunId"]  # a standalone run's parent ends as its training did
+    assert client.get_run(parent).info.status == "KILLED"
     assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
     assert {a.path for a in client.list_artifacts(run_id, "config")} == {"config/config.yaml", "config/overrides.yaml"}
     [log] = [a.path for a in client.list_artifacts(run_id, "logs")]
@@ -71,9 +73,9 @@ def test_sigterm_ends_the_run_killed_with_its_system_metrics_and_a_resume_finish
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ops = _ops(run_dir)
     killed = ops.index(("end", "KILLED"))
-    assert ("status", "RUNNING") in ops[killed:] and ops[-1] == ("end", "FINISHED")
+    assert ("status", "RUNNING") in ops[killed:] and ops[-2:] == [("end", "FINISHED"), ("settle_parent", "")]
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED"
+    assert run.info.status == "FINISHED" and client.get_run(parent).info.status == "FINISHED"
     cpu = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
     assert len({m.step for m in cpu}) == len(cpu)  # the resumed run continues the steps
     assert (run_dir / "train.log").read_text().count("---- ") == 2  # both attempts, one file
@@ -88,6 +90,7 @@ def test_a_crash_ends_the_run_failed_with_its_log_and_no_system_metrics_when_off
     client = MlflowClient(mlflow_server)
     run = client.get_run(json.loads((run_dir / "mlflow_run.json").read_text())["run_id"])
     assert run.info.status == "FAILED"
+    assert client.get_run(run.data.tags["mlflow.parentRunId"]).info.status == "FAILED"
     assert not [k for k in run.data.metrics if k.startswith("system/")]
     assert [a.path for a in client.list_artifacts(run.info.run_id, "logs")] == ["logs/train.log"]
     assert "FloatingPointError: training loss is nan" in (run_dir / "train.log").read_text()
@@ -99,12 +102,13 @@ def test_a_run_killed_during_an_outage_is_killed_in_mlflow_once_synced(perceptio
     r = _terminate_mid_run(perception_home, run_dir, *ARGS, "sweep_id=term-outage", f"tracking.uri={dead}",
                            env=FAST_FAIL)
     assert r.returncode == 143, r.stderr[-3000:]
-    assert _ops(run_dir)[-1] == ("end", "KILLED")
+    assert _ops(run_dir)[-2:] == [("end", "KILLED"), ("settle_parent", "")]
 
     assert replay_unsent("term-outage", perception_home, mlflow_server) > 0
     run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
     run = MlflowClient(mlflow_server).get_run(run_id)
     assert run.info.status == "KILLED" and run.data.tags["sweep_id"] == "term-outage"
+    assert MlflowClient(mlflow_server).get_run(run.data.tags["mlflow.parentRunId"]).info.status == "KILLED"
 
 
 def test_a_status_entry_sets_an_ended_run_running_again(tmp_path, mlflow_server):
@@ -117,3 +121,27 @@ def test_a_status_entry_sets_an_ended_run_running_again(tmp_path, mlflow_server)
     ledger.record("status", status="RUNNING")
     assert ledger.flush(force=True)
     assert client.get_run(ledger.run_id()).info.status == "RUNNING"
+
+
+def test_a_parent_settles_to_what_its_trainings_say(tmp_path, mlflow_server):
+    """RUNNING while any training runs; then FAILED over KILLED over FINISHED."""
+    from perception.tracking import ensure_parent_run, settle_parent
+
+    client = MlflowClient(mlflow_server)
+    parent = ensure_parent_run("settle", mlflow_server)
+    exp = client.get_run(parent).info.experiment_id
+    kids = [client.create_run(exp, tags={"mlflow.parentRunId": parent, "role": "train", "sweep_id": "settle"})
+            for _ in range(3)]
+    ids = [k.info.run_id for k in kids]
+    client.set_terminated(ids[0], "FINISHED")
+    assert settle_parent(client, ids[0]) == "RUNNING" and client.get_run(parent).info.status == "RUNNING"
+    client.set_terminated(ids[1], "KILLED")
+    client.set_terminated(ids[2], "FINISHED")
+    assert settle_parent(client, ids[2]) == "KILLED" and client.get_run(parent).info.status == "KILLED"
+    client.set_terminated(ids[2], "FAILED")
+    assert settle_parent(client, ids[2]) == "FAILED" and client.get_run(parent).info.status == "FAILED"
+    client.update_run(ids[1], "RUNNING")  # resumed
+    assert settle_parent(client, ids[1]) == "RUNNING" and client.get_run(parent).info.status == "RUNNING"
+    for i in ids:
+        client.set_terminated(i, "FINISHED")
+    assert settle_parent(client, ids[0]) == "FINISHED" and client.get_run(parent).info.status == "FINISHED"
