@@ -43,7 +43,7 @@ class MlflowServer:
     auth_database_uri: Optional[str] = None  # the basic-auth user store; None: no auth
     password: str = ""
     workers: int = 1
-    auth_cache_s: int = 0  # the auth app's credential cache (0: every request verifies the password hash)
+    auth_cache_s: int = 60  # the auth app's credential cache, as the cluster's (0: each request re-hashes)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,9 @@ def train_runs(uri: str, sweep_id: str):
     return c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'train'")
 
 
-@pytest.mark.slow(seconds=290)
+@pytest.mark.parametrize("mlflow_server", [pytest.param("sqlite", marks=pytest.mark.slow(seconds=290)),
+                                           pytest.param("postgresql", marks=pytest.mark.slow(seconds=300))],
+                         indirect=True)
 def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(perception_home, mlflow_server):
     sweep_id = f"e2e-{uuid.uuid4().hex[:8]}"
     args = ["local", "--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}"]

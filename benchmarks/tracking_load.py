@@ -1,0 +1,441 @@
+"""The tracking path under a study's load (DESIGN §6): N writer processes log what a training logs,
+through the product's own tracking code (perception.tracking's ledger, perception.train's system
+metrics and run record), to an `mlflow server` on a real PostgreSQL run as the cluster runs it
+(--serve-artifacts, basic auth, 2 workers; tests/postgres_server.py, tests/mlflow_server.py). Then
+`perception-sweep sync`'s replay sends anything kept, the gate decides each study, and the UI's runs
+view is queried.
+
+A writer is one cell (arm x fold x replicate) of a three-arm study with three replicates: 27 writers
+are one study, 81 three studies at once. Each writes what loop.py writes: the start (tags, every
+config param), per-epoch metrics and diagnostics after each epoch (flushing after every step as the
+loop does), MLflow's system metrics every interval, then the predictions and attention artifacts,
+the log and config, and the end. The cadence is compressed (seconds per epoch, not minutes; system
+metrics every 1 s, not 10 s): the same operations in the same order, sent faster than production.
+
+Faults (--fault): `server` SIGKILLs the tracking server's process group mid-way and starts it again
+after --down-s; `postgres` SIGKILLs PostgreSQL (crash recovery on restart) the same way. The check
+afterwards reads PostgreSQL and the artifact store directly: every recorded operation kept, and each
+run's history (params, tags, metrics by step, artifacts, status) digested, to compare with the
+no-fault run's digests in the results file.
+
+    python benchmarks/tracking_load.py --writers 27 81 [--fault none|server|postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+# The table and the bar, not 81 processes' run URLs, download bars and monitor notices
+os.environ.update(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true", MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false",
+                  MLFLOW_LOGGING_LEVEL="WARNING")  # the tests' PostgreSQL and MLflow server, and their sweep predictions
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from perception.contract import DIAGNOSTICS, SAMPLES_PER_S, train_tags, val_auc  # noqa: E402
+from perception.gitinfo import git_sha  # noqa: E402
+from perception.paths import MLFLOW_EXPERIMENT, run_dir, run_name  # noqa: E402
+from perception.tracking import LEDGER, RunLedger, ensure_parent_run, replay_unsent  # noqa: E402
+from perception.train import sysmetrics  # noqa: E402
+from perception.train.compose import composed  # noqa: E402
+from perception.train.config import apply_arm  # noqa: E402
+from perception.train.params import flatten_config  # noqa: E402
+from perception.train.run_record import RunRecord, write_config  # noqa: E402
+from tests.gate.sweep_store import SweepSpec, fold_predictions  # noqa: E402
+from tests.mlflow_server import USERNAME, MlflowServer  # noqa: E402
+from tests.postgres_server import postgres  # noqa: E402
+
+ARMS = ("shared", "per_horizon", "shared_skip")
+FOLDS, REPLICATES = 3, 3
+HORIZONS = [2, 5, 10, 20, 40]  # experiment=ci's
+# Gaussian scores whose AUCs give the gate something to decide: per_horizon ahead at the long horizons
+SPEC = SweepSpec(mu_a=[0.6] * 5, mu_b=[0.6, 0.6, 0.6, 0.7, 0.8], n_windows=1400, replicates=REPLICATES,
+                 extra_arms={"shared_skip": [0.6] * 5})
+RESULTS = REPO / "benchmarks" / "results" / "tracking_load.json"
+
+
+# ---------------------------------------------------------------- one writer (a training's tracking)
+
+
+def cells(study: str) -> list[dict]:
+    """Every (arm, fold, replicate) of a study, with the params and tags its training would log."""
+    out = []
+    for arm in ARMS:
+        for fold in range(FOLDS):
+            for rep in range(REPLICATES):
+                overrides = ["experiment=ci", f"arm={arm}", f"data.fold={fold}", f"replicate={rep}",
+                             f"sweep_id={study}"]
+                cfg = composed(overrides)
+                apply_arm(cfg)
+                cfg.seed = int(cfg.seed) + rep  # as place_of applies the replicate
+                params = flatten_config(cfg)
+                params.update(git_sha=git_sha(), data_hash="tracking-load", sweep_id=study,
+                              experiment=str(cfg.experiment_name))
+                out.append({"study": study, "arm": arm, "fold": fold, "rep": rep, "cfg": cfg,
+                            "overrides": overrides, "params": params})
+    return out
+
+
+def epoch_metrics(cell: dict, epoch: int, epochs: int, preds: dict) -> dict[str, float]:
+    """The keys loop.py logs each epoch, values a deterministic function of the cell and epoch."""
+    from sklearn.metrics import roc_auc_score
+
+    late = 0.01 * (epochs - 1 - epoch)  # earlier epochs a little worse; the last is the predictions' AUC
+    values = {}
+    for j, h in enumerate(HORIZONS):
+        m = preds["mask"][:, j]
+        values[val_auc(h)] = float(roc_auc_score(preds["labels"][m, j], preds["probs"][m, j])) - late
+    values["val_auc_mean"] = float(np.mean(list(values.values())))
+    values.update(train_loss=0.69 - 0.01 * epoch, val_loss=0.69 - 0.005 * epoch)
+    values[SAMPLES_PER_S] = 1000.0 + 10 * ARMS.index(cell["arm"]) + epoch
+    rng = np.random.default_rng([ARMS.index(cell["arm"]), cell["fold"], cell["rep"], epoch])
+    values.update({k: float(v) for k, v in zip(DIAGNOSTICS, rng.random(len(DIAGNOSTICS)))})
+    return values
+
+
+def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: bytes, out: Path) -> None:
+    """One training's tracking, in its own process, as loop.py and run_record.py do it."""
+    place = run_dir(cell["study"], cell["arm"], cell["fold"], home, cell["rep"])
+    place.mkdir(parents=True, exist_ok=True)
+    write_config(place, cell["cfg"], cell["overrides"])
+    ledger = RunLedger(place, uri, MLFLOW_EXPERIMENT)
+    sends: list[float] = []  # seconds per operation sent
+    send = ledger._send
+
+    def timed_send(entry: dict) -> None:
+        t = time.perf_counter()
+        send(entry)
+        sends.append(time.perf_counter() - t)
+
+    ledger._send = timed_send
+    record = RunRecord(ledger, system_metrics=True)
+    stalls: list[float] = []  # seconds each epoch-end flush held the training
+    log = open(place / "train.log", "a")
+    try:
+        tags = train_tags(cell["study"], cell["arm"], cell["fold"], cell["rep"])
+        try:
+            tags["mlflow.parentRunId"] = ensure_parent_run(cell["study"], uri, MLFLOW_EXPERIMENT)
+        except Exception as exc:  # as loop.py: the ledger nests the run once it can
+            log.write(f"no parent run yet: {exc}\n")
+        ledger.record("start", tags=tags, params=cell["params"], run_name=run_name(cell["arm"], cell["fold"], cell["rep"]),
+                      experiment=MLFLOW_EXPERIMENT)
+        ledger.flush(force=True)
+        record.monitoring()
+        preds = fold_predictions(SPEC, cell["fold"], cell["rep"])[cell["arm"]]
+        for epoch in range(args.epochs):
+            end = time.monotonic() + args.epoch_s
+            while time.monotonic() < end:  # the training steps, each followed by loop.py's flush
+                time.sleep(args.step_s)
+                ledger.flush()
+            ledger.record("metrics", step=epoch, values=epoch_metrics(cell, epoch, args.epochs, preds))
+            t = time.perf_counter()
+            ledger.flush(force=True)
+            stalls.append(time.perf_counter() - t)
+            record.monitoring()
+            log.write(f"epoch {epoch + 1}/{args.epochs}\n")
+            log.flush()
+        for rel, payload in (("predictions/val_final.npz", preds), ("diagnostics/attention_by_lag.npz", None),
+                             ("diagnostics/attention_by_lag.png", png)):
+            (place / rel).parent.mkdir(exist_ok=True)
+            if rel.endswith(".png"):
+                (place / rel).write_bytes(payload)
+            elif payload is not None:
+                np.savez(place / rel, **payload)
+            else:
+                np.savez(place / rel, lag_edges=np.array([0, 1, 2, 4, 8, 16, 32]),
+                         mass=np.full((1, 6), 1 / 6, np.float32), query_names=np.asarray(["shared"]))
+            ledger.record("artifact", path=rel, artifact_path=str(Path(rel).parent))
+        log.close()
+        ok = record.end("FINISHED")
+    except BaseException as exc:
+        out.write_text(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}))
+        raise
+    out.write_text(json.dumps({"failed": None, "sends": sends, "stalls": stalls, "all_sent": ok,
+                               "failures": ledger.failures()}))
+
+
+# ---------------------------------------------------------------- the check: what the store kept
+
+
+def stored(pg_dsn: str, artifacts: Path) -> dict[str, dict]:
+    """Per run id, everything PostgreSQL and the artifact store hold, read directly."""
+    import psycopg2
+
+    runs: dict[str, dict] = {}
+    with psycopg2.connect(pg_dsn) as conn, conn.cursor() as cur:
+        cur.execute("SELECT run_uuid, status FROM runs")
+        for rid, status in cur.fetchall():
+            runs[rid] = {"status": status, "params": {}, "tags": {}, "metrics": {}, "system": 0, "artifacts": set()}
+        cur.execute("SELECT run_uuid, key, value FROM params")
+        for rid, k, v in cur.fetchall():
+            runs[rid]["params"][k] = v
+        cur.execute("SELECT run_uuid, key, value FROM tags")
+        for rid, k, v in cur.fetchall():
+            runs[rid]["tags"][k] = v
+        cur.execute("SELECT run_uuid, key, step, value FROM metrics")
+        for rid, k, step, v in cur.fetchall():
+            if k.startswith("system/"):
+                runs[rid]["system"] += 1
+            else:
+                runs[rid]["metrics"].setdefault((k, step), []).append(v)
+    for path in artifacts.rglob("*"):
+        if path.is_file():
+            parts = path.relative_to(artifacts).parts  # <experiment>/<run>/artifacts/<path...>
+            if len(parts) > 3 and parts[1] in runs:
+                runs[parts[1]]["artifacts"].add("/".join(parts[3:]))
+    return runs
+
+
+def check_run(place: Path, store: dict[str, dict]) -> dict:
+    """Operations recorded in the run's ledger and kept in the store; the run's history digest."""
+    ledger = RunLedger(place, "")
+    entries, rid = ledger.entries(), ledger.run_id()
+    got = store.get(rid)
+    kept, lost = 0, []
+    for e in entries:
+        if got is None:
+            lost.append(f"{e['op']} #{e['id']}")
+            continue
+        op = e["op"]
+        if op == "start":
+            ok = all(got["params"].get(k) == str(v) for k, v in e["params"].items()) and all(
+                got["tags"].get(k) == v for k, v in e["tags"].items() if k != "mlflow.parentRunId")
+        elif op == "metrics":
+            ok = all(got["metrics"].get((k, e["step"])) == [float(v)] for k, v in e["values"].items())
+        elif op == "artifact":
+            ok = f"{e['artifact_path']}/{Path(e['path']).name}" in got["artifacts"]
+        elif op == "tags":
+            ok = all(got["tags"].get(k) == str(v) for k, v in e["tags"].items())
+        elif op == "end":
+            ok = got["status"] == e["status"]
+        else:
+            ok = True  # status: superseded by the end
+        kept += ok
+        if not ok:
+            lost.append(f"{op} #{e['id']}")
+    history = None
+    if got is not None:
+        history = {"status": got["status"], "params": got["params"],
+                   "tags": {k: v for k, v in got["tags"].items() if not k.startswith("mlflow.")},
+                   "metrics": sorted((k, s, v) for (k, s), vs in got["metrics"].items() for v in vs),
+                   "artifacts": sorted(got["artifacts"])}
+    digest = hashlib.sha256(json.dumps(history, sort_keys=True).encode()).hexdigest()[:16]
+    return {"recorded": len(entries), "kept": kept, "lost": lost, "digest": digest,
+            "system_points": got["system"] if got else 0,
+            "nested": bool(got and got["tags"].get("mlflow.parentRunId"))}
+
+
+# ---------------------------------------------------------------- one load run
+
+
+class Usage:
+    """CPU seconds and peak resident memory of a process tree, sampled (processes restart under faults)."""
+
+    def __init__(self):
+        self.cpu_s, self.peak_rss, self._last = 0.0, 0, {}
+
+    def sample(self, root_pid) -> None:
+        if root_pid is None:
+            return
+        try:
+            root = psutil.Process(root_pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        rss = 0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total = t.user + t.system
+                self.cpu_s += max(0.0, total - self._last.get(p.pid, 0.0))
+                self._last[p.pid] = total
+                rss += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+
+
+def load_run(n_writers: int, args: argparse.Namespace) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    from perception.gate.inputs import GateRefusal, load_sweep
+    from perception.gate.run import run_gate
+    from perception.sweep.ui import prepare_view
+
+    studies = [f"load{n_writers}-{args.fault}-s{i}" for i in range(max(1, n_writers // len(ARMS) // FOLDS // REPLICATES))]
+    all_cells = [c for s in studies for c in cells(s)][:n_writers]
+    png = (REPO / "benchmarks" / "results" / "gate_oc.png").read_bytes()  # a plot the size of the attention one
+    sysmetrics.SAMPLING_INTERVAL_S = args.system_interval_s  # compressed cadence, read by each writer's monitor
+    with tempfile.TemporaryDirectory(prefix="tracking-load-") as tmp, postgres(durable=True) as pg:
+        tmp = Path(tmp)
+        home = tmp / "home"
+        password = secrets.token_hex(12)
+        server = MlflowServer(tmp / "server", backend_store_uri=pg.uri("mlflow"), auth_database_uri=pg.uri("mlflow_auth"),
+                              password=password, workers=2, auth_cache_s=args.auth_cache_s)
+        server.start()
+        os.environ.update(PERCEPTION_HOME=str(home), MLFLOW_TRACKING_USERNAME=USERNAME, MLFLOW_TRACKING_PASSWORD=password)
+        for s in studies:
+            ensure_parent_run(s, server.uri, MLFLOW_EXPERIMENT)
+        ctx = multiprocessing.get_context("fork")  # imported once; each writer its own process, as pods are
+        outs = [tmp / f"writer-{i}.json" for i in range(len(all_cells))]
+        procs = [ctx.Process(target=write_run, args=(c, home, server.uri, args, png, o)) for c, o in zip(all_cells, outs)]
+        server_use, db_use = Usage(), Usage()
+        started = time.monotonic()
+        for p in procs:
+            p.start()
+        expected_s = args.epochs * args.epoch_s
+        fault_at, fault_done, down = started + args.fault_at * expected_s, args.fault == "none", []
+        total_epochs = len(procs) * args.epochs
+        bar = tqdm(total=total_epochs, desc=f"N={len(procs)} fault={args.fault}", unit="epoch")
+        while any(p.is_alive() for p in procs):
+            server_use.sample(server.pid())
+            db_use.sample(pg.pid())
+            done = sum(1 for c in all_cells for _ in _metrics_lines(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"])))
+            bar.update(done - bar.n)
+            if not fault_done and time.monotonic() >= fault_at:
+                t = time.monotonic()
+                if args.fault == "server":
+                    server.kill()
+                    time.sleep(args.down_s)
+                    server.start()
+                else:
+                    pg.stop(fast=False)
+                    time.sleep(args.down_s)
+                    pg.start()
+                down.append(round(time.monotonic() - t, 2))
+                fault_done = True
+            time.sleep(0.5)
+        bar.close()
+        wall = time.monotonic() - started
+        for p in procs:
+            p.join()
+        writers = [json.loads(o.read_text()) if o.exists() else {"failed": "no result"} for o in outs]
+
+        t = time.monotonic()
+        replayed = sum(replay_unsent(s, home, server.uri) for s in studies)  # `perception-sweep sync`
+        replay_s = time.monotonic() - t
+        store = stored(pg.dsn("mlflow"), tmp / "server" / "artifacts")
+        checks = {f"{c['study'].split('-s')[-1]}/{run_name(c['arm'], c['fold'], c['rep'])}":
+                  check_run(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]), store) for c in all_cells}
+
+        client = MlflowClient(server.uri)
+        t = time.monotonic()
+        try:
+            load_sweep(client, server.uri, MLFLOW_EXPERIMENT, studies[0], optional_arms=["shared_skip"])
+        except GateRefusal:
+            pass  # timed all the same; the decision below says why
+        gate_read_s = time.monotonic() - t
+        decisions, gate_s = [], []
+        for s in studies:
+            t = time.monotonic()
+            outcome = run_gate(s, server.uri, config_name="ci", out_dir=tmp / "gate" / s, progress=False)
+            gate_s.append(time.monotonic() - t)
+            decisions.append(outcome.decision or "refused: " + "; ".join(outcome.reasons)[:300])
+        t = time.monotonic()
+        view = prepare_view(client, MLFLOW_EXPERIMENT, studies[0])
+        shown = client.search_runs([view.experiment_id], filter_string=view.search_filter, max_results=1000)
+        ui_s = time.monotonic() - t
+        server.stop()
+
+    sends = sorted(s for w in writers for s in w.get("sends", []))
+    stalls = sorted(s for w in writers for s in w.get("stalls", []))
+    return {
+        "writers": len(procs), "fault": args.fault, "down_s": down, "wall_s": round(wall, 1),
+        "failed_runs": sum(1 for w in writers if w.get("failed")),
+        "failures": sorted({w["failed"] for w in writers if w.get("failed")})[:5],
+        "send_errors_during_run": sum(len(w.get("failures", [])) for w in writers),
+        "ops_recorded": sum(c["recorded"] for c in checks.values()),
+        "ops_kept": sum(c["kept"] for c in checks.values()),
+        "ops_lost": sum(len(c["lost"]) for c in checks.values()),
+        "lost_examples": [f"{k}: {c['lost'][:3]}" for k, c in checks.items() if c["lost"]][:5],
+        "ops_replayed_after": replayed, "replay_s": round(replay_s, 2),
+        "runs_nested": sum(c["nested"] for c in checks.values()),
+        "system_metric_points": sum(c["system_points"] for c in checks.values()),
+        "ops_sent_timed": len(sends),
+        "send_p50_s": round(_pct(sends, 50), 4), "send_p99_s": round(_pct(sends, 99), 4),
+        "send_max_s": round(sends[-1], 4) if sends else None,
+        "epoch_flush_p99_s": round(_pct(stalls, 99), 4),
+        "server_cpu_cores": round(server_use.cpu_s / wall, 2), "server_peak_rss_mb": server_use.peak_rss // 2**20,
+        "db_cpu_cores": round(db_use.cpu_s / wall, 2), "db_peak_rss_mb": db_use.peak_rss // 2**20,
+        "gate_read_sweep_s": round(gate_read_s, 2), "gate_s": [round(g, 2) for g in gate_s],
+        "decisions": decisions, "ui_runs_view_s": round(ui_s, 2), "ui_runs_shown": len(shown),
+        "digests": {k: c["digest"] for k, c in checks.items()},
+    }
+
+
+def _metrics_lines(place: Path):
+    path = place / LEDGER
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if '"op": "metrics"' in line:
+                yield line
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(xs, q)) if xs else float("nan")
+
+
+# ---------------------------------------------------------------- report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--writers", type=int, nargs="+", default=[27, 81])
+    ap.add_argument("--fault", choices=["none", "server", "postgres"], default="none")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epoch-s", type=float, default=6.0, help="seconds of 'training' per epoch")
+    ap.add_argument("--step-s", type=float, default=0.05, help="seconds per training step (a flush after each)")
+    ap.add_argument("--system-interval-s", type=float, default=1.0, help="system metrics sampling (production: 10)")
+    ap.add_argument("--fault-at", type=float, default=0.4, help="when the fault hits, as a fraction of the epochs' time")
+    ap.add_argument("--down-s", type=float, default=5.0, help="how long the killed server stays down")
+    ap.add_argument("--auth-cache-s", type=int, default=60,
+                    help="the auth app's credential cache, auth_cache_ttl_seconds (the cluster's: 60; 0: none)")
+    ap.add_argument("--label", default="", help="a name for this configuration in the results file")
+    args = ap.parse_args()
+
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    rows = []
+    for n in args.writers:
+        r = load_run(n, args)
+        r["config"] = {k: v for k, v in vars(args).items() if k != "writers"}
+        key = f"N={n} fault={args.fault}" + (f" {args.label}" if args.label else "")
+        baseline = results["runs"].get(f"N={n} fault=none" + (f" {args.label}" if args.label else ""))
+        if args.fault != "none" and baseline:
+            same = [k for k in r["digests"] if r["digests"][k] == baseline["digests"].get(k)]
+            r["histories_equal_no_fault"] = f"{len(same)}/{len(r['digests'])}"
+            r["decisions_equal_no_fault"] = r["decisions"] == baseline["decisions"]
+        results["runs"][key] = r
+        rows.append((key, r))
+    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                          "load_avg_at_end": os.getloadavg(), "shared": "2 cores shared with other work"}
+    RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+    cols = ("writers", "failed_runs", "ops_recorded", "ops_kept", "ops_lost", "ops_replayed_after", "send_p50_s",
+            "send_p99_s", "server_cpu_cores", "server_peak_rss_mb", "db_cpu_cores", "db_peak_rss_mb",
+            "gate_read_sweep_s", "ui_runs_view_s", "wall_s")
+    print("| run | " + " | ".join(cols) + " | decisions |")
+    print("|---" * (len(cols) + 2) + "|")
+    for key, r in rows:
+        print(f"| {key} | " + " | ".join(str(r[c]) for c in cols) + f" | {', '.join(r['decisions'])} |")
+        for extra in ("histories_equal_no_fault", "decisions_equal_no_fault", "lost_examples", "failures", "down_s"):
+            if r.get(extra):
+                print(f"  {extra}: {r[extra]}")
+    print(f"machine: {results['machine']}; written {RESULTS.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
