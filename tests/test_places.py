@@ -80,6 +80,14 @@ def test_a_hydra_directory_under_home_is_accepted_and_a_refused_start_leaves_no_
     assert written(tmp_path) == []
 
 
+@pytest.mark.parametrize("command", [["perception-sweep", "local", "--cpu-workers", "2", "--sweep-id", "s1"],
+                                     ["perception-sweep", "prepare", "--sweep-id", "s1"]], ids=["local", "prepare"])
+def test_a_sweep_refuses_a_bad_value_before_building_or_training_anything(tmp_path, command):
+    r = run(*command, "experiment=ci", "trainer.epochs=-1", cwd=tmp_path, home=tmp_path / "h")
+    assert_refused(r, "trainer.epochs=-1: expected a positive integer")
+    assert written(tmp_path) == []
+
+
 def test_a_config_refused_inside_the_run_leaves_no_run_directory(tmp_path):
     """`arm=…` is applied where the run's place is derived (after Hydra starts); its refusal must not
     leave runs/<sweep>/ behind either."""

@@ -25,11 +25,15 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 
 def compose(overrides: Sequence[str]):
-    """The training config these overrides give, composed up front so a typo fails before any work."""
+    """The training config these overrides give, composed and its values checked up front, so a typo or
+    a refused value (`trainer.epochs=-1`) fails before any work: no cache build, no run directory."""
     from perception.train.compose import composed
+    from perception.train.validate import check_values
 
     try:
-        return composed(overrides)
+        cfg = composed(overrides)
+        check_values(cfg)
+        return cfg
     except ConfigError as exc:
         raise ConfigError(f"overrides {list(overrides)}: {exc}") from None
 

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from perception.enums import enum_value
 from perception.errors import CheckpointError, ConfigError
 from perception.train.config import Config, ResumeMode
 
+if TYPE_CHECKING:
+    import torch
+
 
 def check_config(cfg: Config) -> None:
     """Every check that needs no run directory: run before one is made, so a refused start leaves none."""
-    from perception.data import check_data_config
     from perception.model.checkpoint import read_checkpoint_variant
+
+    check_values(cfg)
+    t = cfg.trainer
+    if t.init_from is not None:
+        path = Path(t.init_from).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"trainer.init_from={t.init_from}: no such checkpoint file")
+        read_checkpoint_variant(path)  # readable V1/V2 checkpoint of either variant
+    resolve_device(t.device)
+
+
+def check_values(cfg: Config) -> None:
+    """The values' own checks, which hold on any machine (no device, no checkpoint file): a sweep runs
+    them once before it starts anything."""
+    from perception.data import check_data_config
 
     check_data_config(cfg.data)
     t = cfg.trainer
@@ -36,12 +51,6 @@ def check_config(cfg: Config) -> None:
     if t.horizon_weights is not None and len(t.horizon_weights) != n_h:
         raise ConfigError(f"trainer.horizon_weights has {len(t.horizon_weights)} values: expected one per "
                           f"horizon of data.horizons={list(cfg.data.horizons)}")
-    if t.init_from is not None:
-        path = Path(t.init_from).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"trainer.init_from={t.init_from}: no such checkpoint file")
-        read_checkpoint_variant(path)  # readable V1/V2 checkpoint of either variant
-    resolve_device(t.device)
 
 
 def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
@@ -68,7 +77,9 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
     return resume_dir
 
 
-def resolve_device(device) -> torch.device:
+def resolve_device(device) -> "torch.device":
+    import torch
+
     name = enum_value(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
