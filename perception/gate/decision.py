@@ -102,6 +102,7 @@ class GateResult:
     training_noise: str  # how training noise enters the evidence, in words
     notes: list[str] = field(default_factory=list)
     multiplicity: str = MULTIPLICITY
+    se_by_horizon: dict[int, float] = field(default_factory=dict)  # se of Δ_h, by the rules' own recipe
 
     @property
     def mde(self) -> dict[str, float]:
@@ -158,6 +159,9 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
         conclude(r, level, cfg.noise_floor)
         r.mde = minimum_detectable(r.se, r.df, cfg.alpha / 2, threshold)
 
+    se_by_horizon = {h: _rule(RuleResult(f"h{h}", "", f"Δ_h{h}", delta[h], [h], [1.0], False, math.nan, math.nan),
+                              inputs, control, treatment, boot, cells, noise, thinned).se for h in horizons}
+
     fired = next((r for r in (rule1, rule2) if r.fired), None)
     reasons = [_rule_line(r) for r in (rule1, rule2)]
     if fired is None:
@@ -186,7 +190,7 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
         control=control, treatment=treatment, decision=decision, rule=fired.name if fired else None, W=W, G=G,
         p=(fired or rule1).p_bootstrap, delta=delta, reasons=reasons, rules=[rule1, rule2], auc=auc,
         per_fold=per_fold, block_len=boot.block_len, throughput=throughput, replicates=len(reps),
-        training_noise=noise_words, notes=notes,
+        training_noise=noise_words, notes=notes, se_by_horizon=se_by_horizon,
     )
 
 

@@ -14,6 +14,7 @@ from perception.atomic import atomic_path, atomic_write_text
 from perception.contract import NOT_MEASURED
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult
+from perception.gate.first_screen import RULE_MEANING, first_screen
 from perception.gate.inputs import SweepInputs
 from perception.gate.report_looks import looks_section
 from perception.gate.study import UNATTRIBUTED, Study
@@ -77,14 +78,14 @@ def lead_lines(result: GateResult, noise_floor: float) -> list[str]:
     words: what a reader needs before any caveat or table."""
     fired = next((r for r in result.rules if r.name == result.rule), None)
     if fired is None:
-        needs = "; ".join(f"{r.name} needs {r.statement}, saw {r.lift_name} = {r.lift:+.4f}" for r in result.rules)
+        needs = "; ".join(f"{_named(r)} needs {r.statement}, saw {r.lift_name} = {r.lift:+.4f}" for r in result.rules)
         return [f"**Rule:** none fired ({needs}), so the control is kept.", "",
                 "**Evidence:** none is needed to keep the control; the power line under Caveats says how large a "
                 "lift this sweep could have missed.", ""]
     others = [r for r in result.rules if r is not fired]
-    order = "".join(f"; {r.name} {'also holds, but ' + fired.name + ' decides' if r.fired else 'did not fire'}"
+    order = "".join(f"; {_named(r)} {'also holds, but ' + fired.name + ' decides' if r.fired else 'did not fire'}"
                     f" ({r.lift_name} = {r.lift:+.4f})" for r in others)
-    rule = (f"**Rule:** {fired.name} fired ({fired.statement}) on {', '.join(f'h{h}' for h in fired.horizons)}: "
+    rule = (f"**Rule:** {_named(fired)} fired ({fired.statement}) on {', '.join(f'h{h}' for h in fired.horizons)}: "
             f"{fired.lift_name} = {fired.lift:+.4f}{order}.")
     test = (f"p = {fired.p_bootstrap:.4g} {'<' if fired.evidence_test else '>='} its Holm level {fired.level:g}"
             if math.isfinite(fired.p_bootstrap) else "no p")
@@ -93,13 +94,20 @@ def lead_lines(result: GateResult, noise_floor: float) -> list[str]:
     if fired.evidence_test and fired.evidence_floor:
         evidence = f"**Carried by the test and the noise floor:** {test}; {floor}."
     elif fired.evidence_test:
-        evidence = f"**Carried by the test:** {test} (the noise floor was not needed: {floor})."
+        evidence = (f"**Carried by the test:** {test}, enough on its own (the noise floor, the other route to "
+                    f"evidence, would take a lower bound of {noise_floor:g} or more; it is "
+                    f"{fired.lower_bound:+.4f}).")
     elif fired.evidence_floor:
-        evidence = f"**Carried by the noise floor:** {floor} (the test: {test})."
+        evidence = f"**Carried by the noise floor:** {floor}, enough on its own (the test: {test})."
     else:
         evidence = (f"**Not carried:** neither the test ({test}) nor the noise floor ({floor}) gives evidence, "
                     f"so the lift may be noise: `{result.decision}`.")
     return [rule, "", evidence, ""]
+
+
+def _named(rule) -> str:
+    """`rule 1 (lift at the deployment horizons)`: the rule's number and what it means."""
+    return f"{rule.name} ({RULE_MEANING[rule.name]})" if rule.name in RULE_MEANING else rule.name
 
 
 def _caveats(s: dict, study: Study) -> list[str]:
@@ -139,9 +147,9 @@ def write_report(out_dir: Path, summary: dict, inputs: Optional[SweepInputs] = N
 
 
 def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) -> str:
-    lines = [f"# Decision gate: sweep `{s['sweep_id']}`", ""]
+    lines = [f"# Decision gate: sweep `{s['sweep_id']}`", ""] + first_screen(s, study, inputs)
     if s["refused"]:
-        lines += ["**Refused**: the runs cannot be compared. What is wrong:", ""]
+        lines += ["## What is wrong", ""]
         lines += [f"- {r}" for r in s["reasons"]]
         lines += _notes(s["notes"])
         return "\n".join(lines) + "\n"
@@ -149,7 +157,8 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
     result = study.main
     a, b = result.control, result.treatment
     label = {a: f"A {a}", b: f"B {b}"}
-    lines += [f"**Decision: `{s['decision']}`**" + (f" (by {s['rule']})" if s["rule"] else "")
+    lines += ["## The decision in numbers", "",
+              f"**Decision: `{s['decision']}`**" + (f" (by {s['rule']})" if s["rule"] else "")
               + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
               + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
               ""] + lead_lines(result, s["config"]["noise_floor"])

@@ -28,6 +28,10 @@ NO_SIGNAL_RATIO = 1e-6
 # over a window below which they did not specialise: random queries over LayerNorm'd states measure
 # about 1e-3 (near-uniform attention); queries that look at different events measure 0.05 and more.
 MIN_DIVERGENCE = 0.01
+# Attention entropy over the window's positions, as a fraction of the uniform's (1 = uniform): a pool
+# query without learning signal measured 0.96-0.98, learned queries 0.39-0.90
+# (benchmarks/results/per_horizon_effect.md); at or above this the queries stayed near uniform.
+NEAR_UNIFORM = 0.95
 TRUNK_GROUPS = ("grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc")
 PLAN_TAG = "gate_plan"  # the parent run's pre-registered gate plan (JSON), written when a sweep starts
 UNATTRIBUTED = "the lift cannot be attributed to per-horizon queries"  # a reason the report leads with
@@ -105,6 +109,10 @@ def _flags(study: Study, control: str, treatment: str) -> list[str]:
     if treatment == ATTRIBUTION.treatment and t.get("query_divergence") is not None and t["query_divergence"] < MIN_DIVERGENCE:
         flags.append(f"the treatment's queries did not specialise (query divergence {t['query_divergence']:.3g} "
                      f"< {MIN_DIVERGENCE:g})")
+    if treatment == ATTRIBUTION.treatment and t.get("attention_entropy_ratio") is not None \
+            and t["attention_entropy_ratio"] >= NEAR_UNIFORM:
+        flags.append(f"the treatment's queries stayed near uniform over the window (attention entropy "
+                     f"{t['attention_entropy_ratio']:.3g} of the uniform's, >= {NEAR_UNIFORM:g})")
     return flags
 
 

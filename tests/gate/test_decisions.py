@@ -95,13 +95,14 @@ def test_ship_by_rule_1_on_the_test_when_the_lift_is_under_the_floor(gate_store,
     assert 0.01 <= outcome.summary["W"] < 0.024 and not r1["evidence_floor"]
     assert r1["p_bootstrap"] < r1["level"] == 0.025 and r1["evidence_test"]  # Holm: the other rule has no evidence
     assert outcome.decision == "ship_per_horizon"
-    # the report leads with the decision, the rule and the evidence that carried it, then the caveats
+    # after the first screen: the decision, the rule and the evidence that carried it, then the caveats
     lines = (tmp_path / "report" / "report.md").read_text().splitlines()
-    assert lines[2].startswith("**Decision: `ship_per_horizon`**")
-    assert lines[4].startswith("**Rule:** rule 1 fired (W >= min_lift (0.01)) on h40")
-    assert lines[6].startswith(f"**Carried by the test:** p = {r1['p_bootstrap']:.4g} < its Holm level 0.025")
-    assert "the noise floor was not needed" in lines[6]
-    assert lines.index("## Caveats") == 8 < lines.index("## Why")
+    top = lines.index("## The decision in numbers")
+    assert lines[top + 2].startswith("**Decision: `ship_per_horizon`**")
+    assert lines[top + 4].startswith("**Rule:** rule 1 (lift at the deployment horizons) fired (W >= min_lift (0.01)) on h40")
+    assert lines[top + 6].startswith(f"**Carried by the test:** p = {r1['p_bootstrap']:.4g} < its Holm level 0.025, "
+                                     f"enough on its own")
+    assert lines.index("## Caveats") == top + 8 < lines.index("## Why")
 
 
 def test_ship_by_rule_2_a_shift_toward_short_horizons(gate_store, tmp_path):
@@ -127,8 +128,10 @@ def test_keep_shared_when_per_horizon_is_worse(gate_store, tmp_path):
     assert outcome.summary["W"] < 0 and outcome.summary["G"] < 0
     assert (outcome.decision, outcome.exit_code) == ("keep_shared", 0)
     lines = (tmp_path / "report" / "report.md").read_text().splitlines()
-    assert lines[4].startswith("**Rule:** none fired (rule 1 needs W >= min_lift (0.01), saw W = ")
-    assert lines[6].startswith("**Evidence:** none is needed to keep the control")
+    top = lines.index("## The decision in numbers")
+    assert lines[top + 4].startswith("**Rule:** none fired (rule 1 (lift at the deployment horizons) needs "
+                                     "W >= min_lift (0.01), saw W = ")
+    assert lines[top + 6].startswith("**Evidence:** none is needed to keep the control")
     assert (tmp_path / "decision").read_text().strip() == "keep_shared"
 
 
@@ -141,7 +144,8 @@ def test_inconclusive_when_the_rule_fires_without_evidence(gate_store, tmp_path)
     assert r1["fired"] and not r1["evidence_floor"] and r1["p_bootstrap"] >= 0.05
     assert outcome.decision == "inconclusive"
     assert any(r.startswith("no evidence for rule 1") for r in outcome.reasons)
-    lead = (tmp_path / "report" / "report.md").read_text().splitlines()[6]
+    lines = (tmp_path / "report" / "report.md").read_text().splitlines()
+    lead = lines[lines.index("## The decision in numbers") + 6]
     assert lead.startswith(f"**Not carried:** neither the test (p = {r1['p_bootstrap']:.4g} >= its Holm level")
 
 
