@@ -35,7 +35,7 @@ FIXED, SEQUENTIAL = "fixed", "sequential"
 DESIGNS = (FIXED, SEQUENTIAL)
 DEFAULT_MAX_REPLICATES = 3
 SPENDING_RHO = 3.0  # f(t) = t^ρ: little α at look 1, whose 2-df evidence could rarely use it
-FUTILITY_P = 0.3  # stop as keep before the last look when both rules' p exceed this (set by simulation)
+FUTILITY_P = 0.25  # stop as keep before the last look when both rules' p exceed this (set on simulated worlds)
 SPENDING = "Bonferroni alpha-spending over looks, power family t^{rho}, inside holm(rule 1, rule 2)"
 
 CONTINUE, SHIP, KEEP, INCONCLUSIVE = "continue", "ship", "keep", "inconclusive"

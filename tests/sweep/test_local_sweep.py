@@ -138,3 +138,34 @@ def test_three_arm_sweep_trains_nine_runs_and_reports_the_attribution(perception
         assert report["context_path"]["treatment"] == "shared_skip"
         assert report["plan"]["arms"] == ["shared", "per_horizon", "shared_skip"] and not report["exploratory"]
         assert "## Attribution" in (perception_home / "gate" / sweep_id / "report.md").read_text()
+
+
+@pytest.mark.slow(seconds=330)
+def test_a_sequential_sweep_prints_each_look_and_runs_to_a_decision(perception_home, mlflow_server):
+    sweep_id = f"seq-{uuid.uuid4().hex[:8]}"
+    head = git_head()
+    r = sweep_cli("local", "--sweep-id", sweep_id, "--design", "sequential", "--max-replicates", "2", *CI,
+                  f"tracking.uri={mlflow_server}", timeout=900)
+    assert_decided(r, head)
+    if git_head() != head:
+        return
+    looks = re.findall(r"^look (\d)/2: W [+-][\d.]+, G [+-][\d.]+, .* -> (\S+)", r.stderr, re.M)
+    assert looks and looks[0][0] == "1", r.stderr[-3000:]
+    assert [d for _, d in looks[:-1]] == ["continue"] * (len(looks) - 1) and looks[-1][1] != "continue"
+    assert len(train_runs(mlflow_server, sweep_id)) == 6 * len(looks)  # a wave only after a look said continue
+    c = MlflowClient(mlflow_server)
+    exp = c.get_experiment_by_name("perception-ab")
+    gates = c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'gate'")
+    assert sorted(g.data.tags["look"] for g in gates) == [str(k) for k in range(1, len(looks) + 1)]
+    parent = c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'sweep'")[0]
+    assert parent.data.tags["decision"] == looks[-1][1] and parent.info.status == "FINISHED"
+    plan = json.loads(parent.data.tags["gate_plan"])
+    assert plan["design"] == "sequential" and plan["max_replicates"] == 2
+
+
+def test_each_design_refuses_the_other_designs_replicates_flag(perception_home):
+    r = sweep_cli("local", "--design", "sequential", "--replicates", "2", "experiment=ci", timeout=120)
+    assert r.returncode == 2 and "--design sequential takes --max-replicates" in r.stderr, r.stderr
+    r = sweep_cli("local", "--max-replicates", "2", "experiment=ci", timeout=120)
+    assert r.returncode == 2 and "--max-replicates 2 needs --design sequential" in r.stderr, r.stderr
+    assert not (perception_home / "runs").exists()
