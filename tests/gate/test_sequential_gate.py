@@ -33,7 +33,7 @@ def log_wave(client, sweep_id: str, parent: str, spec: SweepSpec, rep: int) -> N
 
 def test_a_null_study_goes_on_then_stops_and_its_parent_closes_only_then(gate_store, tmp_path):
     uri, client = gate_store
-    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=11)
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=13)  # a null whose looks 1 and 2 cross nothing
     parent = start_sweep(client, "seq-null", 3)
     looks = []
     for rep in range(3):
@@ -53,8 +53,9 @@ def test_a_null_study_goes_on_then_stops_and_its_parent_closes_only_then(gate_st
         assert line["next_wave"]["replicate"] == rep + 1 and line["next_wave"]["trainings"] == 6
         still = client.get_run(parent)
         assert still.info.status == "RUNNING" and "decision" not in still.data.tags
+    assert [o.decision for o in looks] == ["continue", "continue", "keep_shared"]
     last = looks[-1]
-    assert last.decision in ("keep_shared", "inconclusive")  # no effect: never a ship here
+    assert "look 3 (the last): no rule fired" in last.summary["why_stopped"]
     assert last.summary["stopped_at"] == len(looks)
     ended = client.get_run(parent)
     assert ended.info.status == "FINISHED" and ended.data.tags["decision"] == last.decision
