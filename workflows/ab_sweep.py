@@ -256,7 +256,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
             # CPU limit sets the cgroup quota that data.workers follows (4 reader threads).
             Resources(cpu_request=4 if not smoke else 2, cpu_limit=4 if not smoke else 2,
                       memory_request="3Gi" if not smoke else "2Gi", memory_limit="6Gi"),
-            volumes=_volumes(runs=False),
+            volumes=_volumes(),  # runs too: the sweep's lock (runs/<sweep-id>/sweep.lock) is shared there
             outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
                      for name in ("parent-run-id", "runs", "control", "treatment", "gate-config")],
         )
