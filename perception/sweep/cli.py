@@ -21,6 +21,7 @@
 Exit codes: 0 success, 1 failed work (a training failed, the gate refused, the server said no),
 2 usage or config error, or the sweep is in use by another `local` or `prepare` (its holder named),
 130 interrupted (Ctrl-C), 143 terminated (SIGTERM): running trainings end KILLED first.
+`validate`: 1 when a file does not validate.
 `submit --wait` and `status` answer with the gate's decision instead: 0 a decision, 3 refused, 1 the
 workflow ended without a decision, 124 `--wait` timed out (`status` of a workflow still running: 0).
 """
