@@ -45,6 +45,7 @@ class Facts:
     inputs: SweepInputs
     cfg: dict  # report.json's "config"
     experiment: Optional[str]  # the runs' `experiment` param
+    summary: dict = field(default_factory=dict)  # report.json: a sequential study's looks among it
 
     @property
     def main(self) -> GateResult:
@@ -66,8 +67,7 @@ def first_screen(summary: dict, study: Optional[Study] = None, inputs: Optional[
     if summary["refused"]:
         return _refused(summary).lines()
     assert study is not None and inputs is not None
-    facts = Facts(summary["sweep_id"], study, inputs, summary["config"],
-                  inputs.params.get("experiment"))
+    facts = Facts(summary["sweep_id"], study, inputs, summary["config"], inputs.params.get("experiment"), summary)
     screen = WRITERS[decision_kind(summary["decision"])](facts)
     screen.look_at = look_at(facts) + screen.look_at
     return screen.lines()
@@ -264,7 +264,31 @@ def _refused(summary: dict) -> Screen:
         f"{summary['sweep_id']}`."])
 
 
-WRITERS: dict[str, Callable[[Facts], Screen]] = {"ship": _ship, "keep": _keep, "inconclusive": _inconclusive}
+def _continue(f: Facts) -> Screen:
+    """A look of a sequential study that crossed no boundary: the study trains another wave."""
+    m, s_ = f.main, f.summary
+    row = next((r for r in s_.get("looks", []) if r.get("look") == s_.get("look")), {})
+    lift = row.get("lift") or "W"
+    rule = f.rule("rule 1" if lift == "W" else "rule 2")
+    low, high = (row.get("repeated_ci") or [None, None])[:2]
+    ci = ("" if low is None or high is None else
+          f", repeated interval [{points(low)}, {points(high)}] (it holds at every look at once)")
+    definition = w_definition(f) if lift == "W" else g_definition(f)
+    wave = s_.get("next_wave") or {}
+    p_key = "p_W" if lift == "W" else "p_G"
+    return Screen([
+        f"**Continue**: at look {s_.get('look')} of {s_.get('max_looks')} `{m.treatment}` against `{m.control}` "
+        f"crossed no boundary, so nothing is decided yet.",
+        f"So far {definition}, is {points(rule.lift)} AUC points{ci}.",
+        "The evidence is not yet enough either way: "
+        + (f"p = {row[p_key]:.3g} against this look's share of α, {row['efficacy_alpha']:.3g}."
+           if row.get(p_key) is not None and row.get("efficacy_alpha") is not None else "no boundary was crossed."),
+        f"Next: the next wave, replicate {wave.get('replicate')} ({wave.get('trainings')} trainings), then the gate "
+        f"looks again; `{sweep_command(f)}` continues an interrupted sweep."])
+
+
+WRITERS: dict[str, Callable[[Facts], Screen]] = {"ship": _ship, "keep": _keep, "inconclusive": _inconclusive,
+                                                 "continue": _continue}
 
 
 # ---------------------------------------------------------------- what to look at before acting

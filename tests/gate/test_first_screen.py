@@ -10,6 +10,7 @@ from pathlib import Path
 from perception.gate.first_screen import decision_kind
 from perception.gate.run import run_gate
 from tests.gate.sweep_store import SweepSpec, build_sweep
+from tests.gate.test_sequential_gate import log_wave, start_sweep
 
 BASE = [0.6] * 5
 
@@ -117,6 +118,23 @@ def test_a_fold_below_half_auc_is_flagged_with_what_it_can_mean(gate_store, tmp_
     assert not any(x.startswith("AUC below 0.5 at h2") for x in look)
 
 
+def test_a_sequential_look_that_goes_on_says_so_with_its_repeated_interval(gate_store, tmp_path):
+    uri, client = gate_store
+    parent = start_sweep(client, "fs-look", 3)
+    log_wave(client, "fs-look", parent, SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=11), 0)
+    outcome = run_gate("fs-look", tracking_uri=uri, config_name="ci", out_dir=tmp_path, progress=False)
+    assert outcome.decision == "continue"
+    s = (tmp_path / "report.md").read_text().splitlines()[2:6]
+    row = outcome.summary["looks"][-1]
+    assert s[0] == ("**Continue**: at look 1 of 3 `per_horizon` against `shared` crossed no boundary, so nothing is "
+                    "decided yet.")
+    low, high = row["repeated_ci"][:2]
+    assert s[1].startswith({"W": "So far W, the validation-AUC lift B − A (per_horizon − shared) at h40",
+                            "G": "So far G, the mean lift at the shift horizons h2 and h5"}[row["lift"]])
+    assert s[1].endswith(f"repeated interval [{100 * low:+.1f}, {100 * high:+.1f}] (it holds at every look at once).")
+    assert s[3].startswith("Next: the next wave, replicate 1 (6 trainings), then the gate looks again")
+
+
 def test_decision_kinds():
-    assert [decision_kind(d) for d in ("ship_per_horizon", "keep_shared_skip", "inconclusive", None)] == [
-        "ship", "keep", "inconclusive", "refused"]
+    assert [decision_kind(d) for d in ("ship_per_horizon", "keep_shared_skip", "inconclusive", "continue", None)] == [
+        "ship", "keep", "inconclusive", "continue", "refused"]
