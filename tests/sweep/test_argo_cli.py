@@ -238,6 +238,8 @@ def test_redaction_covers_the_forms_a_body_echoes_credentials_in():
 # ---- dry run and validate: no server, no token, no test extra -----------------------------------
 
 def test_dry_run_renders_validates_and_prints_the_body_without_a_server_or_token():
+    r = sweep("submit", "--dry-run", env={"ARGO_SERVER": "argo.example:2746"}, token=None)  # nothing listens there
+    assert r.returncode == 0 and json.loads(r.stdout)["workflow"]["metadata"]["generateName"] == "ab-sweep-", r.stderr
     r = sweep("submit", "--dry-run", "--sweep-id", "sweep-a1", "-p", "tag=v1.2.0",
               env={"ARGO_SERVER": "argo.example:2746"}, token=None)
     assert r.returncode == 0, r.stderr
