@@ -111,6 +111,18 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
     return run.info.run_id
 
 
+def parent_run_tags(sweep_id: str, tracking_uri: Optional[str] = None,
+                    experiment: str = DEFAULT_EXPERIMENT) -> dict[str, str]:
+    """The tags of the sweep's parent run, {} while it has none; creates and changes nothing."""
+    c = client(resolve_tracking_uri(tracking_uri))
+    exp = c.get_experiment_by_name(experiment)
+    if exp is None:
+        return {}
+    found = c.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
+                          filter_string=f"tags.{SWEEP_ID} = '{sweep_id}' and tags.{ROLE} = '{ROLE_SWEEP}'")
+    return dict(found[0].data.tags) if found else {}
+
+
 def settle_parent(c, run_id: str) -> Optional[str]:
     """Sets the parent of training run `run_id` to what its trainings say: RUNNING while any of them
     runs, else FAILED if any failed, KILLED if any was killed, FINISHED otherwise; returns that status

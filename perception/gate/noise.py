@@ -1,8 +1,8 @@
 """Training noise measured by A/A sweeps and shipped with the package (perception/gate/noise/*.json).
 
 With one replicate a sweep cannot see its own training noise: two fixed trained models are all the
-block bootstrap resamples. When a sweep's runs match an A/A measurement (same experiment, epochs and
-data scale), the gate adds that measured per-cell variance of the lift to the evidence and names the
+block bootstrap resamples. When a sweep's runs match an A/A measurement (same experiment, epochs,
+data scale and precision), the gate adds that measured per-cell variance of the lift to the evidence and names the
 file; otherwise the report says plainly that training noise is not covered.
 
 A file: {"match": {param: value, ...}, "horizons": [...], "arms": {arm: {"cov": (H, H), "n_cells": n}},
@@ -21,9 +21,12 @@ from typing import Optional
 
 import numpy as np
 
+from perception.contract import param
+
 # Params that set the size of training noise: an A/A measurement applies only where they all agree.
+# The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32).
 MATCH_KEYS = ("experiment", "trainer.epochs", "data.window", "data.window_stride", "data.horizons",
-              "data.n_snapshots", "model.d_model", "trainer.max_train_batches")
+              "data.n_snapshots", "model.d_model", "trainer.max_train_batches", "trainer.precision")
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ def matching_noise(params: dict[str, str], horizons: list[int], folder: Optional
         doc = json.loads(path.read_text())
         if doc.get("horizons") != horizons:
             continue
-        if all(str(params.get(k)) == str(v) for k, v in doc["match"].items()):
+        if all(str(param(params, k)) == str(v) for k, v in doc["match"].items()):
             covs = {arm: np.asarray(m["cov"], dtype=np.float64) for arm, m in doc["arms"].items()}
             return TrainingNoise(str(path), horizons, covs, {arm: int(m["n_cells"]) for arm, m in doc["arms"].items()})
     return None

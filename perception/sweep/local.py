@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from perception.locks import RUN_LOCK, read_holder, sweep_lock
@@ -25,8 +26,10 @@ from perception.gate.sequential import CONTINUE
 from perception.sweep.design import Design, RunSpec, plan_tags, study_runs
 from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
 from perception.sweep.overrides import check_overrides, compose, experiment_of, gate_config_for
+from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
 from perception.sweep.prepare import build_features, command
 from perception.sweep.trainers import Trainers
+from perception.tracking import parent_run_tags
 
 
 @dataclass
@@ -113,8 +116,13 @@ def run_local_sweep(
     lanes = gpus or ([CPU_LANE] * cpu_workers if cpu_workers > 1 else [])  # no lanes: one run at a time
 
     trainers = Trainers()
-    with _sweep_lock_and_parent(sweep_id, home, uri, cfg.tracking.experiment, plan_tags(design, gate_config),
-                                say) as parent:
+    precision = str(enum_value(cfg.trainer.precision))
+    started = parent_run_tags(sweep_id, uri, cfg.tracking.experiment).get(PRECISION_TAG)
+    overrides, note = pin_precision(sweep_id, started, precision, overrides)  # refused before anything is touched
+    if note:
+        say(note)
+    first_tags = {**plan_tags(design, gate_config), PRECISION_TAG: started or precision}
+    with _sweep_lock_and_parent(sweep_id, home, uri, cfg.tracking.experiment, first_tags, say) as parent:
         where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
                  f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
         waves = (f" in waves of {len(runs) // design.replicates}, the gate after each (sequential design)"
