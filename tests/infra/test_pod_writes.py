@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,19 @@ def test_prepare_a_training_and_the_gate_write_only_where_their_pods_can(tmp_pat
     # each scratch volume is needed: something is written under each
     for pod_root in roots:
         assert any(p == pod_root or p.startswith(pod_root + "/") for p in prepared + trained + gated), pod_root
+
+
+def test_the_thread_variables_the_pods_set_size_torch_and_inductor():
+    """The variables each container takes from its CPU limit are the ones torch's intra-op pool and
+    Inductor's compile workers read (1 here: below any machine's core count, so not a default)."""
+    wf = load_workflow(WORKFLOWS / "ab_sweep.yaml")
+    (train,) = [t for t in wf["spec"]["templates"] if t["name"] == "train"]
+    from_limit = {e["name"] for e in train["container"]["env"]
+                  if e.get("valueFrom", {}).get("resourceFieldRef", {}).get("resource") == "limits.cpu"}
+    assert from_limit == {"OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"}
+    env = {**os.environ, **{name: "1" for name in from_limit}}
+    r = subprocess.run([sys.executable, "-c", "import torch, torch._inductor.config as c; "
+                        "print(torch.get_num_threads(), c.compile_threads)"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "1"]
