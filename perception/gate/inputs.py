@@ -79,6 +79,7 @@ class ArmRun:
     diagnostics: dict[str, float]  # final-epoch value of each logged DIAGNOSTICS metric
     params: dict[str, str] = field(default_factory=dict)
     gpu_utilization: Optional[float] = None  # median of MLflow's system/gpu_0_utilization_percentage (%)
+    gpu_samples: int = 0  # how many samples that median is of
 
 
 @dataclass
@@ -168,9 +169,10 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
             if final_auc is not None and preds is not None:
                 _check_logged_auc(final_auc, preds, horizons, where, reasons)
                 diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
+                gpu = _finite_history(client, run, GPU_UTILIZATION)
                 arm_runs[(arm, fold, rep)] = ArmRun(
                     run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, SAMPLES_PER_S), preds,
-                    attention, diagnostics, dict(run.data.params), _median_metric(client, run, GPU_UTILIZATION))
+                    attention, diagnostics, dict(run.data.params), _median(gpu), len(gpu))
     for fold in range(n_folds):
         fold_runs = [r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2]))
                      if f == fold]
@@ -359,9 +361,16 @@ def _check_logged_auc(final_auc: np.ndarray, preds: Predictions, horizons: list[
                            f"the metric and the predictions are not of one evaluation")
 
 
-def _median_metric(client: MlflowClient, run: Run, key: str) -> Optional[float]:
-    values = [m.value for m in client.get_metric_history(run.info.run_id, key) if math.isfinite(m.value)]
+def _finite_history(client: MlflowClient, run: Run, key: str) -> list[float]:
+    return [m.value for m in client.get_metric_history(run.info.run_id, key) if math.isfinite(m.value)]
+
+
+def _median(values: list[float]) -> Optional[float]:
     return float(np.median(values)) if values else None
+
+
+def _median_metric(client: MlflowClient, run: Run, key: str) -> Optional[float]:
+    return _median(_finite_history(client, run, key))
 
 
 def _download(client: MlflowClient, run: Run, path: str, tmp: Path) -> Optional[Path]:

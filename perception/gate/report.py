@@ -20,12 +20,25 @@ from perception.gate.report_looks import looks_section
 from perception.gate.study import UNATTRIBUTED, Study
 
 
+MIN_GPU_SAMPLES = 10  # a run's median of fewer says more about its start than its training
+
+
+def _gpu_cell(runs: list) -> str:
+    """The median over runs of each run's median utilisation, from the runs with enough samples."""
+    enough = [r.gpu_utilization for r in runs if r.gpu_samples >= MIN_GPU_SAMPLES]
+    if enough:
+        return _num(float(np.median(enough)), ".0f")
+    if runs:
+        return f"too few samples (at most {max(r.gpu_samples for r in runs)} a run, {MIN_GPU_SAMPLES} needed)"
+    return "–"
+
+
 def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
     """Every number behind the decision, JSON-safe (NaN -> null)."""
     result = study.main
     runs = {f"{a}/f{f}" + (f"/r{r}" if r else ""): {
         "run_id": x.run_id, "final_auc": dict(zip(map(str, inputs.horizons), x.final_auc)),
-        "samples_per_s": x.samples_per_s, "gpu_utilization": x.gpu_utilization,
+        "samples_per_s": x.samples_per_s, "gpu_utilization": x.gpu_utilization, "gpu_samples": x.gpu_samples,
         "n_windows": len(x.predictions.index), "diagnostics": x.diagnostics}
         for (a, f, r), x in sorted(inputs.runs.items())}
     return _clean({
@@ -222,11 +235,10 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
     lines += ["## Training throughput (samples/s, median over epochs, mean over runs)", "",
               f"| | {label[a]} | {label[b]} | B / A |", "|---|---|---|---|",
               f"| samples/s | {_num(t[a], '.1f')} | {_num(t[b], '.1f')} | {_num(t['ratio'], '.3f')} |"]
-    gpu = {v: [r.gpu_utilization for r in inputs.arm_runs(v) if r.gpu_utilization is not None] for v in (a, b)}
-    if any(gpu.values()):  # on a GPU: is the slower arm starved, or just doing more work?
-        med = {v: float(np.median(x)) if x else None for v, x in gpu.items()}
-        lines.append(f"| GPU utilisation % (median of system metrics, median over runs) | {_num(med[a], '.0f')} "
-                     f"| {_num(med[b], '.0f')} | |")
+    sampled = {v: [r for r in inputs.arm_runs(v) if r.gpu_utilization is not None] for v in (a, b)}
+    if any(sampled.values()):  # on a GPU: is the slower arm starved, or just doing more work?
+        lines.append(f"| GPU utilisation % (median of system metrics, median over runs) | {_gpu_cell(sampled[a])} "
+                     f"| {_gpu_cell(sampled[b])} | |")
     lines.append("")
 
     lines += ["## Attention by lag (mean mass per query over lag buckets, mean over runs)", ""]

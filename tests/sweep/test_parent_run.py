@@ -1,7 +1,7 @@
 """The gate ends the sweep's parent run with the outcome, so the list of sweeps in the MLflow UI
 shows it: FINISHED with the decision, or FAILED when it refused; gate_W, gate_p and the workflow's
 page on it. A sweep continued later is RUNNING again. The report shows the arms' GPU utilisation
-where the runs logged it."""
+where the runs logged enough samples of it, and says so where they did not."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server
         assert client.get_run(parents[sweep_id]).info.status == "RUNNING"
     assert decided and refused
     for (variant, fold), run_id in decided.items():  # as MLflow's system metrics would log them
-        util = [40.0, 50.0, 60.0] if variant == "shared" else [80.0, 90.0, 95.0]
+        # per_horizon: 12 samples a run; shared: 3, too few for a median that says anything
+        util = [0.0, 50.0, 60.0] if variant == "shared" else [0.0, 80.0, 90.0, 95.0] * 3
         client.log_batch(run_id, metrics=[Metric("system/gpu_0_utilization_percentage", u, 0, i)
                                           for i, u in enumerate(util)])
 
@@ -51,10 +52,11 @@ def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server
     assert run.data.tags["decision"] == "ship_per_horizon" and run.data.tags["workflow_url"] == URL
     assert run.data.metrics["gate_W"] > 0.024 and 0 <= run.data.metrics["gate_p"] < 0.05
     report = perception_home / "gate" / "parent-ship"
-    assert "| GPU utilisation % (median of system metrics, median over runs) | 50 | 90 | |" in \
-        (report / "report.md").read_text()
+    assert ("| GPU utilisation % (median of system metrics, median over runs) | too few samples (at most 3 a run, "
+            "10 needed) | 85 | |") in (report / "report.md").read_text()
     runs = json.loads((report / "report.json").read_text())["runs"]
-    assert runs["shared/f0"]["gpu_utilization"] == 50.0
+    assert runs["shared/f0"]["gpu_utilization"] == 50.0 and runs["shared/f0"]["gpu_samples"] == 3
+    assert runs["per_horizon/f0"]["gpu_utilization"] == 85.0 and runs["per_horizon/f0"]["gpu_samples"] == 12
 
     r = gate("--sweep-id", "parent-refused", "--tracking-uri", mlflow_server, "--config", "ci",
              "--workflow-url", URL, home=perception_home)
