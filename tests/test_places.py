@@ -60,7 +60,7 @@ def test_a_multirun_with_one_bad_sweep_id_starts_no_job(tmp_path):
 
 
 @pytest.mark.parametrize("override", ["hydra.run.dir={out}", "hydra.sweep.dir={out}",
-                                      "hydra.output_subdir=../../../../o"])
+                                      "hydra.output_subdir=../../../../o", "hydra.sweep.subdir=../../../../o"])
 def test_hydra_s_output_directory_stays_under_perception_home(tmp_path, override):
     home = tmp_path / "h"
     multirun = ["-m"] if "sweep" in override else []

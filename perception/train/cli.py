@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import exit_code, raise_on_sigterm
@@ -88,10 +88,15 @@ def check_places(overrides: list[str]) -> None:
     except Exception as exc:
         raise ConfigError(config_error_message(exc)) from None
     home = perception_home()
+    with open_dict(hydra):
+        hydra.job.num = 0  # a multirun job's number, which the job's subdir names by default
+    jobs = [Path(hydra.run.dir), Path(hydra.sweep.dir) / str(hydra.sweep.subdir)]
     for key, place in (("hydra.run.dir", hydra.run.dir), ("hydra.sweep.dir", hydra.sweep.dir)):
         inside(Path(place), home, f"{key}={place}")
-        if hydra.output_subdir is not None:
-            inside(Path(place) / hydra.output_subdir, home, f"hydra.output_subdir={hydra.output_subdir} in {key}")
+    inside(jobs[1], home, f"hydra.sweep.subdir={hydra.sweep.subdir} in hydra.sweep.dir")
+    if hydra.output_subdir is not None:
+        for job in jobs:
+            inside(job / hydra.output_subdir, home, f"hydra.output_subdir={hydra.output_subdir} in {job}")
 
 
 def main() -> None:
