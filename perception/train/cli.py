@@ -45,9 +45,10 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def _precheck(args: list[str]) -> None:
-    """Before Hydra starts a run (and makes its output directory): unknown keys and options, the sweep ids (every value of a
-    multirun's), Hydra's output directories, then composition and the config's checks (one run only;
-    each job of a multirun checks its own). Any error exits 2 having written nothing."""
+    """Before Hydra starts a run (and makes its output directory): unknown keys and options, the sweep
+    ids (every value of a multirun's), Hydra's output directories, then composition and the config's
+    checks (one run only; each job of a multirun checks its own). Any error exits 2 having written
+    nothing."""
     if any(a in ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i") for a in args):
         return
     multirun = any(a in ("-m", "--multirun") for a in args)
