@@ -189,6 +189,16 @@ class RunLedger:
         path = self.run_dir / RUN_ID_FILE
         return json.loads(path.read_text())["run_id"] if path.exists() else None
 
+    def forget_run(self) -> None:
+        """The MLflow run is gone: the next flush sends the whole ledger into a new one. The old run id
+        and the record of what it received are kept aside, renamed, not deleted."""
+        old = self.run_id() or "none"
+        for name in (RUN_ID_FILE, SENT):
+            path = self.run_dir / name
+            if path.exists():
+                os.replace(path, path.with_name(f"{path.stem}.missing-{old}{path.suffix}"))
+        self._pending = True
+
     # ---- sending ---------------------------------------------------------------------------
     def flush(self, force: bool = False) -> bool:
         """Sends unsent operations in order. On failure keeps them, backs off (1 s doubling to
@@ -267,30 +277,100 @@ class RunLedger:
         return entries[-1]["id"] + 1 if entries else 0
 
 
-def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> int:
-    """Sends what any run of the sweep could not send while the server was down; returns how many
-    operations were sent. Raises RuntimeError listing what still could not be sent."""
-    root = sweep_dir(sweep_id, home)
-    if not root.is_dir():
-        raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
-    from perception.locks import LockHeld, run_lock
+@dataclass
+class Recovery:
+    """What `recover_sweep` did: operations sent, one line per run it completed, one per run it could not."""
 
-    sent, stuck = 0, []
+    sent: int = 0
+    completed: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+
+
+def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> Recovery:
+    """Makes MLflow hold what the sweep's run directories hold, before anything decides on it: every
+    run's kept operations are sent in order, and a finished run (done.json) whose MLflow run is missing
+    or not ended as its ledger says is completed from its ledger. A run training now (its lock held)
+    sends its own and is left alone. Nothing here raises for the server: what could not be sent is in
+    `stuck`, kept for the next attempt."""
+    from perception.locks import LockHeld, run_lock
+    from perception.paths import DONE_FILE
+
+    root = sweep_dir(sweep_id, home)
+    out = Recovery()
+    if not root.is_dir():
+        return out
+    uri = resolve_tracking_uri(tracking_uri)
     for run_dir in sorted(p for p in root.iterdir() if (p / LEDGER).exists()):
-        ledger = RunLedger(run_dir, resolve_tracking_uri(tracking_uri), _experiment_of(run_dir))
+        ledger = RunLedger(run_dir, uri, _experiment_of(run_dir))
         try:
             with run_lock(run_dir, sweep_id):  # a run training now sends its own: never twice
                 before = len(ledger.unsent())
                 ok = ledger.flush(force=True)
-                sent += before - len(ledger.unsent())
+                out.sent += before - len(ledger.unsent())
+                if ok and (run_dir / DONE_FILE).exists():
+                    ok = _complete_finished(ledger, out)
         except LockHeld as exc:
-            stuck.append(f"{run_dir.name}: {exc}")
+            out.stuck.append(f"{run_dir.name}: {exc}")
             continue
         if not ok:
-            stuck.append(f"{run_dir.name}: {len(ledger.unsent())} operations ({ledger.failures()[-1]})")
-    if stuck:
-        raise RuntimeError("could not send: " + "; ".join(stuck))
-    return sent
+            out.stuck.append(f"{run_dir.name}: {len(ledger.unsent())} operation(s) kept "
+                             f"({(ledger.failures() or ['unreachable'])[-1]})")
+    return out
+
+
+def _complete_finished(ledger: RunLedger, out: Recovery) -> bool:
+    """A finished run whose ledger is all sent: its MLflow run must exist and have ended as recorded.
+    Missing (deleted, or a store that lost it): a new run from the whole ledger, the old id kept aside.
+    Another status (left RUNNING): the ledger sent again into it, which MLflow takes idempotently
+    (params already there are skipped, an identical metric is stored once, artifacts are replaced)."""
+    ended = [e["status"] for e in ledger.entries() if e["op"] == "end"]
+    run_id = ledger.run_id()
+    try:
+        run = client(ledger.tracking_uri).get_run(run_id) if run_id else None
+    except Exception as exc:  # MLflow's "no such run", or the server unreachable
+        if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+            ledger._failures.append(f"checking run {run_id}: {type(exc).__name__}: {exc}"[:300])
+            return False
+        run = None
+    try:
+        if run is None or run.info.lifecycle_stage == "deleted":
+            ledger.forget_run()
+            ok = ledger.flush(force=True)
+            if ok:
+                out.sent += len(ledger.entries())
+                out.completed.append(f"{ledger.run_dir.name}: its MLflow run {run_id} is missing; recreated from its "
+                                     f"ledger as run {ledger.run_id()}")
+            return ok
+        if ended and run.info.status != ended[-1]:
+            for entry in ledger.entries():
+                ledger._send(entry)
+            out.completed.append(f"{ledger.run_dir.name}: run {run_id} was {run.info.status}; completed from its "
+                                 f"ledger ({ended[-1]})")
+    except Exception as exc:  # any transport or server error: the next attempt does it again
+        ledger._failures.append(f"completing run {run_id}: {type(exc).__name__}: {exc}"[:300])
+        return False
+    return True
+
+
+def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> int:
+    """`perception-sweep sync`: `recover_sweep`, raising RuntimeError listing what still could not be
+    sent; returns how many operations were sent."""
+    root = sweep_dir(sweep_id, home)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
+    recovery = recover_sweep(sweep_id, home, tracking_uri)
+    if recovery.stuck:
+        raise RuntimeError("could not send: " + "; ".join(recovery.stuck))
+    return recovery.sent
+
+
+def kept_operations(sweep_id: str, home: Optional[Path] = None) -> dict[str, int]:
+    """Per run directory of the sweep, how many of its tracking operations MLflow has not received."""
+    root = sweep_dir(sweep_id, home)
+    if not root.is_dir():
+        return {}
+    counts = {p.name: len(RunLedger(p, "").unsent()) for p in sorted(root.iterdir()) if (p / LEDGER).exists()}
+    return {name: n for name, n in counts.items() if n}
 
 
 def _experiment_of(run_dir: Path) -> str:

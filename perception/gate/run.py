@@ -30,6 +30,7 @@ from perception.gate.looks import cost, restrict, sequential_study
 from perception.gate.report import refusal_json, summary_json, write_report
 from perception.gate.sequential import CONTINUE, FIXED, SEQUENTIAL, planned_boundaries, read_plan
 from perception.gate.study import PLAN_TAG, Study, study_result
+from perception.tracking import kept_operations, recover_sweep
 
 
 @dataclass
@@ -73,25 +74,29 @@ def run_gate(
     out_dir = Path(out_dir) if out_dir is not None else paths.perception_home() / "gate" / sweep_id
     client = MlflowClient(tracking_uri=uri)
 
+    recovered = _send_kept_operations(sweep_id, uri)
     inputs: Optional[SweepInputs] = None
     result = None
     try:
         inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, ATTRIBUTION.read_beside(treatment))
     except GateRefusal as refusal:
-        summary = refusal_json(sweep_id, refusal.reasons, refusal.notes, refusal.running)
-        outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
+        reasons = refusal.reasons + _sync_hint(sweep_id)
+        summary = refusal_json(sweep_id, reasons, recovered + refusal.notes, refusal.running)
+        outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, summary)
     except (MlflowException, requests.RequestException) as e:  # the store is unreachable or broken
-        reasons = [f"cannot read sweep {sweep_id!r} from {uri}: {e}"]
-        outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, refusal_json(sweep_id, reasons, []))
+        reasons = [f"cannot read sweep {sweep_id!r} from {uri}: {e}"] + _sync_hint(sweep_id)
+        outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, refusal_json(sweep_id, reasons, recovered))
     else:
         check_horizons(cfg, inputs.horizons)
         try:
             study, inputs, summary = _decide(inputs, cfg, control, treatment, progress)
         except GateRefusal as refusal:
-            summary = refusal_json(sweep_id, refusal.reasons, refusal.notes, inputs.running)
-            outcome = GateOutcome(None, True, refusal.reasons, out_dir, EXIT_REFUSED, summary)
+            reasons = refusal.reasons + _sync_hint(sweep_id)
+            summary = refusal_json(sweep_id, reasons, recovered + refusal.notes, inputs.running)
+            outcome = GateOutcome(None, True, reasons, out_dir, EXIT_REFUSED, summary)
         else:
             result = study.main
+            summary["notes"] = recovered + summary["notes"]
             outcome = GateOutcome(result.decision, False, result.reasons + summary["notes"], out_dir,
                                   EXIT_DECIDED, summary)
 
@@ -127,6 +132,25 @@ def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bo
                "looks": seq.looks, "next_wave": seq.next_wave, "boundaries": bounds.to_json(),
                "cost": cost(used, seq.max_looks, per_wave)}
     return seq.study, at_look, summary
+
+
+def _send_kept_operations(sweep_id: str, uri: str) -> list[str]:
+    """Where the sweep's run directories are (a local sweep, the workflow's runs volume), what their
+    ledgers kept through a tracking outage reaches MLflow before anything is decided. Returns notes."""
+    recovery = recover_sweep(sweep_id, tracking_uri=uri)
+    notes = [f"sent {recovery.sent} tracking operation(s) kept in the sweep's run directories"] if recovery.sent else []
+    return notes + recovery.completed + [f"not sent: {line}" for line in recovery.stuck]
+
+
+def _sync_hint(sweep_id: str) -> list[str]:
+    """A refusal that the runs' kept operations could fix says so, and how to send them."""
+    kept = kept_operations(sweep_id)
+    if not kept:
+        return []
+    listing = ", ".join(f"{name}: {n}" for name, n in kept.items())
+    return [f"{sum(kept.values())} tracking operation(s) of this sweep are kept in its run directories and not "
+            f"in MLflow ({listing}): `perception-sweep sync --sweep-id {sweep_id}` sends them once the tracking "
+            f"server is reachable; then decide again"]
 
 
 # A gate run per invocation, refusals included, so the UI shows why a sweep has no decision. A failure

@@ -131,6 +131,7 @@ def run_local_sweep(
             f"parent run {parent}; tracking {uri}")
         result = SweepResult(sweep_id, parent)
 
+        _send_kept_operations(sweep_id, home, uri, say)  # a finished run is complete in MLflow before it is skipped
         trainer = train_command or command("perception-train")
         built = []
 
@@ -140,8 +141,9 @@ def run_local_sweep(
             for spec in specs:
                 done = _read_done(spec.directory(sweep_id, home))
                 if done is not None:
-                    result.runs.append(RunOutcome(spec, "skipped", run_id=done.get("run_id")))
-                    say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {done.get('run_id')}), skipped")
+                    run_id = _mlflow_run_id(spec.directory(sweep_id, home), uri) or done.get("run_id")
+                    result.runs.append(RunOutcome(spec, "skipped", run_id=run_id))
+                    say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {run_id}), skipped")
                 else:
                     pending.append(spec)
             if pending and not built:
@@ -220,6 +222,27 @@ def look_line(gate: Any) -> str:
             f"p(W) {fmt(look.get('p_W'), '.3g')}, p(G) {fmt(look.get('p_G'), '.3g')}, "
             f"alpha_k {fmt(look.get('efficacy_alpha'), '.3g')} -> {gate.decision}")
     return head + (f" ({s.get('why_stopped')})" if s.get("why_stopped") else "")
+
+
+def _send_kept_operations(sweep_id: str, home: Path, uri: str, say: Callable[[str], None]) -> None:
+    """What the runs kept through a tracking outage, sent now; finished runs missing or unfinished in
+    MLflow completed from their ledgers (perception.tracking.recover_sweep). The gate does it again
+    before deciding, for the runs trained meanwhile."""
+    from perception.tracking import recover_sweep
+
+    recovery = recover_sweep(sweep_id, home, uri)
+    if recovery.sent:
+        say(f"sent {recovery.sent} tracking operation(s) the sweep's runs kept while the tracking server was unreachable")
+    for line in recovery.completed:
+        say(f"completed from its ledger: {line}")
+    for line in recovery.stuck:
+        say(f"still kept, not sent: {line}")
+
+
+def _mlflow_run_id(directory: Path, uri: str) -> Optional[str]:
+    from perception.tracking import RunLedger
+
+    return RunLedger(directory, uri).run_id()
 
 
 @contextmanager
