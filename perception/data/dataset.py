@@ -14,7 +14,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,21 +29,22 @@ from perception.enums import enum_value
 from perception.data.book import Snapshots, smallest_price_step, snapshots_from_records
 from perception.data.checks import as_data_config, check_data_config, resolve_paths
 from perception.data.config import DataConfig, DataSource, SyntheticWorld
+from perception.data.digests import DIGESTS_FILE, DigestMemo
 from perception.data.dbn_io import read_mbp10
 from perception.data.features import FEATURE_NAMES, compute_features, compute_labels
 from perception.data import ingest
 from perception.data.assemble import inferred_tick, resolve_tick
-from perception.errors import ConfigError, DataError
+from perception.errors import ConfigError, DataError, PerceptionError
+from perception.locks import Lock, LockHeld
 from perception.paths import cache_dir, perception_home
 
 # Bump when the snapshot, feature or label definitions change: old caches stop matching.
 CODE_VERSION = "data-v1"
-KEY_VERSION = "key-v2"  # the input files enter the key by fingerprint (file_fingerprint), not sha256
-HEAD_BYTES = 256 << 10  # a file's head: the DBN header and symbology mappings (compressed)
-SAMPLE_BYTES = 64 << 10  # each sampled block
-N_SAMPLES = 16  # blocks spread evenly over the rest of the file, the last one ending at its end
+KEY_VERSION = "key-v3"  # the input files enter the key by full-content sha256 (perception.data.digests)
 MMAP_BYTES = 256 << 20  # features larger than this stay memory-mapped from the cache
 _ARRAYS = ("features", "dt", "y", "mask", "segment")
+TMP_SUFFIX = ".tmp"  # a build's temp directory: .<data_hash>.<random>.tmp, renamed into place when complete
+BUILD_LOCK = "build.lock"
 
 
 @dataclass
@@ -62,9 +65,10 @@ class Dataset:
         return len(self.dt)
 
 
-def data_hash(cfg: Any) -> str:
-    """sha256 of the data config without `fold`/`cache`/`workers`/`chunk_records`, each input
-    file's fingerprint and CODE_VERSION."""
+def data_hash(cfg: Any, digests: Optional[Path] = None) -> str:
+    """sha256 of the data config without `fold`/`cache`/`workers`/`chunk_records`, each input file's
+    full-content sha256 and CODE_VERSION. `digests`: the memo of those sha256s by (size, mtime_ns,
+    inode) (perception.data.digests); without one every input is read whole."""
     cfg = as_data_config(cfg)
     d = dataclasses.asdict(cfg)
     for k in ("fold", "cache", "paths", "workers", "chunk_records"):
@@ -79,31 +83,11 @@ def data_hash(cfg: Any) -> str:
     h.update(json.dumps(d, sort_keys=True).encode())
     if cfg.source is DataSource.dbn:
         h.update(KEY_VERSION.encode())
+        memo = DigestMemo(digests)
         for path in resolve_paths(cfg.paths):
-            h.update(file_fingerprint(path).encode())
+            h.update(memo.digest(path).encode())
+        memo.save()
     return h.hexdigest()[:20]
-
-
-def file_fingerprint(path: Path) -> str:
-    """sha256 of a file's size, head and N_SAMPLES blocks spread over it (~1.3 MB read, whatever
-    the file's size): any change of size, header, symbology or a sampled block changes it, without
-    every training pod reading every input byte. Not the name nor the mtime: a copy keeps its key."""
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
-        h.update(f.read(HEAD_BYTES))
-        for offset in sample_offsets(size):
-            f.seek(offset)
-            h.update(f.read(SAMPLE_BYTES))
-    return h.hexdigest()
-
-
-def sample_offsets(size: int) -> list[int]:
-    """Where file_fingerprint's blocks start in a file of `size` bytes (after its head)."""
-    if size <= HEAD_BYTES:
-        return []
-    span = max(size - HEAD_BYTES - SAMPLE_BYTES, 0)
-    return [HEAD_BYTES + span * i // N_SAMPLES for i in range(1, N_SAMPLES + 1)]
 
 
 def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True,
@@ -112,11 +96,11 @@ def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True,
     (memory-mapped) whatever their size, as the cache-filling `perception-data build` does."""
     cfg = as_data_config(cfg)
     check_data_config(cfg)
-    key = data_hash(cfg)
     if not cfg.cache:
-        ds = _build(cfg, key, progress)
+        ds = _build(cfg, data_hash(cfg), progress)
     else:
         root = cache_dir(home or perception_home())
+        key = data_hash(cfg, root / DIGESTS_FILE)
         ds = _read_cache(root / key, map_features) or _build_into_cache(cfg, key, root, progress, map_features)
     _check_fits(cfg, ds)
     return ds
@@ -271,21 +255,24 @@ def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path
 def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool,
                       map_features: bool = False) -> Dataset:
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".tmp", dir=root))
+    remove_stale_builds(root)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=TMP_SUFFIX, dir=root))
     try:
-        ds = _build(cfg, key, progress, out_dir=tmp)
-        if isinstance(ds.features, np.memmap) and ds.features.mode != "r":
-            ds.features.flush()
-        for name in _ARRAYS[1:]:
-            np.save(tmp / f"{name}.npy", getattr(ds, name))
-        meta = {"data_hash": key, "code_version": CODE_VERSION, "feature_names": ds.feature_names,
-                "horizons": ds.horizons, "drop_counts": ds.drop_counts, "T": len(ds),
-                "F": len(ds.feature_names), "summary": ds.summary}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        for p in tmp.iterdir():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-        del ds
+        with Lock(tmp / BUILD_LOCK, f"feature cache build {tmp.name}"):  # names this builder while it works
+            ds = _build(cfg, key, progress, out_dir=tmp)
+            if isinstance(ds.features, np.memmap) and ds.features.mode != "r":
+                ds.features.flush()
+            for name in _ARRAYS[1:]:
+                np.save(tmp / f"{name}.npy", getattr(ds, name))
+            meta = {"data_hash": key, "code_version": CODE_VERSION, "feature_names": ds.feature_names,
+                    "horizons": ds.horizons, "drop_counts": ds.drop_counts, "T": len(ds),
+                    "F": len(ds.feature_names), "summary": ds.summary}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            for p in tmp.iterdir():
+                if p.is_file():
+                    with open(p, "rb") as f:
+                        os.fsync(f.fileno())
+            del ds
         final = root / key
         try:
             os.rename(tmp, final)  # atomic; fails if another builder got there first
@@ -299,6 +286,39 @@ def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool,
     if ds is None:
         raise DataError(f"{root / key}: the feature cache just written cannot be read back")
     return ds
+
+
+def remove_stale_builds(root: Path, say=lambda line: print(line, file=sys.stderr, flush=True)) -> list[Path]:
+    """Removes the temp directories of builds whose builder is gone (killed, a lost node), with a
+    notice each; returns them. A builder's lock (perception.locks) says whether it still runs: on this
+    machine by its pid, elsewhere by its heartbeat. A directory with no lock (its builder died before
+    taking it) is removed once untouched for the lock's stale time."""
+    removed = []
+    for tmp in sorted(root.glob(f".*{TMP_SUFFIX}")):
+        try:
+            if not tmp.is_dir():
+                continue
+            lock = Lock(tmp / BUILD_LOCK, f"feature cache build {tmp.name}", say=lambda line: None)
+            if lock.path.exists():
+                try:
+                    lock.acquire()  # taken over only from a builder judged gone
+                except LockHeld:
+                    continue
+                lock.release()
+                why = "its builder is gone"
+            else:
+                idle = time.time() - tmp.stat().st_mtime
+                if idle < lock.stale_s:
+                    continue  # a builder between creating it and taking its lock
+                why = f"no builder recorded, untouched for {idle:.0f} s"
+            size = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file())
+            shutil.rmtree(tmp)
+        except (OSError, PerceptionError) as exc:
+            say(f"[perception] could not remove the stale feature-cache build {tmp}: {exc}")
+            continue
+        removed.append(tmp)
+        say(f"[perception] removed the stale feature-cache build {tmp} ({size / 1e6:.1f} MB): {why}")
+    return removed
 
 
 def _read_cache(path: Path, map_features: bool = False) -> Optional[Dataset]:

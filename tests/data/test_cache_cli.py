@@ -162,11 +162,11 @@ def _flip(path, offset):
     path.write_bytes(bytes(raw))
 
 
-def test_the_key_reads_a_bounded_part_of_each_file(write_dbn, monkeypatch):
-    from perception.data import dataset
+def _counting_reads(monkeypatch) -> list[int]:
+    """Bytes read through perception.data.digests' open(), one entry per read."""
+    from perception.data import digests
 
-    path = _big_dbn(write_dbn)
-    read = []
+    read: list[int] = []
 
     class Counting:
         def __init__(self, f):
@@ -178,40 +178,64 @@ def test_the_key_reads_a_bounded_part_of_each_file(write_dbn, monkeypatch):
         def __exit__(self, *exc):
             self.f.close()
 
-        def seek(self, n):
-            self.f.seek(n)
-
         def read(self, n=-1):
             block = self.f.read(n)
             read.append(len(block))
             return block
 
-    monkeypatch.setattr(dataset, "open", lambda p, mode="r": Counting(open(p, mode)), raising=False)
-    dataset.data_hash(dbn_config([path]))
-    bound = dataset.HEAD_BYTES + dataset.N_SAMPLES * dataset.SAMPLE_BYTES
-    assert 0 < sum(read) <= bound < path.stat().st_size / 5
+    monkeypatch.setattr(digests, "open", lambda p, mode="r": Counting(open(p, mode)), raising=False)
+    return read
 
 
-def test_the_key_follows_size_head_and_sampled_blocks_not_name_workers_or_chunks(write_dbn, tmp_path):
-    from perception.data.dataset import HEAD_BYTES, sample_offsets
+def test_a_memoised_key_reads_no_input_byte_and_an_edit_or_replacement_always_misses(write_dbn, tmp_path,
+                                                                                      monkeypatch):
+    """DVC's way: each input's full sha256 is memoised with the (size, mtime_ns, inode) it was computed
+    for; the key reads a file again only when that triple changed."""
+    import os
 
+    from perception.data.digests import DIGESTS_FILE
+
+    path = _big_dbn(write_dbn)
+    memo = tmp_path / "cache" / DIGESTS_FILE
+    read = _counting_reads(monkeypatch)
+    key = data_hash(dbn_config([path]), memo)
+    assert sum(read) == path.stat().st_size  # computed once, whole
+    read.clear()
+    assert data_hash(dbn_config([path]), memo) == key and sum(read) == 0  # a pod: no input byte read
+    assert data_hash(dbn_config([path])) == key  # the memo changes no key
+
+    st = path.stat()
+    _flip(path, st.st_size // 2)  # edited in place, same size: a new mtime
+    assert path.stat().st_size == st.st_size and data_hash(dbn_config([path]), memo) != key
+    _flip(path, st.st_size // 2)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the old bytes and mtime again: the old key
+    assert data_hash(dbn_config([path]), memo) == key
+
+    other = tmp_path / "replacement.dbn"
+    raw = bytearray(path.read_bytes())
+    raw[st.st_size // 3] ^= 1
+    other.write_bytes(bytes(raw))
+    os.utime(other, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(other, path)  # same name, size and mtime; another inode
+    assert path.stat().st_ino != st.st_ino and data_hash(dbn_config([path]), memo) != key
+
+    memo.write_text('{"' + str(path) + '": {"stamp": [1, 2, 3], "sha256": "not a digest"}}')  # untrusted
+    read.clear()
+    assert data_hash(dbn_config([path]), memo) != key and sum(read) == path.stat().st_size
+
+
+def test_the_key_follows_every_byte_and_the_size_not_name_workers_or_chunks(write_dbn, tmp_path):
     path = _big_dbn(write_dbn)
     key = data_hash(dbn_config([path]))
     moved = tmp_path / "copy.dbn"
     shutil.copy(path, moved)
     assert data_hash(dbn_config([moved], workers=2, chunk_records=77)) == key
-    blocks = sample_offsets(path.stat().st_size)
-    changed = {"header": 10, "sampled block": blocks[3] + 5, "end": path.stat().st_size - 1,
-               "between blocks": (blocks[3] + blocks[4]) // 2 + 100}
-    keys = {}
-    for what, offset in changed.items():
+    size = path.stat().st_size
+    for offset in (10, size // 2 + 100, size - 1):  # the header, the middle, the last byte
         probe = tmp_path / f"probe{offset}.dbn"
         shutil.copy(path, probe)
         _flip(probe, offset)
-        keys[what] = data_hash(dbn_config([probe]))
-    assert keys["header"] != key and keys["sampled block"] != key and keys["end"] != key
-    assert keys["between blocks"] == key  # what the key does not cover (README: the cache key)
-    assert blocks[0] > HEAD_BYTES
+        assert data_hash(dbn_config([probe])) != key, offset
     longer = tmp_path / "longer.dbn"
     longer.write_bytes(path.read_bytes() + bytes(368))
     assert data_hash(dbn_config([longer])) != key
