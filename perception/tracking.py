@@ -302,6 +302,11 @@ def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
     uri = resolve_tracking_uri(tracking_uri)
     for run_dir in sorted(p for p in root.iterdir() if (p / LEDGER).exists()):
         ledger = RunLedger(run_dir, uri, _experiment_of(run_dir))
+        recorded = _start_of(run_dir).get("store")
+        if recorded is not None and recorded != store_identity(uri):  # never copy runs into another store
+            out.stuck.append(f"{run_dir.name}: trained against the tracking store {recorded}, not "
+                             f"{store_identity(uri)}; left alone")
+            continue
         try:
             with run_lock(run_dir, sweep_id):  # a run training now sends its own: never twice
                 before = len(ledger.unsent())
@@ -373,11 +378,24 @@ def kept_operations(sweep_id: str, home: Optional[Path] = None) -> dict[str, int
     return {name: n for name, n in counts.items() if n}
 
 
+def store_identity(uri: str) -> str:
+    """The tracking store a URI names, without credentials (a ledger is a plain file): scheme, host,
+    port and path."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if not parts.scheme or not parts.netloc:
+        return uri if "@" not in uri else uri.rsplit("@", 1)[1]
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def _start_of(run_dir: Path) -> dict:
+    return next((e for e in _read_lines(run_dir / LEDGER) if e["op"] == "start"), {})
+
+
 def _experiment_of(run_dir: Path) -> str:
-    for e in _read_lines(run_dir / LEDGER):
-        if e["op"] == "start":
-            return e.get("experiment", DEFAULT_EXPERIMENT)
-    return DEFAULT_EXPERIMENT
+    return _start_of(run_dir).get("experiment", DEFAULT_EXPERIMENT)
 
 
 def _append_line(path: Path, obj: dict) -> None:

@@ -21,7 +21,7 @@ from perception.errors import ConfigError
 from perception.gitinfo import git_sha
 from perception.locks import run_lock
 from perception.paths import DONE_FILE, new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
-from perception.tracking import RunLedger, ensure_parent_run
+from perception.tracking import RunLedger, ensure_parent_run, store_identity
 from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import GradNorms, query_drift, query_names, save_attention_by_lag
 from perception.train.epoch import train_epoch
@@ -162,7 +162,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         params.update({"git_sha": git_sha(), "data_hash": ds.data_hash, "sweep_id": place.sweep_id,
                        "experiment": str(cfg.experiment_name)})
         ledger.record("start", tags=tags, params=params, run_name=place.name,
-                      experiment=cfg.tracking.experiment)
+                      experiment=cfg.tracking.experiment, store=store_identity(uri))
     else:
         ledger.record("tags", tags={"resumed_at_epoch": str(position.epoch)})
         ledger.record("status", status="RUNNING")  # the attempt before may have ended KILLED

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.mlflow_server import MlflowServer
 
-CI = ["experiment=ci"]
+CI = ["experiment=ci", "trainer.epochs=1"]  # one epoch: 12 trainings stay within minutes on 2 cores
 FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
 DECISION = re.compile(r"^decision: (ship_per_horizon|keep_shared|inconclusive)$", re.M)
 WALL_CLOCK = ("samples_per_s",)  # the only metric allowed to differ between two trainings
@@ -68,7 +68,8 @@ def restartable_server(tmp_path, empty_mlflow_db):
     server.stop()
 
 
-@pytest.mark.slow(seconds=420)
+@pytest.mark.slow(seconds=560)  # measured on a busy 2-core machine
+@pytest.mark.timeout(1500)  # twelve trainings and three sweeps: past the default on a busy machine
 def test_rerunning_the_sweep_after_an_outage_sends_what_runs_kept_then_decides(perception_home, restartable_server,
                                                                                 tmp_path):
     server, env = restartable_server, sweep_env(perception_home)
@@ -101,4 +102,4 @@ def test_rerunning_the_sweep_after_an_outage_sends_what_runs_kept_then_decides(p
     assert len(recovered) == 6 and recovered.keys() == uninterrupted.keys()
     equal = [key for key in recovered if recovered[key] == uninterrupted[key]]
     assert len(equal) == 6, {k: (recovered[k], uninterrupted[k]) for k in recovered if k not in equal}
-    assert all(len(h) == 2 for run in recovered.values() for h in run.values())  # both ci epochs
+    assert all(len(h) == 1 for run in recovered.values() for h in run.values())  # the one epoch, once

@@ -14,21 +14,21 @@ from perception.tracking import LEDGER, RUN_ID_FILE, SENT, RunLedger, kept_opera
 SWEEP = "recover"
 
 
-def finished_run(home, uri: str) -> RunLedger:
+def finished_run(home, uri: str, store=None) -> RunLedger:
     """A run directory as a finished training leaves it: start, two epochs of metrics, an artifact,
     end FINISHED, all sent, and done.json."""
     run_dir = home / "runs" / SWEEP / "shared-f0"
     ledger = RunLedger(run_dir, uri)
     tags = {"sweep_id": SWEEP, "variant": "shared", "fold": "0", "replicate": "0", "role": "train"}
     ledger.record("start", tags=tags, params={"seed": "0", "data.fold": "0"}, run_name="shared-f0",
-                  experiment="perception-ab")
+                  experiment="perception-ab", **({"store": store} if store else {}))
     for step in (0, 1):
         ledger.record("metrics", step=step, values={"val_auc_h2": 0.5 + 0.01 * step, "train_loss": 0.69 - step / 100})
     (run_dir / "predictions").mkdir()
     (run_dir / "predictions" / "val_final.npz").write_bytes(b"not read here")
     ledger.record("artifact", path="predictions/val_final.npz", artifact_path="predictions")
     ledger.record("end", status="FINISHED")
-    assert ledger.flush(force=True)
+    assert store or ledger.flush(force=True)
     (run_dir / DONE_FILE).write_text(json.dumps({"run_id": ledger.run_id(), "metrics": {}, "unsent": 0}))
     return ledger
 
@@ -82,3 +82,14 @@ def test_kept_operations_are_counted_per_run_and_sent_by_recovery(perception_hom
     recovery = recover_sweep(SWEEP, perception_home, uri)
     assert recovery.sent == n and recovery.stuck == [] and kept_operations(SWEEP, perception_home) == {}
     assert MlflowClient(uri).get_run(ledger.run_id()).info.status == "FINISHED"
+
+
+def test_a_run_trained_against_another_store_is_left_alone(perception_home):
+    """The gate pointed at another server must not copy the sweep's runs into it."""
+    uri = f"sqlite:///{perception_home / 'mlflow.db'}"
+    ledger = finished_run(perception_home, uri, store="http://127.0.0.1:5999/")
+    recovery = recover_sweep(SWEEP, perception_home, uri)
+    assert recovery.sent == 0 and recovery.completed == []
+    assert recovery.stuck == [f"shared-f0: trained against the tracking store http://127.0.0.1:5999/, not {uri}; "
+                              f"left alone"]
+    assert ledger.run_id() is None and kept_operations(SWEEP, perception_home) == {"shared-f0": len(ledger.entries())}
