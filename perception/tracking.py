@@ -286,12 +286,14 @@ class Recovery:
     stuck: list[str] = field(default_factory=list)
 
 
-def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> Recovery:
+def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None,
+                  any_store: bool = False) -> Recovery:
     """Makes MLflow hold what the sweep's run directories hold, before anything decides on it: every
     run's kept operations are sent in order, and a finished run (done.json) whose MLflow run is missing
     or not ended as its ledger says is completed from its ledger. A run training now (its lock held)
-    sends its own and is left alone. Nothing here raises for the server: what could not be sent is in
-    `stuck`, kept for the next attempt."""
+    sends its own and is left alone, and so is a run whose ledger was made for another tracking store
+    unless `any_store` (an explicit `perception-sweep sync --tracking-uri`: the server moved). Nothing
+    here raises for the server: what could not be sent is in `stuck`, kept for the next attempt."""
     from perception.locks import LockHeld, run_lock
     from perception.paths import DONE_FILE
 
@@ -303,9 +305,10 @@ def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
     for run_dir in sorted(p for p in root.iterdir() if (p / LEDGER).exists()):
         ledger = RunLedger(run_dir, uri, _experiment_of(run_dir))
         recorded = _start_of(run_dir).get("store")
-        if recorded is not None and recorded != store_identity(uri):  # never copy runs into another store
+        if not any_store and recorded is not None and recorded != store_identity(uri):  # never copied unasked
             out.stuck.append(f"{run_dir.name}: trained against the tracking store {recorded}, not "
-                             f"{store_identity(uri)}; left alone")
+                             f"{store_identity(uri)}; left alone (`perception-sweep sync --tracking-uri` sends "
+                             f"it to a store named explicitly)")
             continue
         try:
             with run_lock(run_dir, sweep_id):  # a run training now sends its own: never twice
@@ -358,12 +361,12 @@ def _complete_finished(ledger: RunLedger, out: Recovery) -> bool:
 
 
 def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None) -> int:
-    """`perception-sweep sync`: `recover_sweep`, raising RuntimeError listing what still could not be
-    sent; returns how many operations were sent."""
+    """`perception-sweep sync`: `recover_sweep` into the store it is given, whichever the runs were made
+    for, raising RuntimeError listing what still could not be sent; returns how many operations were sent."""
     root = sweep_dir(sweep_id, home)
     if not root.is_dir():
         raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
-    recovery = recover_sweep(sweep_id, home, tracking_uri)
+    recovery = recover_sweep(sweep_id, home, tracking_uri, any_store=True)
     if recovery.stuck:
         raise RuntimeError("could not send: " + "; ".join(recovery.stuck))
     return recovery.sent

@@ -9,7 +9,7 @@ import json
 from mlflow.tracking import MlflowClient
 
 from perception.paths import DONE_FILE
-from perception.tracking import LEDGER, RUN_ID_FILE, SENT, RunLedger, kept_operations, recover_sweep
+from perception.tracking import LEDGER, RUN_ID_FILE, SENT, RunLedger, kept_operations, recover_sweep, replay_unsent
 
 SWEEP = "recover"
 
@@ -91,5 +91,8 @@ def test_a_run_trained_against_another_store_is_left_alone(perception_home):
     recovery = recover_sweep(SWEEP, perception_home, uri)
     assert recovery.sent == 0 and recovery.completed == []
     assert recovery.stuck == [f"shared-f0: trained against the tracking store http://127.0.0.1:5999/, not {uri}; "
-                              f"left alone"]
+                              f"left alone (`perception-sweep sync --tracking-uri` sends it to a store named "
+                              f"explicitly)"]
     assert ledger.run_id() is None and kept_operations(SWEEP, perception_home) == {"shared-f0": len(ledger.entries())}
+    assert replay_unsent(SWEEP, perception_home, uri) == len(ledger.entries())  # asked explicitly: sent
+    assert MlflowClient(uri).get_run(ledger.run_id()).info.status == "FINISHED"
