@@ -9,6 +9,7 @@
 #     PARALLEL (local runs at once, default 10), SEED (the first seed, default 0); MODEL_STEP=0 and
 #     PRODUCTION_S=0 skip model_step.py and the production-K runs)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
+#   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,6 +54,11 @@ if [ "$mode" = speed ]; then
     status=$(( status ? status : PIPESTATUS[0] ))
     echo "tests: ${SECONDS} s"
   fi
+elif [ "$mode" = determinism ]; then
+  timeout 330 python3 benchmarks/determinism.py --processes 10 --out "$out/determinism.json" 2>&1 | tail -4 || status=1
+  timeout 290 python3 benchmarks/determinism.py --processes 3 --batch 64 --parallel 3 --out "$out/determinism_b64.json" 2>&1 \
+    | tail -4 || status=1
+  echo "determinism: ${SECONDS} s"
 elif [ "$mode" = fusion ]; then
   timeout 300 python3 benchmarks/trunk_fusion.py --precisions "${PRECISIONS:-bf16}" --out "$out/trunk_fusion.json" 2>&1 \
     | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/trunk_fusion.log" | tail -20 || status=1
