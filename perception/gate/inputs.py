@@ -15,6 +15,7 @@ import tempfile
 import time
 import zipfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -32,6 +33,9 @@ from perception.metrics import auc
 from perception.paths import check_sweep_id
 
 Key = tuple[str, int, int]  # (arm, fold, replicate)
+# Runs read at once: each is four requests (two downloads, two metric histories) that mostly wait on
+# the server (docs/performance.md, the tracking path under load)
+READERS = 8
 
 # How far a logged final-epoch AUC may lie from the AUC of the run's own predictions. The trainer logs
 # the AUC of exactly the probabilities it saves; a run resumed after its last checkpoint re-evaluates
@@ -158,21 +162,14 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
                            f"data.fold={run.data.params['data.fold']}")
 
     arm_runs: dict[Key, ArmRun] = {}
-    with tempfile.TemporaryDirectory(prefix="perception-gate-") as tmp:
-        for (arm, fold, rep), run in sorted(chosen.items()):
-            if fold >= n_folds or rep not in replicates:
-                continue
-            where = f"{arm} fold {fold}" + (f" replicate {rep}" if rep else "") + f" (run {run.info.run_id})"
-            final_auc = _final_aucs(run, horizons, where, reasons)
-            preds = _load_predictions(client, run, horizons, Path(tmp), where, reasons)
-            attention = _load_attention(client, run, Path(tmp), where, notes)
-            if final_auc is not None and preds is not None:
-                _check_logged_auc(final_auc, preds, horizons, where, reasons)
-                diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
-                gpu = _finite_history(client, run, GPU_UTILIZATION)
-                arm_runs[(arm, fold, rep)] = ArmRun(
-                    run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, SAMPLES_PER_S), preds,
-                    attention, diagnostics, dict(run.data.params), _median(gpu), len(gpu))
+    todo = [(k, r) for k, r in sorted(chosen.items()) if k[1] < n_folds and k[2] in replicates]
+    with tempfile.TemporaryDirectory(prefix="perception-gate-") as tmp, ThreadPoolExecutor(READERS) as pool:
+        read = pool.map(lambda kv: _read_run(client, kv[0], kv[1], horizons, Path(tmp)), todo)
+        for (key, _), (arm_run, run_reasons, run_notes) in zip(todo, read):  # in order: messages read stably
+            reasons += run_reasons
+            notes += run_notes
+            if arm_run is not None:
+                arm_runs[key] = arm_run
     for fold in range(n_folds):
         fold_runs = [r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2]))
                      if f == fold]
@@ -183,6 +180,25 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
     return SweepInputs(sweep_id, tracking_uri, exp.experiment_id, parent.info.run_id if parent else None,
                        horizons, window, stride, n_folds, params, arm_runs, arms, replicates, notes,
                        dict(parent.data.tags) if parent else {}, running)
+
+
+def _read_run(client: MlflowClient, key: Key, run: Run, horizons: list[int],
+              tmp: Path) -> tuple[Optional[ArmRun], list[str], list[str]]:
+    """One run's metrics and artifacts, checked: (the run or None, its reasons, its notes)."""
+    arm, fold, rep = key
+    reasons: list[str] = []
+    notes: list[str] = []
+    where = f"{arm} fold {fold}" + (f" replicate {rep}" if rep else "") + f" (run {run.info.run_id})"
+    final_auc = _final_aucs(run, horizons, where, reasons)
+    preds = _load_predictions(client, run, horizons, tmp, where, reasons)
+    attention = _load_attention(client, run, tmp, where, notes)
+    if final_auc is None or preds is None:
+        return None, reasons, notes
+    _check_logged_auc(final_auc, preds, horizons, where, reasons)
+    diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
+    gpu = _finite_history(client, run, GPU_UTILIZATION)
+    return ArmRun(run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, SAMPLES_PER_S), preds,
+                  attention, diagnostics, dict(run.data.params), _median(gpu), len(gpu)), reasons, notes
 
 
 # ---------------------------------------------------------------- runs
