@@ -97,3 +97,28 @@ def test_a_missing_wave_and_a_bad_plan_are_refused(gate_store, tmp_path):
     log_wave(client, "seq-badplan", parent, spec, 0)
     out = run_gate("seq-badplan", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "bad", progress=False)
     assert out.refused and "gate_plan tag" in out.reasons[0] and "sum to at most alpha" in out.reasons[0]
+
+
+def test_a_three_arm_study_runs_on_until_the_attribution_settles_too(gate_store, tmp_path):
+    uri, client = gate_store
+    lift = [0.6, 0.6, 0.6, 0.6, 0.9]
+    spec = SweepSpec(mu_a=BASE, mu_b=lift, extra_arms={"shared_skip": lift}, replicates=3, seed=5)
+    exp_id = client.get_experiment_by_name("perception-ab").experiment_id
+    plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon", "shared_skip"], 3,
+                     "sequential")
+    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": "seq-three",
+                                             PLAN_TAG: json.dumps(plan)}).info.run_id
+    log_wave(client, "seq-three", parent, spec, 0)
+    first = run_gate("seq-three", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "1", progress=False)
+    # the decision crossed its boundary at look 1, the attribution did not: the study goes on
+    assert first.decision == "continue" and first.summary["looks"][0]["verdict"] == "ship"
+    assert "the attribution crossed no boundary" in first.summary["why_stopped"]
+    log_wave(client, "seq-three", parent, spec, 1)
+    second = run_gate("seq-three", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "2", progress=False)
+    assert second.decision == "ship_per_horizon" and second.summary["stopped_at"] == 2
+    assert second.summary["attribution"]["decision"] == "keep_shared_skip"
+    assert second.summary["cost"]["trainings"] == 18 and second.summary["cost"]["fixed_trainings"] == 27
+    assert second.summary["cost"]["gpu_rounds_on_6"] == 4 and second.summary["cost"]["fixed_gpu_rounds_on_6"] == 5
+    report = (tmp_path / "2" / "report.md").read_text()
+    assert "| attribution |" in report and "attribution settled at look 2" in report
+    assert (tmp_path / "1" / "report.md").read_text().count("**Continue**: at look 1 of 3") == 1
