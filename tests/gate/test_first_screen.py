@@ -121,7 +121,7 @@ def test_a_fold_below_half_auc_is_flagged_with_what_it_can_mean(gate_store, tmp_
 def test_a_sequential_look_that_goes_on_says_so_with_its_repeated_interval(gate_store, tmp_path):
     uri, client = gate_store
     parent = start_sweep(client, "fs-look", 3)
-    log_wave(client, "fs-look", parent, SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=11), 0)
+    log_wave(client, "fs-look", parent, SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=13), 0)
     outcome = run_gate("fs-look", tracking_uri=uri, config_name="ci", out_dir=tmp_path, progress=False)
     assert outcome.decision == "continue"
     s = (tmp_path / "report.md").read_text().splitlines()[2:6]
