@@ -56,6 +56,8 @@ def test_perception_train_refuses_a_bad_sweep_id_having_written_nothing(tmp_path
 def test_a_multirun_with_one_bad_sweep_id_starts_no_job(tmp_path):
     r = run("perception-train", "-m", "experiment=ci", "sweep_id=fine,../escape", cwd=tmp_path, home=tmp_path / "h")
     assert_refused(r, "sweep_id '../escape'", RULE)
+    r = run("perception-train", "-m", "experiment=ci", "sweep_id=glob(*)", cwd=tmp_path, home=tmp_path / "h")
+    assert_refused(r, "sweep_id=glob(*): expected sweep ids, listed")
     assert written(tmp_path) == []
 
 

@@ -80,7 +80,11 @@ def check_places(overrides: list[str]) -> None:
         raise ConfigError(config_error_message(exc)) from None
     for o in parsed:
         if o.key_or_group == "sweep_id":
-            for value in (o.sweep_string_iterator() if o.is_sweep_override() else [o.value()]):
+            try:
+                values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+            except Exception as exc:  # glob(): Hydra globs config groups' options, never a value like this
+                raise ConfigError(f"{o.input_line}: expected sweep ids, listed ({config_error_message(exc)})") from None
+            for value in values:
                 if value is not None:
                     check_sweep_id(str(value))
     single = [o.input_line for o in parsed if not o.is_sweep_override()]
