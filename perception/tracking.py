@@ -303,6 +303,9 @@ def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
         return out
     uri = resolve_tracking_uri(tracking_uri)
     for run_dir in sorted(p for p in root.iterdir() if (p / LEDGER).exists()):
+        if not _inside_sweep(run_dir, root):
+            out.stuck.append(f"{run_dir.name}: resolves to {run_dir.resolve()}, outside {root}; left alone")
+            continue
         ledger = RunLedger(run_dir, uri, _experiment_of(run_dir))
         recorded = _start_of(run_dir).get("store")
         if not any_store and recorded is not None and recorded != store_identity(uri):  # never copied unasked
@@ -372,12 +375,22 @@ def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
     return recovery.sent
 
 
+def _inside_sweep(run_dir: Path, root: Path) -> bool:
+    """A run directory found in the sweep's folder is read only where it really is there (not a link out)."""
+    try:
+        inside(run_dir, root, run_dir.name)
+        return True
+    except ConfigError:
+        return False
+
+
 def kept_operations(sweep_id: str, home: Optional[Path] = None) -> dict[str, int]:
     """Per run directory of the sweep, how many of its tracking operations MLflow has not received."""
     root = sweep_dir(sweep_id, home)
     if not root.is_dir():
         return {}
-    counts = {p.name: len(RunLedger(p, "").unsent()) for p in sorted(root.iterdir()) if (p / LEDGER).exists()}
+    counts = {p.name: len(RunLedger(p, "").unsent()) for p in sorted(root.iterdir())
+              if (p / LEDGER).exists() and _inside_sweep(p, root)}
     return {name: n for name, n in counts.items() if n}
 
 

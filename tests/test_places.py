@@ -187,3 +187,19 @@ def test_a_ledger_entry_cannot_upload_a_file_outside_its_run(tmp_path, perceptio
     assert not ledger.flush(force=True)
     assert "tracking.jsonl #1: artifact path '../../../../secret.txt' lies outside the run" in ledger.failures()[-1]
     assert [e["op"] for e in ledger.unsent()] == ["artifact"]
+
+
+def test_sync_leaves_a_run_directory_linked_out_of_its_sweep_alone(tmp_path):
+    """`perception-sweep sync` reads each run directory's ledger: one that is a link leading out of the
+    sweep's folder is named and not read (nor locked, nor written)."""
+    home = tmp_path / "h"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "tracking.jsonl").write_text('{"id": 0, "op": "start", "tags": {}, "params": {}, "time_ms": 0}\n')
+    (home / "runs" / "s1").mkdir(parents=True)
+    (home / "runs" / "s1" / "shared-f0").symlink_to(outside, target_is_directory=True)
+    r = run("perception-sweep", "sync", "--sweep-id", "s1", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+            cwd=tmp_path, home=home)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"shared-f0: resolves to {outside}, outside {home / 'runs' / 's1'}; left alone" in r.stderr
+    assert written(outside) == ["tracking.jsonl"]
