@@ -130,8 +130,13 @@ def settle_parent(c, run_id: str) -> Optional[str]:
     claims to run after its trainings ended (a sweep runner's parent is ended by the gate instead)."""
     run = c.get_run(run_id)
     parent = run.data.tags.get("mlflow.parentRunId")
-    if not parent:
-        return None
+    try:
+        if not parent or c.get_run(parent).info.lifecycle_stage == "deleted":
+            return None
+    except Exception as exc:  # a parent deleted for good: nothing to settle; the server down: kept for later
+        if getattr(exc, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
     children, token = [], None
     while True:  # every training nested under it, paged
         page = c.search_runs([run.info.experiment_id], max_results=1000, page_token=token,
