@@ -68,7 +68,7 @@ def restartable_server(tmp_path, empty_mlflow_db):
     server.stop()
 
 
-@pytest.mark.slow(seconds=560)  # measured on a busy 2-core machine
+@pytest.mark.slow(seconds=620)  # measured on the shared 2-core machine under a load of ~12
 @pytest.mark.timeout(1500)  # twelve trainings and three sweeps: past the default on a busy machine
 def test_rerunning_the_sweep_after_an_outage_sends_what_runs_kept_then_decides(perception_home, restartable_server,
                                                                                 tmp_path):
