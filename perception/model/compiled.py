@@ -2,9 +2,9 @@
 
 Reproducible across processes: by default Inductor times several tile shapes of each reduction kernel in
 every fresh process and keeps the fastest, and tile shapes sum in different orders, so two processes
-could train from one seed to different bits (seen at bf16: 3 parameter hashes in 5 processes). Its
-deterministic mode builds each reduction with one fixed configuration and times nothing that changes
-numerics (no benchmarked matmul padding either). benchmarks/determinism.py measures it."""
+could train from one seed to different bits. Its deterministic mode builds each reduction with one fixed
+configuration and times nothing that changes numerics (no benchmarked matmul padding either); what that
+costs and buys: docs/performance.md, benchmarks/determinism.py."""
 
 from __future__ import annotations
 
