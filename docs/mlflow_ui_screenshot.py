@@ -4,9 +4,9 @@
     pip install -e ".[docs]" && apt-get install chromium-headless-shell   # or any Chromium
     python docs/mlflow_ui_screenshot.py --sweep-id ci-demo [--grouping variant|fold] [--out docs/mlflow_ui_folds.png]
 
-Starts `perception-sweep ui` on the current PERCEPTION_HOME (its local store), opens the printed URL in
-headless Chromium through Playwright, waits for the grouped runs, hides the assistant panel and the
-shared-view banner, and saves a PNG. Playwright's own browser download needs the internet, so the
+Starts `perception-sweep ui` on the current PERCEPTION_HOME (its local store), opens the link it prints
+first (or the `--grouping` one) in headless Chromium through Playwright, waits for the grouped runs and
+saves a PNG of the page as the link opens it, the UI's assistant panel and shared-view banner included. Playwright's own browser download needs the internet, so the
 browser is a system one (`--browser`, default: the first Chromium on PATH).
 """
 
@@ -47,10 +47,6 @@ def screenshot(url: str, out: Path, browser: str, width: int, height: int) -> No
         page = chromium.new_page(viewport={"width": width, "height": height})
         page.goto(url)
         page.wait_for_selector("text=Group:", timeout=60_000)  # the shared view's grouping has applied
-        for label in ("Close", "Hide banner"):  # the assistant panel and the shared-view banner
-            button = page.get_by_role("button", name=label, exact=True)
-            if button.count():
-                button.first.click()
         time.sleep(2)
         out.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(out))
@@ -60,11 +56,11 @@ def screenshot(url: str, out: Path, browser: str, width: int, height: int) -> No
 def main() -> None:
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--sweep-id", required=True)
-    a.add_argument("--grouping", choices=("variant", "fold"), default="variant")
+    a.add_argument("--grouping", choices=("variant", "fold"), default="fold")
     a.add_argument("--out", type=Path, default=Path(__file__).with_name("mlflow_ui_folds.png"))
     a.add_argument("--browser", default=next(filter(None, map(shutil.which, BROWSERS)), None))
     a.add_argument("--port", type=int, default=5701)
-    a.add_argument("--size", default="1640x600", help="viewport WIDTHxHEIGHT")
+    a.add_argument("--size", default="1280x760", help="viewport WIDTHxHEIGHT")
     args = a.parse_args()
     if not args.browser:
         raise SystemExit(f"no Chromium found ({', '.join(BROWSERS)}); pass --browser PATH")

@@ -23,6 +23,7 @@ from typing import Optional
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT
 from perception.errors import ConfigError
 from perception.exits import EXIT_USAGE, exit_code
+from perception.mlflow_logs import no_artifact_bars
 from perception.paths import MLFLOW_EXPERIMENT, sweep_id_option
 
 PROG = "perception-gate"
@@ -71,7 +72,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if several and args.decision_file is not None:
         parser.error("--decision-file takes one --sweep-id; got " + str(len(args.sweep_id)))
     # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    no_artifact_bars()
     from perception.gate.run import run_gate  # imported late so --help and usage errors are instant
 
     codes = []

@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from perception import paths
 from perception.atomic import atomic_write_text
+from perception.gate.comparison import PLOT, log_comparison
 from perception.gate.config import check_horizons, load_gate_config
 from perception.arms import ATTRIBUTION, DEFAULT_CONTROL, DEFAULT_TREATMENT, get_arm
 from perception.contract import ROLE, ROLE_GATE, SWEEP_ID
@@ -211,7 +212,8 @@ def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent
                     outcome: GateOutcome, workflow_url: Optional[str]) -> None:
     """The sweep's parent run ends with the outcome, so the list of sweeps shows it: FINISHED with
     the decision, FAILED when the gate refused; gate_W, gate_p, gate_mde_W (how large a true W it could
-    see) and the workflow's page beside it."""
+    see) and the workflow's page beside it; a decided or continuing study's per-fold comparison
+    (`comparison/`) as its artifacts."""
     s = outcome.summary
     try:
         if parent is None:
@@ -220,6 +222,8 @@ def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent
         if parent is None:
             print(f"[gate] no parent run of sweep {sweep_id!r} to end")
             return
+        if not outcome.refused:  # the folds compared, where the UI shows them: the parent run's artifacts
+            log_comparison(client, parent, s, outcome.report_dir / PLOT)
         if outcome.decision == CONTINUE:  # the study goes on: the parent stays open, no decision yet
             client.set_tag(parent, "gate_look", str(s.get("look")))
             return
@@ -230,7 +234,7 @@ def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent
         metrics = [Metric(k, float(v), _now_ms(), 0) for k, v in pairs if v is not None and math.isfinite(v)]
         client.log_batch(parent, metrics=metrics, tags=tags)
         client.set_terminated(parent, "FAILED" if outcome.refused else "FINISHED")
-    except (MlflowException, requests.RequestException) as e:
+    except (MlflowException, requests.RequestException, OSError) as e:
         print(f"[gate] WARNING: could not end the parent run {parent} of sweep {sweep_id!r}: {e}")
 
 

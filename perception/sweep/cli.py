@@ -36,6 +36,7 @@ from typing import Optional, Sequence
 from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_DECIDED, EXIT_INTERRUPTED, EXIT_TIMED_OUT, exit_code, raise_on_sigterm
+from perception.mlflow_logs import no_artifact_bars
 from perception.paths import MLFLOW_EXPERIMENT, sweep_id_option
 
 PROG = "perception-sweep"
@@ -60,7 +61,14 @@ def _local(args: argparse.Namespace) -> int:
         print(f"the gate ignored a training run still RUNNING: {line}")
     print(f"report: {gate.report_dir}")
     print(f"wall time: {result.wall_s:.1f} s ({result.wall_s / 60:.1f} min)")
+    print(f"next: {ui_command(result.sweep_id, args.overrides)}   (the folds compared in the MLflow UI)")
     return result.exit_code
+
+
+def ui_command(sweep_id: str, overrides: Sequence[str]) -> str:
+    """The `perception-sweep ui` command that opens this sweep, on the store its overrides chose."""
+    uri = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("tracking.uri=")]
+    return f"perception-sweep ui --sweep-id {sweep_id}" + (f" --tracking-uri {uri[-1]}" if uri else "")
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -262,12 +270,21 @@ def _ui(args: argparse.Namespace) -> int:
     if not ui.is_server(uri):
         base, log = f"http://{args.host}:{args.port}", perception_home() / "mlflow-ui.log"
         server = ui.serve(uri, args.host, args.port, perception_home() / "mlartifacts", log)
-    print(f"sweep {view.sweep_id}: columns variant, fold, replicate, "
-          + ", ".join(f"val_auc_h{h}" for h in view.horizons) + ", val_auc_mean", flush=True)
-    print(f"grouped by variant (a group row: the arm's mean over folds): {view.url(base, 'variant')}", flush=True)
+    deciding = ", ".join(f"h{h}" for h in view.deciding)
+    print(f"sweep {view.sweep_id}: columns " + ", ".join(
+        [*(f"val_auc_h{h}" for h in view.deciding), "variant", "fold", "replicate",
+         *(f"val_auc_h{h}" for h in view.horizons if h not in view.deciding), "val_auc_mean"])
+          + (f" (the deciding horizon{'s' if len(view.deciding) > 1 else ''} {deciding} first)" if deciding else ""),
+          flush=True)
+    print(f"open first: {view.url(base, 'fold')}", flush=True)
     print(f"grouped by fold (each fold's arms side by side): {view.url(base, 'fold')}", flush=True)
+    print(f"grouped by variant (a group row: the arm's mean over folds): {view.url(base, 'variant')}", flush=True)
+    if view.comparison_url(base):
+        print(f"per-fold tables (A, B, B − A per horizon) and auc_by_horizon.png: {view.comparison_url(base)}",
+              flush=True)
     print(f"filter: {view.search_filter}", flush=True)
     if server is None:
+        print(f"the MLflow UI of {uri}", flush=True)
         return 0
     print(f"the MLflow UI serves {uri} at {base} (log {log}); Ctrl-C stops it", flush=True)
     try:
@@ -456,6 +473,7 @@ def _server_options(s: argparse.ArgumentParser) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser().parse_args(argv)
+    no_artifact_bars()  # the gate's downloads, in this process: the terminal shows the sweep's own lines
     raise_on_sigterm()  # SIGTERM reaches the sweep as Terminated: it ends its trainings and parent run first
     try:
         code = args.run(args)

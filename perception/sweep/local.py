@@ -7,6 +7,7 @@ a sweep: both `local` and `prepare` hold its lock (perception.locks) for their l
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from perception.locks import RUN_LOCK, read_holder, sweep_lock
+from perception.mlflow_logs import mlflow_info_into
 from perception.paths import DONE_FILE, check_sweep_id, new_sweep_id, perception_home, sweep_dir, tracking_uri
 from perception.gate.sequential import CONTINUE
 from perception.sweep.design import Design, RunSpec, plan_tags, study_runs
@@ -30,6 +32,9 @@ from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
 from perception.sweep.prepare import build_features, command
 from perception.sweep.trainers import Trainers
 from perception.tracking import parent_run_tags
+
+
+SWEEP_LOG = "sweep.log"  # in the sweep's directory: MLflow's INFO lines of the sweep and its gate
 
 
 @dataclass
@@ -117,18 +122,22 @@ def run_local_sweep(
 
     trainers = Trainers()
     precision = str(enum_value(cfg.trainer.precision))
-    started = parent_run_tags(sweep_id, uri, cfg.tracking.experiment).get(PRECISION_TAG)
+    early = io.StringIO()  # MLflow's lines before the sweep's directory may be made: kept for its log
+    with mlflow_info_into(early):
+        started = parent_run_tags(sweep_id, uri, cfg.tracking.experiment).get(PRECISION_TAG)
     overrides, note = pin_precision(sweep_id, started, precision, overrides)  # refused before anything is touched
     if note:
         say(note)
     first_tags = {**plan_tags(design, gate_config), PRECISION_TAG: started or precision}
-    with _sweep_lock_and_parent(sweep_id, home, uri, cfg.tracking.experiment, first_tags, say) as parent:
+    log = sweep_dir(sweep_id, home) / SWEEP_LOG
+    with _sweep_lock_and_parent(sweep_id, home, uri, cfg.tracking.experiment, first_tags, say, log,
+                                early.getvalue()) as parent:
         where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
                  f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
         waves = (f" in waves of {len(runs) // design.replicates}, the gate after each (sequential design)"
                  if design.sequential else "")
         say(f"sweep {sweep_id}: {'up to ' if design.sequential else ''}{len(runs)} runs {where}{waves}; "
-            f"parent run {parent}; tracking {uri}")
+            f"parent run {parent}; tracking {uri}; MLflow's messages in {log}")
         result = SweepResult(sweep_id, parent)
 
         _send_kept_operations(sweep_id, home, uri, say)  # a finished run is complete in MLflow before it is skipped
@@ -247,12 +256,15 @@ def _mlflow_run_id(directory: Path, uri: str) -> Optional[str]:
 
 @contextmanager
 def _sweep_lock_and_parent(sweep_id: str, home: Path, uri: str, experiment: str, plan: dict[str, str],
-                           say: Callable[[str], None]) -> Iterator[str]:
+                           say: Callable[[str], None], log: Path, logged_before: str = "") -> Iterator[str]:
     """Holds the sweep's lock (a second start on this id exits 2 here) and yields its parent run, which
-    ends KILLED or FAILED should the sweep end by an exception: a re-run sets it RUNNING again."""
+    ends KILLED or FAILED should the sweep end by an exception: a re-run sets it RUNNING again. Meanwhile
+    MLflow's INFO lines go to the sweep's `log` (after `logged_before`), not the terminal."""
     from perception.tracking import ensure_parent_run
 
-    with sweep_lock(sweep_dir(sweep_id, home), sweep_id):
+    with sweep_lock(sweep_dir(sweep_id, home), sweep_id), open(log, "a", encoding="utf-8") as log_file, \
+            mlflow_info_into(log_file):
+        log_file.write(logged_before)
         parent = ensure_parent_run(sweep_id, uri, experiment, plan)
         try:
             yield parent

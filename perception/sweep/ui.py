@@ -8,8 +8,9 @@ lets a URL and the experiment's tags preset, this sets:
   `mlflow.sharedViewState.<key>` holds {name, createdAt, updatedAt, state}, the state the runs page's
   JSON (filter, sort, columns and their order, grouping, a filter on the charts' names), and
   `#/experiments/<id>/runs?viewStateShareKey=<key>` opens it; it is also listed in the UI's "Views" menu.
-  Two per sweep: grouped by `variant` (a group row is the arm's mean over folds and replicates, what the
-  gate compares) and by `fold` (each fold's arms next to each other, paired as the gate pairs them).
+  Two per sweep: grouped by `fold` (each fold's arms next to each other, paired as the gate pairs them;
+  the link printed first) and by `variant` (a group row is the arm's mean over folds and replicates,
+  what the gate compares).
   The URL carries no search parameter beside the key: with one, the UI ignores the view;
 - `workflowType=machine_learning` in the URL: the UI in its "Model training" mode, whose experiment page
   is the runs view. Its default, kept per browser, is GenAI; the experiment tag
@@ -17,10 +18,14 @@ lets a URL and the experiment's tags preset, this sets:
   headless Chromium: with or without it a plain experiment link opens the GenAI overview), so it is not
   set.
 
-What it cannot preset: a table with one row per fold and one column per arm (the UI groups rows, it
-does not pivot them), the per-fold difference B − A the gate computes (the gate's `report.md` has it),
-column widths, or the charts' layout beyond a filter on their names (the UI builds its default charts
-from the metrics it finds; `val_auc` keeps the AUC ones).
+The columns: the deciding horizons' `val_auc` first (those the parent run's gate plan weighs), right
+after the run's name, since the UI's assistant panel, open by default on a local server, covers the
+right third of a 1280 px screen; then the identity tags and the other horizons.
+
+What it cannot preset: closing the assistant panel or the shared-view banner, a table with one row per
+fold and one column per arm (the UI groups rows, it does not pivot them: the gate logs per-fold tables
+with B − A to the parent run, `comparison/`), column widths, or the charts' layout beyond a filter on
+their names (the UI builds its default charts from the metrics it finds; `val_auc` keeps the AUC ones).
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 from urllib.parse import quote, urlencode, urlsplit
 
 from perception.errors import ConfigError, PerceptionError
+from perception.gate.study import PLAN_TAG
 from perception.paths import check_sweep_id
 
 SHARE_TAG_PREFIX, SHARE_URL_PARAM = "mlflow.sharedViewState.", "viewStateShareKey"
-GROUPINGS = ("variant", "fold")  # the shared views, one per grouping; the first is printed first
+# the shared views, one per grouping; the first is the link to open first: each fold's arms side by side
+GROUPINGS = ("fold", "variant")
 IDENTITY_TAGS = ("variant", "fold", "replicate")
 SUMMARY_METRICS = ("val_auc_mean", "val_loss")
 AUC_METRIC = re.compile(r"^val_auc_h(\d+)$")
@@ -54,8 +61,16 @@ class SweepView:
     experiment_id: str
     sweep_id: str
     search_filter: str
-    horizons: list[int]
+    horizons: list[int]  # the deciding horizons first, as the columns run
     share_keys: dict[str, str]  # grouping -> share key
+    deciding: tuple[int, ...] = ()  # the horizons the pre-registered plan weighs
+    parent_run_id: Optional[str] = None
+
+    def comparison_url(self, base: str) -> Optional[str]:
+        """The parent run's artifacts: the gate's per-fold tables and auc_by_horizon.png."""
+        if self.parent_run_id is None:
+            return None
+        return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.parent_run_id}/artifacts"
 
     def url(self, base: str, grouping: str = GROUPINGS[0]) -> str:
         """The runs page of this sweep with the shared view of `grouping`."""
@@ -83,20 +98,28 @@ def prepare_view(client, experiment: str, sweep_id: Optional[str]) -> SweepView:
         raise ConfigError(f"--sweep-id {sweep_id!r}: no training runs of that sweep in experiment {experiment!r} "
                           f"at {client.tracking_uri}")
     horizons = sorted({int(m.group(1)) for r in runs for k in r.data.metrics if (m := AUC_METRIC.match(k))})
+    parent = _parent_run(client, exp.experiment_id, sweep_id)
+    deciding = tuple(h for h in _planned_weights(parent) if h in horizons)
+    horizons = [*deciding, *(h for h in horizons if h not in deciding)]  # the columns that decide come first
     view = SweepView(exp.experiment_id, sweep_id, training_filter(sweep_id), horizons,
-                     {g: f"perception.{sweep_id}.by-{g}" for g in GROUPINGS})
+                     {g: f"perception.{sweep_id}.by-{g}" for g in GROUPINGS}, deciding,
+                     parent.info.run_id if parent else None)
     now_ms = int(time.time() * 1000)
     for grouping, key in view.share_keys.items():
-        state = json.dumps(view_state(view.search_filter, horizons, grouping), separators=(",", ":"))
+        state = json.dumps(view_state(view.search_filter, horizons, grouping, deciding), separators=(",", ":"))
         envelope = {"name": f"sweep {sweep_id} by {grouping}", "createdAt": now_ms, "updatedAt": now_ms, "state": state}
         client.set_experiment_tag(exp.experiment_id, SHARE_TAG_PREFIX + key, json.dumps(envelope))
     return view
 
 
-def view_state(search_filter: str, horizons: list[int], grouping: str) -> dict:
+def view_state(search_filter: str, horizons: list[int], grouping: str, deciding: Sequence[int] = ()) -> dict:
     """The runs page's state as the UI shares it: search facets plus its UI state (every field, since
-    the UI replaces its state with what it reads)."""
-    columns = ([_column("tags", t) for t in IDENTITY_TAGS] + [_column("metrics", f"val_auc_h{h}") for h in horizons]
+    the UI replaces its state with what it reads). The deciding horizons' columns come first, right
+    after the run's name: at 1280 px the UI's assistant panel, open by default, hides what lies further
+    right (measured with 3.17.2 in headless Chromium)."""
+    first = [_column("metrics", f"val_auc_h{h}") for h in deciding]
+    columns = (first + [_column("tags", t) for t in IDENTITY_TAGS]
+               + [_column("metrics", f"val_auc_h{h}") for h in horizons if h not in deciding]
                + [_column("metrics", m) for m in SUMMARY_METRICS])
     return {
         "searchFilter": search_filter, "orderByKey": _column("tags", "fold"), "orderByAsc": True,
@@ -114,6 +137,22 @@ def view_state(search_filter: str, horizons: list[int], grouping: str) -> dict:
 def _column(kind: str, name: str) -> str:
     """A column as the UI names it: kind.`name`."""
     return f"{kind}.`{name}`"
+
+
+def _parent_run(client, experiment_id: str, sweep_id: str):
+    found = client.search_runs([experiment_id], filter_string=f"tags.sweep_id = '{sweep_id}' AND tags.role = 'sweep'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+    return found[0] if found else None
+
+
+def _planned_weights(parent) -> list[int]:
+    """The horizons the sweep's pre-registered gate plan weighs (rule 1's), heaviest first; none when
+    the parent has no readable plan."""
+    try:
+        weights = json.loads(parent.data.tags[PLAN_TAG])["settings"]["weights"] if parent else {}
+        return [int(h) for h, w in sorted(weights.items(), key=lambda kv: -float(kv[1])) if float(w) > 0]
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return []
 
 
 def _latest_sweep(client, experiment_id: str, experiment: str) -> str:

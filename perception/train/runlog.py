@@ -1,7 +1,8 @@
 """`train.log` in the run directory: what the run wrote to stdout and stderr, and its log records,
 kept beside the checkpoints and uploaded with the run (a pod's own log vanishes with the pod).
 
-Python-level: print, warnings, tqdm and logging reach the file; output written by C code straight
+Python-level: print, warnings, tqdm and logging reach the file (MLflow's INFO lines the file only, not
+the terminal); output written by C code straight
 to file descriptors 1 and 2 does not. A retried or resumed run appends to the same file.
 Carriage-return frames (progress bars drawn on a terminal) reach the file as their last frame only.
 
@@ -19,6 +20,8 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
+
+from perception.mlflow_logs import mlflow_info_into
 
 LOG_FILE = "train.log"
 
@@ -83,6 +86,8 @@ class RunLog:
         root = logging.getLogger()
         if not any(isinstance(h, logging.StreamHandler) and self._is_log(h.stream) for h in root.handlers):
             root.addHandler(self._handler)
+        self._mlflow = mlflow_info_into(self._file)  # type: ignore[arg-type]
+        self._mlflow.__enter__()  # MLflow's INFO lines here only, not on the terminal
         return self
 
     def _tee(self, stream: TextIO) -> TextIO:
@@ -107,6 +112,7 @@ class RunLog:
         self._file.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
 
     def __exit__(self, *exc) -> None:
+        self._mlflow.__exit__(None, None, None)
         logging.getLogger().removeHandler(self._handler)
         sys.stdout, sys.stderr = self._saved
         self._file.close()

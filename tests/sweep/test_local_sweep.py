@@ -59,6 +59,19 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     assert report.is_dir() and any(report.iterdir())
     assert re.search(r"^wall time: [\d.]+ s", r.stdout, re.M)
     assert len(re.findall(r"^\[\d/6\] .*: finished in", r.stderr, re.M)) == 6
+    # the terminal: the product's lines; MLflow's INFO lines in the sweep's and the runs' logs, no download bars
+    assert "INFO mlflow" not in r.stderr + r.stdout and "Downloading artifacts" not in r.stderr, r.stderr[-3000:]
+    assert "Started monitoring system metrics" in (run_dir(sweep_id, "shared", 0, perception_home) / "train.log").read_text()
+    assert r.stdout.splitlines()[-1].startswith(f"next: perception-sweep ui --sweep-id {sweep_id} --tracking-uri "
+                                                f"{mlflow_server}")
+    # the report of a ci sweep opens with its first screen: the decision, the lift, the evidence, the next step
+    screen = (report / "report.md").read_text().split("\n\n")[1].splitlines()
+    assert 3 <= len(screen) <= 6, screen
+    assert re.match(r"\*\*(Ship `per_horizon`|Keep `shared`|Inconclusive|Refused)\*\*: ", screen[0]), screen
+    if not screen[0].startswith("**Refused"):  # a commit meanwhile: the gate refuses on git_sha (assert_decided)
+        assert "W, the validation-AUC lift B − A (per_horizon − shared) at h40, averaged over 3 folds" in "\n".join(screen)
+        assert re.search(r"AUC points, 95 % interval \[[-+]\d+\.\d, [-+]\d+\.\d\]", "\n".join(screen)), screen
+    assert screen[-1].startswith("Next: "), screen
 
     runs = train_runs(mlflow_server, sweep_id)
     assert sorted((x.data.tags["variant"], x.data.tags["fold"]) for x in runs) == sorted(

@@ -85,10 +85,23 @@ def test_ui_points_at_a_tracking_server_with_the_sweep_s_runs_view(mlflow_server
     assert r.returncode == 2 and "--sweep-id 'no-such-sweep'" in r.stderr, r.stderr
 
 
+def plan_parent(client: MlflowClient, sweep_id: str, experiment: str = "perception-ab") -> str:
+    """Records the ci gate plan on the sweep's parent run, as a sweep does before training; its id."""
+    from perception.gate.config import load_gate_config
+    from perception.gate.study import PLAN_TAG, gate_plan
+
+    exp_id = client.get_experiment_by_name(experiment).experiment_id
+    parent = client.search_runs([exp_id], f"tags.sweep_id = '{sweep_id}' AND tags.role = 'sweep'")[0].info.run_id
+    plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon"], 1)
+    client.set_tag(parent, PLAN_TAG, json.dumps(plan))
+    return parent
+
+
 def test_ui_serves_a_local_store_until_terminated(tmp_path):
     home = tmp_path / "home"
     uri, client = new_store(home)
     build_sweep(client, "ui-local", SPEC)
+    parent = plan_parent(client, "ui-local")
     port = free_port()
     env = {**os.environ, "PERCEPTION_HOME": str(home), "MLFLOW_TRACKING_URI": uri}
     proc = subprocess.Popen(["perception-sweep", "ui", "--port", str(port)], stdout=subprocess.PIPE,
@@ -108,6 +121,14 @@ def test_ui_serves_a_local_store_until_terminated(tmp_path):
         served = MlflowClient(tracking_uri=base)  # the search API of the UI the command started
         for grouping, url in urls.items():
             check_view(served, url, grouping, "ui-local", base)
+        # one link first: the folds side by side, the deciding horizon's column (h40, the plan's) first
+        assert re.search(r"^open first: (http\S+)$", out, re.M).group(1) == urls["fold"]
+        _, state = shared_view(served, urls["fold"])
+        assert state["columnOrder"][:4] == ["metrics.`val_auc_h40`", "tags.`variant`", "tags.`fold`", "tags.`replicate`"]
+        assert "(the deciding horizon h40 first)" in out
+        assert f"and auc_by_horizon.png: {base}/#/experiments/0/runs/{parent}/artifacts" in out.replace(
+            f"/experiments/{client.get_experiment_by_name('perception-ab').experiment_id}/", "/experiments/0/")
+        assert f"the MLflow UI serves {uri} at {base}" in out
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
