@@ -3,7 +3,8 @@ ledger so that a training run survives a tracking-server outage without losing a
 
 Every tracking operation of a run (start, metrics, artifacts, status, end) is first appended to
 `tracking.jsonl` in the run directory, then sent; ids of sent operations go to `tracking_sent.jsonl`.
-Whatever could not be sent is replayed later, in order, by the resumed run or `perception-sweep sync`.
+Whatever could not be sent is replayed later, in order, by the resumed run, by `recover_sweep` before a
+sweep or its gate decides (re-running the sweep recovers an outage), or by `perception-sweep sync`.
 """
 
 from __future__ import annotations
@@ -228,6 +229,16 @@ class RunLedger:
     def failures(self) -> list[str]:
         return list(self._failures)
 
+    def resend_all(self) -> None:
+        """Every entry sent again, in order, sent or not: for an MLflow run that did not keep all of it
+        (MLflow takes the repeats idempotently). Raises on the first failure."""
+        for entry in self.entries():
+            self._send(entry)
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Records a failure of recovery work done beside flush (its last line is what sync reports)."""
+        self._failures.append(f"{what}: {type(exc).__name__}: {exc}"[:300])
+
     def _send(self, entry: dict) -> None:
         from mlflow.entities import Metric, Param, RunTag
 
@@ -345,7 +356,7 @@ def _complete_finished(ledger: RunLedger, out: Recovery) -> bool:
         run = client(ledger.tracking_uri).get_run(run_id) if run_id else None
     except Exception as exc:  # MLflow's "no such run", or the server unreachable
         if getattr(exc, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
-            ledger._failures.append(f"checking run {run_id}: {type(exc).__name__}: {exc}"[:300])
+            ledger.failed(f"checking run {run_id}", exc)
             return False
         run = None
     try:
@@ -358,12 +369,11 @@ def _complete_finished(ledger: RunLedger, out: Recovery) -> bool:
                                      f"ledger as run {ledger.run_id()}")
             return ok
         if ended and run.info.status != ended[-1]:
-            for entry in ledger.entries():
-                ledger._send(entry)
+            ledger.resend_all()
             out.completed.append(f"{ledger.run_dir.name}: run {run_id} was {run.info.status}; completed from its "
                                  f"ledger ({ended[-1]})")
     except Exception as exc:  # any transport or server error: the next attempt does it again
-        ledger._failures.append(f"completing run {run_id}: {type(exc).__name__}: {exc}"[:300])
+        ledger.failed(f"completing run {run_id}", exc)
         return False
     return True
 
