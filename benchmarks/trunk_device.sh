@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: the trunk's speed and quality checks (issue "trunk at the roofline").
+# On the GPU machine: the trunk's speed, quality and determinism checks.
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
 #     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; LOOP=1 also runs
