@@ -101,5 +101,5 @@ def test_a_sweep_id_longer_than_an_argo_label_is_a_usage_error(tmp_path):
     done = gate_cli("--sweep-id", "s" * 64, "--config", "ci", "--tracking-uri", str(tmp_path / "no-store"),
                     home=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert f"perception-gate: error: --sweep-id '{'s' * 64}'" in done.stderr and "at most 63 characters" in done.stderr
+    assert f"perception-gate: error: argument --sweep-id: '{'s' * 64}'" in done.stderr and "at most 63 characters" in done.stderr
     assert done.stdout == "" and not (tmp_path / "no-store").exists()
