@@ -19,7 +19,10 @@ afterwards reads PostgreSQL and the artifact store directly: every recorded oper
 run's history (params, tags, metrics by step, artifacts, status) digested, to compare with the
 no-fault run's digests in the results file.
 
-    python benchmarks/tracking_load.py --writers 27 81 [--fault none|server|postgres]
+Writers start together by default (their epochs then end in the same second: the worst burst);
+--stagger-s spreads their starts as pods' scheduling does.
+
+    python benchmarks/tracking_load.py --writers 27 81 [--fault none|server|postgres] [--stagger-s 15]
 """
 
 from __future__ import annotations
@@ -126,6 +129,7 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
     record = RunRecord(ledger, system_metrics=True)
     stalls: list[float] = []  # seconds each epoch-end flush held the training
     log = open(place / "train.log", "a")
+    time.sleep(cell["delay_s"])  # pods start apart; 0: every writer at once, their epochs ending together
     try:
         tags = train_tags(cell["study"], cell["arm"], cell["fold"], cell["rep"])
         try:
@@ -234,7 +238,9 @@ def check_run(place: Path, store: dict[str, dict]) -> dict:
                    "tags": {k: v for k, v in got["tags"].items() if not k.startswith("mlflow.")},
                    "metrics": sorted((k, s, v) for (k, s), vs in got["metrics"].items() for v in vs),
                    "artifacts": sorted(got["artifacts"])}
-    digest = hashlib.sha256(json.dumps(history, sort_keys=True).encode()).hexdigest()[:16]
+    study = place.parent.name  # the sweep id: compared across runs as a placeholder
+    text = json.dumps(history, sort_keys=True).replace(study, "<study>")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     return {"recorded": len(entries), "kept": kept, "lost": lost, "digest": digest,
             "system_points": got["system"] if got else 0,
             "nested": bool(got and got["tags"].get("mlflow.parentRunId"))}
@@ -271,15 +277,10 @@ class Usage:
 
 
 def load_run(n_writers: int, args: argparse.Namespace) -> dict:
-    from mlflow.tracking import MlflowClient
-
-    from perception.gate import inputs
-    from perception.gate.inputs import GateRefusal, load_sweep
-    from perception.gate.run import run_gate
-    from perception.sweep.ui import prepare_view
-
-    studies = [f"load{n_writers}-{args.fault}-s{i}" for i in range(max(1, n_writers // len(ARMS) // FOLDS // REPLICATES))]
+    studies = [f"load{n_writers}-s{i}" for i in range(max(1, n_writers // len(ARMS) // FOLDS // REPLICATES))]
     all_cells = [c for s in studies for c in cells(s)][:n_writers]
+    for i, c in enumerate(all_cells):  # spread evenly over --stagger-s, in a fixed order
+        c["delay_s"] = args.stagger_s * i / len(all_cells)
     png = (REPO / "benchmarks" / "results" / "gate_oc.png").read_bytes()  # a plot the size of the attention one
     sysmetrics.SAMPLING_INTERVAL_S = args.system_interval_s  # compressed cadence, read by each writer's monitor
     with tempfile.TemporaryDirectory(prefix="tracking-load-") as tmp, postgres(durable=True) as pg:
@@ -289,73 +290,89 @@ def load_run(n_writers: int, args: argparse.Namespace) -> dict:
         server = MlflowServer(tmp / "server", backend_store_uri=pg.uri("mlflow"), auth_database_uri=pg.uri("mlflow_auth"),
                               password=password, workers=2, auth_cache_s=args.auth_cache_s)
         server.start()
-        os.environ.update(PERCEPTION_HOME=str(home), MLFLOW_TRACKING_USERNAME=USERNAME, MLFLOW_TRACKING_PASSWORD=password)
-        for s in studies:
-            ensure_parent_run(s, server.uri, MLFLOW_EXPERIMENT)
-        ctx = multiprocessing.get_context("fork")  # imported once; each writer its own process, as pods are
-        outs = [tmp / f"writer-{i}.json" for i in range(len(all_cells))]
-        procs = [ctx.Process(target=write_run, args=(c, home, server.uri, args, png, o)) for c, o in zip(all_cells, outs)]
-        server_use, db_use = Usage(), Usage()
-        started = time.monotonic()
-        for p in procs:
-            p.start()
-        expected_s = args.epochs * args.epoch_s
-        fault_at, fault_done, down = started + args.fault_at * expected_s, args.fault == "none", []
-        total_epochs = len(procs) * args.epochs
-        bar = tqdm(total=total_epochs, desc=f"N={len(procs)} fault={args.fault}", unit="epoch")
-        while any(p.is_alive() for p in procs):
-            server_use.sample(server.pid())
-            db_use.sample(pg.pid())
-            done = sum(1 for c in all_cells for _ in _metrics_lines(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"])))
-            bar.update(done - bar.n)
-            if not fault_done and time.monotonic() >= fault_at:
-                t = time.monotonic()
-                if args.fault == "server":
-                    server.kill()
-                    time.sleep(args.down_s)
-                    server.start()
-                else:
-                    pg.stop(fast=False)
-                    time.sleep(args.down_s)
-                    pg.start()
-                down.append(round(time.monotonic() - t, 2))
-                fault_done = True
-            time.sleep(0.5)
-        bar.close()
-        wall = time.monotonic() - started
-        for p in procs:
-            p.join()
-        writers = [json.loads(o.read_text()) if o.exists() else {"failed": "no result"} for o in outs]
+        try:
+            return _load(server, pg, tmp, home, password, studies, all_cells, png, args)
+        finally:
+            server.stop()
 
-        t = time.monotonic()
-        replayed = sum(replay_unsent(s, home, server.uri) for s in studies)  # `perception-sweep sync`
-        replay_s = time.monotonic() - t
-        store = stored(pg.dsn("mlflow"), tmp / "server" / "artifacts")
-        checks = {f"{c['study'].split('-s')[-1]}/{run_name(c['arm'], c['fold'], c['rep'])}":
-                  check_run(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]), store) for c in all_cells}
 
-        client = MlflowClient(server.uri)
-        gate_read_s: dict[int, list[float]] = {}
-        readers_now = inputs.READERS
-        for readers in (1, readers_now, 1, readers_now):  # run by run, as the gate read before, then at once
-            inputs.READERS, t = readers, time.monotonic()
-            try:
-                load_sweep(client, server.uri, MLFLOW_EXPERIMENT, studies[0], optional_arms=["shared_skip"])
-            except GateRefusal:
-                pass  # timed all the same; the decision below says why
-            gate_read_s.setdefault(readers, []).append(round(time.monotonic() - t, 2))
-        inputs.READERS = readers_now
-        decisions, gate_s = [], []
-        for s in studies:
+def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], all_cells: list[dict], png: bytes,
+          args: argparse.Namespace) -> dict:
+    """Writers, the fault, replay, the check, the gate and the UI's view against a started server."""
+    from mlflow.tracking import MlflowClient
+
+    from perception.gate import inputs
+    from perception.gate.inputs import GateRefusal, load_sweep
+    from perception.gate.run import run_gate
+    from perception.sweep.ui import prepare_view
+
+    os.environ.update(PERCEPTION_HOME=str(home), MLFLOW_TRACKING_USERNAME=USERNAME, MLFLOW_TRACKING_PASSWORD=password)
+    for s in studies:
+        ensure_parent_run(s, server.uri, MLFLOW_EXPERIMENT)
+    ctx = multiprocessing.get_context("fork")  # imported once; each writer its own process, as pods are
+    outs = [tmp / f"writer-{i}.json" for i in range(len(all_cells))]
+    procs = [ctx.Process(target=write_run, args=(c, home, server.uri, args, png, o), daemon=True)  # end with this one
+             for c, o in zip(all_cells, outs)]
+    server_use, db_use = Usage(), Usage()
+    started = time.monotonic()
+    for p in procs:
+        p.start()
+    expected_s = args.epochs * args.epoch_s + args.stagger_s
+    fault_at, fault_done, down = started + args.fault_at * expected_s, args.fault == "none", []
+    total_epochs = len(procs) * args.epochs
+    bar = tqdm(total=total_epochs, desc=f"N={len(procs)} fault={args.fault}", unit="epoch")
+    while any(p.is_alive() for p in procs):
+        server_use.sample(server.pid())
+        db_use.sample(pg.pid())
+        done = sum(1 for c in all_cells for _ in _metrics_lines(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"])))
+        bar.update(done - bar.n)
+        if not fault_done and time.monotonic() >= fault_at:
             t = time.monotonic()
-            outcome = run_gate(s, server.uri, config_name="ci", out_dir=tmp / "gate" / s, progress=False)
-            gate_s.append(time.monotonic() - t)
-            decisions.append(outcome.decision or "refused: " + "; ".join(outcome.reasons)[:300])
+            if args.fault == "server":
+                server.kill()
+                time.sleep(args.down_s)
+                server.start()
+            else:
+                pg.stop(fast=False)
+                time.sleep(args.down_s)
+                pg.start()
+            down.append(round(time.monotonic() - t, 2))
+            fault_done = True
+        time.sleep(0.5)
+    bar.close()
+    wall = time.monotonic() - started
+    for p in procs:
+        p.join()
+    writers = [json.loads(o.read_text()) if o.exists() else {"failed": "no result"} for o in outs]
+
+    t = time.monotonic()
+    replayed = sum(replay_unsent(s, home, server.uri) for s in studies)  # `perception-sweep sync`
+    replay_s = time.monotonic() - t
+    store = stored(pg.dsn("mlflow"), tmp / "server" / "artifacts")
+    checks = {f"{c['study'].split('-s')[-1]}/{run_name(c['arm'], c['fold'], c['rep'])}":
+              check_run(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]), store) for c in all_cells}
+
+    client = MlflowClient(server.uri)
+    gate_read_s: dict[int, list[float]] = {}
+    readers_now = inputs.READERS
+    for readers in (1, readers_now, 1, readers_now):  # run by run, as the gate read before, then at once
+        inputs.READERS, t = readers, time.monotonic()
+        try:
+            load_sweep(client, server.uri, MLFLOW_EXPERIMENT, studies[0], optional_arms=["shared_skip"])
+        except GateRefusal:
+            pass  # timed all the same; the decision below says why
+        gate_read_s.setdefault(readers, []).append(round(time.monotonic() - t, 2))
+    inputs.READERS = readers_now
+    decisions, gate_s = [], []
+    for s in studies:
         t = time.monotonic()
-        view = prepare_view(client, MLFLOW_EXPERIMENT, studies[0])
-        shown = client.search_runs([view.experiment_id], filter_string=view.search_filter, max_results=1000)
-        ui_s = time.monotonic() - t
-        server.stop()
+        outcome = run_gate(s, server.uri, config_name="ci", out_dir=tmp / "gate" / s, progress=False)
+        gate_s.append(time.monotonic() - t)
+        decisions.append(outcome.decision or "refused: " + "; ".join(outcome.reasons)[:300])
+    t = time.monotonic()
+    view = prepare_view(client, MLFLOW_EXPERIMENT, studies[0])
+    shown = client.search_runs([view.experiment_id], filter_string=view.search_filter, max_results=1000)
+    ui_s = time.monotonic() - t
 
     by_op: dict[str, list[float]] = {}
     for w in writers:
@@ -416,6 +433,8 @@ def main() -> None:
     ap.add_argument("--down-s", type=float, default=5.0, help="how long the killed server stays down")
     ap.add_argument("--auth-cache-s", type=int, default=60,
                     help="the auth app's credential cache, auth_cache_ttl_seconds (the cluster's: 60; 0: none)")
+    ap.add_argument("--stagger-s", type=float, default=0.0,
+                    help="writers start spread over this many seconds (0: all at once, the worst case)")
     ap.add_argument("--label", default="", help="a name for this configuration in the results file")
     args = ap.parse_args()
 

@@ -10,10 +10,10 @@ import psycopg2
 import requests
 from mlflow.tracking import MlflowClient
 
-from tests.mlflow_server import BOTH_BACKENDS
+from tests.mlflow_server import both_backends
 
 
-@BOTH_BACKENDS
+@both_backends()
 def test_server_round_trips_a_run_with_an_artifact(mlflow_server: str, tmp_path: Path) -> None:
     assert mlflow_server.startswith("http://127.0.0.1:")
     client = MlflowClient(tracking_uri=mlflow_server)

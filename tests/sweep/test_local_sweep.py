@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from perception.paths import run_dir
+from tests.mlflow_server import both_backends
 
 CI = ["experiment=ci", "trainer.epochs=1"]
 REPO = Path(__file__).resolve().parents[2]
@@ -46,9 +47,8 @@ def train_runs(uri: str, sweep_id: str):
     return c.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.role = 'train'")
 
 
-@pytest.mark.parametrize("mlflow_server", [pytest.param("sqlite", marks=pytest.mark.slow(seconds=290)),
-                                           pytest.param("postgresql", marks=pytest.mark.slow(seconds=300))],
-                         indirect=True)
+@pytest.mark.slow(seconds=290)
+@both_backends(postgresql_seconds=450)
 def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(perception_home, mlflow_server):
     sweep_id = f"e2e-{uuid.uuid4().hex[:8]}"
     args = ["local", "--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}"]

@@ -19,7 +19,7 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from tests.gate.sweep_store import SweepSpec, build_sweep, new_store
-from tests.mlflow_server import BOTH_BACKENDS, free_port
+from tests.mlflow_server import both_backends, free_port
 
 URL_LINE = re.compile(r"^grouped by (variant|fold)\b.*?(http\S+)$", re.M)
 SPEC = SweepSpec(mu_a=[0.6] * 5, mu_b=[0.6, 0.6, 0.6, 0.6, 0.7], n_windows=200)
@@ -60,7 +60,7 @@ def check_view(client: MlflowClient, url: str, grouping: str, sweep_id: str, bas
         assert column in state["selectedColumns"]
 
 
-@BOTH_BACKENDS
+@both_backends(100)
 def test_ui_points_at_a_tracking_server_with_the_sweep_s_runs_view(mlflow_server, tmp_path):
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = f"ui-{uuid.uuid4().hex[:8]}"

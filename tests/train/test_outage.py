@@ -8,13 +8,13 @@ import json
 from mlflow.tracking import MlflowClient
 
 from perception.tracking import replay_unsent
-from tests.mlflow_server import BOTH_BACKENDS, free_port
+from tests.mlflow_server import both_backends, free_port
 from tests.train.helpers import cli
 
 FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}
 
 
-@BOTH_BACKENDS
+@both_backends(45)
 def test_outage_then_replay(perception_home, mlflow_server):
     dead = f"http://127.0.0.1:{free_port()}"
     res = cli("perception-train", "experiment=ci", "sweep_id=outage", f"tracking.uri={dead}",
