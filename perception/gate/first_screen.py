@@ -136,14 +136,18 @@ def test_words(rule: RuleResult, f: Facts) -> str:
             f"(α = {f.cfg['alpha']:g} shared by the two rules, Holm's method)")
 
 
-def sweep_command(f: Facts, *flags: str) -> str:
-    return " ".join(["perception-sweep local", f"--sweep-id {f.sweep_id}", *flags,
+def sweep_command(f: Facts, *flags: str, this_sweep: bool = True) -> str:
+    """`perception-sweep local` continuing this sweep, or (`this_sweep=False`) starting a new one: replicates
+    added to a sweep after its gate has looked would test it again on the same question (the sequential
+    design is the way to do that)."""
+    return " ".join(["perception-sweep local", *([f"--sweep-id {f.sweep_id}"] if this_sweep else []), *flags,
                      *([f"experiment={f.experiment}"] if f.experiment else [])])
 
 
-def three_arm_command(f: Facts, replicates: Optional[int] = None) -> str:
+def three_arm_command(f: Facts, replicates: Optional[int] = None, this_sweep: bool = True) -> str:
     r = replicates or len(f.inputs.replicates)
-    return sweep_command(f, f"--arms {','.join(ATTRIBUTION.arms)}", *([f"--replicates {r}"] if r > 1 else []))
+    return sweep_command(f, f"--arms {','.join(ATTRIBUTION.arms)}", *([f"--replicates {r}"] if r > 1 else []),
+                         this_sweep=this_sweep)
 
 
 def _is_two_arm_study(f: Facts) -> bool:
@@ -204,11 +208,11 @@ def _ship_next(f: Facts, overstated: bool) -> str:
         return (f"prefer `{attr.control}`: the lift comes from the context path, which it has with one shared "
                 f"query.")
     if attr is not None and attr.decision != f"ship_{attr.treatment}":
-        return (f"settle the attribution with more replicates: `{three_arm_command(f, replicates)}` adds them to "
-                f"this sweep.")
+        return (f"settle the attribution with more replicates, in a new sweep: "
+                f"`{three_arm_command(f, replicates, this_sweep=False)}`.")
     if overstated:
         return (f"confirm the size with more replicates before relying on it: "
-                f"`{sweep_command(f, f'--replicates {replicates}')}` adds them to this sweep.")
+                f"a new sweep, `{sweep_command(f, f'--replicates {replicates}', this_sweep=False)}`.")
     return f"adopt `{f.main.treatment}`."
 
 
@@ -225,7 +229,7 @@ def _keep(f: Facts) -> Screen:
     if attribution:
         s.append(attribution)
     s.append(f"Next: nothing; keep `{m.control}`." + (
-        f" Only to rule out lifts under {points(w.mde, False)} points: `{sweep_command(f, '--replicates 3')}`."
+        f" Only to rule out lifts under {points(w.mde, False)} points: a new sweep, `{sweep_command(f, '--replicates 3', this_sweep=False)}`."
         if len(f.inputs.replicates) == 1 and math.isfinite(w.mde) and w.mde > 2 * f.cfg["min_lift"] else ""))
     return Screen(s)
 
@@ -248,7 +252,8 @@ def _inconclusive(f: Facts) -> Screen:
                  f"(A/A sweeps that measure its training noise), then gate again with `{sweep_command(f)}`.")
     else:
         replicates = max(3, 2 * len(f.inputs.replicates))
-        s.append(f"Next: more replicates, `{sweep_command(f, f'--replicates {replicates}')}` adds them to this sweep.")
+        s.append(f"Next: more replicates, in a new sweep: "
+                 f"`{sweep_command(f, f'--replicates {replicates}', this_sweep=False)}`.")
     return Screen(s)
 
 
