@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
-from perception.gate.first_screen import decision_kind
+import numpy as np
+
+from perception.gate.first_screen import below_half, decision_kind
 from perception.gate.run import run_gate
 from tests.gate.sweep_store import SweepSpec, build_sweep
 from tests.gate.test_sequential_gate import log_wave, start_sweep
@@ -138,3 +141,18 @@ def test_a_sequential_look_that_goes_on_says_so_with_its_repeated_interval(gate_
 def test_decision_kinds():
     assert [decision_kind(d) for d in ("ship_per_horizon", "keep_shared_skip", "inconclusive", "continue", None)] == [
         "ship", "keep", "inconclusive", "continue", "refused"]
+
+
+def test_an_auc_far_under_half_on_few_windows_is_named_as_within_chance():
+    """The ci sweep's case: h40 at 0.29 in one fold on 28 independent windows (se 0.11 around 0.5)."""
+    per_fold_auc = {"shared": np.array([[0.41], [0.52], [0.55]]), "per_horizon": np.array([[0.29], [0.51], [0.56]])}
+    m = SimpleNamespace(control="shared", treatment="per_horizon",
+                        auc={v: {"per_fold": a} for v, a in per_fold_auc.items()},
+                        per_fold=[{"fold": f, "horizon": 40, "delong_thinned": {"n": 28}} for f in range(3)])
+    lines = below_half(m, SimpleNamespace(horizons=[40], n_folds=3))
+    assert lines == ["AUC under 0.5 at h40: fold 0 shared 0.41, per_horizon 0.29 (28 independent windows: se 0.11 "
+                     "around 0.5, so chance can give this). More validation data would tell a reversed relation "
+                     "from chance."]
+    m.per_fold = [{"fold": f, "horizon": 40, "delong_thinned": {"n": 400}} for f in range(3)]  # se 0.03: clear
+    assert below_half(m, SimpleNamespace(horizons=[40], n_folds=3))[0].startswith(
+        "AUC clearly below 0.5 at h40: fold 0 shared 0.41, per_horizon 0.29 (400 independent windows, se 0.03")
