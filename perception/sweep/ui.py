@@ -24,7 +24,8 @@ right third of a 1280 px screen; then the identity tags and the other horizons.
 
 What it cannot preset: closing the assistant panel or the shared-view banner, a table with one row per
 fold and one column per arm (the UI groups rows, it does not pivot them: the gate logs per-fold tables
-with B − A to the parent run, `comparison/`), column widths, or the charts' layout beyond a filter on
+with B − A to the parent run, `comparison/`), rounded values (`columnWidths` is honoured, but a metric
+shows all its digits, cut at the column's width), or the charts' layout beyond a filter on
 their names (the UI builds its default charts from the metrics it finds; `val_auc` keeps the AUC ones).
 """
 
