@@ -9,9 +9,9 @@ A writer is one cell (arm x fold x replicate) of a three-arm study with three re
 are one study, 81 three studies at once. Each writes what loop.py writes: the start (tags, every
 config param), per-epoch metrics and diagnostics after each epoch (flushing after every step as the
 loop does), MLflow's system metrics every interval, then the predictions and attention artifacts,
-the log and config, and the end. Epochs are compressed (15 s, not minutes), system metrics at
-production's 10 s (--system-interval-s 1 is ten times production's rate): the same operations in the
-same order, epochs' operations sent faster than production sends them.
+the log and config, and the end. Epochs are compressed (15 s, not minutes), system metrics at the
+trainer's period (perception/train/sysmetrics.py; --system-interval-s sets another): the same
+operations in the same order, epochs' operations sent faster than production sends them.
 
 Faults (--fault): `server` SIGKILLs the tracking server's process group mid-way and starts it again
 after --down-s; `postgres` SIGKILLs PostgreSQL (crash recovery on restart) the same way. The check
@@ -428,7 +428,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--epoch-s", type=float, default=15.0, help="seconds of 'training' per epoch")
     ap.add_argument("--step-s", type=float, default=0.05, help="seconds per training step (a flush after each)")
-    ap.add_argument("--system-interval-s", type=float, default=10.0, help="system metrics sampling (production's: 10)")
+    ap.add_argument("--system-interval-s", type=float, default=sysmetrics.SAMPLING_INTERVAL_S,
+                    help="system metrics sampling (default: the trainer's)")
     ap.add_argument("--fault-at", type=float, default=0.4, help="when the fault hits, as a fraction of the epochs' time")
     ap.add_argument("--down-s", type=float, default=5.0, help="how long the killed server stays down")
     ap.add_argument("--auth-cache-s", type=int, default=60,
