@@ -38,7 +38,9 @@ def test_prepare_a_training_and_the_gate_write_only_where_their_pods_can(tmp_pat
     roots = {POD_TMP: tmp_path / "tmp", POD_HOME: tmp_path / "home", POD_PERCEPTION_HOME: tmp_path / "perception-home"}
     for d in roots.values():
         d.mkdir()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PERCEPTION_"))},
+    # Inductor exports its cache folder (TORCHINDUCTOR_CACHE_DIR) once a process compiles; a pod starts without it
+    env = {**{k: v for k, v in os.environ.items()
+              if not k.startswith(("MLFLOW_", "PERCEPTION_", "TORCHINDUCTOR_", "TRITON_"))},
            "HOME": str(roots[POD_HOME]), "TMPDIR": str(roots[POD_TMP]),
            "PERCEPTION_HOME": str(roots[POD_PERCEPTION_HOME]), "MLFLOW_TRACKING_URI": mlflow_server,
            "MLFLOW_DISABLE_TELEMETRY": "true", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "2",
