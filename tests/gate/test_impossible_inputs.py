@@ -69,7 +69,7 @@ def test_each_impossible_input_alone_is_a_refusal(gate_store, tmp_path, case):
 
 
 def test_the_installed_gate_exits_3_naming_every_impossible_input(mlflow_server, tmp_path, perception_home):
-    """The issue's reproduction through `perception-gate` against a real server: the same sweep that
+    """End to end through `perception-gate` against a real server: the same sweep that
     ships untouched is refused once an AUC reads 1.7, another +inf, another disagrees with its
     predictions and a predictions file is truncated."""
     client = MlflowClient(tracking_uri=mlflow_server)

@@ -59,7 +59,7 @@ def test_a_pointer_without_digests_still_resumes_and_a_malformed_one_is_refused(
 
 @pytest.mark.slow(seconds=85)  # three ci trainer starts, measured on the shared 2-core machine, busy
 def test_the_trainer_refuses_weights_overwritten_in_place(perception_home):
-    """The issue's reproduction through `perception-train`: a run about to resume from its last
+    """End to end through `perception-train`: a run about to resume from its last
     checkpoint whose weights were overwritten (same size) exits 2 naming the file; restored, the same
     command resumes and ends with the predictions it had."""
     args = ["perception-train", "experiment=ci", "sweep_id=digests", "trainer.progress=false"]
