@@ -277,12 +277,16 @@ def decided_rows() -> list[dict]:
     return list(first.values())
 
 
+def interleaved_batches(settings: list[Setting], left: dict[str, list[int]], batch: int) -> list[tuple[Setting, list[int]]]:
+    """Batch by batch across the settings, so a run cut short leaves every setting about as far along."""
+    return [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
+            for s in settings if left[s.name][k:k + batch]]
+
+
 def run(settings: list[Setting], workers: int, budget_s: float | None, batch: int = 6) -> None:
     have = {(r["setting"], r["world"]) for r in decided_rows()}
     left = {s.name: [i for i in range(s.n) if (s.name, i) not in have] for s in settings}
-    # batch by batch across the settings, so a run cut short leaves every setting about as far along
-    tasks = [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
-             for s in settings if left[s.name][k:k + batch]]
+    tasks = interleaved_batches(settings, left, batch)
     todo = sum(map(len, left.values()))
     print(f"{todo} worlds to decide ({sum(s.n for s in settings) - todo} done earlier)", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)

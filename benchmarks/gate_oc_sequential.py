@@ -40,7 +40,8 @@ import numpy as np
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gate_oc import HORIZONS, RESULTS, STRIDE, WINDOW, Setting, wilson, world_cells, world_seed  # noqa: E402
+from gate_oc import (HORIZONS, RESULTS, STRIDE, WINDOW, Setting, interleaved_batches, wilson,  # noqa: E402
+                     world_cells, world_seed)
 
 MAX_LOOKS = 3
 FOLDS, ARMS = 3, ("shared", "per_horizon")
@@ -127,8 +128,7 @@ def done_rows() -> list[dict]:
 def run(todo: list[Setting], workers: int, budget_s: float | None, batch: int = 5) -> None:
     have = {(r["setting"], r["world"]) for r in done_rows()}
     left = {s.name: [i for i in range(s.n) if (s.name, i) not in have] for s in todo}
-    tasks = [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
-             for s in todo if left[s.name][k:k + batch]]
+    tasks = interleaved_batches(todo, left, batch)
     total = sum(map(len, left.values()))
     print(f"{total} worlds to decide at every look", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
