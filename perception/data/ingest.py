@@ -48,9 +48,9 @@ def available_cores() -> int:
 def tune_malloc() -> bool:
     """glibc's malloc with a fixed mmap threshold (32 MB) and trim threshold (128 MB), for a process
     that builds: the readers' per-chunk temporaries (a few MB each) are then reused from the heap
-    instead of being returned and faulted in again each time (~27,000 page faults a dense file; at
-    16 files sys CPU 1.3 -> 0.4 s, and reader threads faulting at once contend on the process's
-    address space). Process-wide and lasting, so the command sets it, not the library; False
+    instead of being returned and faulted in again each time (page faults cost system CPU, and reader
+    threads faulting at once contend on the process's address space; the counts: docs/performance.md
+    "Reading Databento files (streamed)"). Process-wide and lasting, so the command sets it, not the library; False
     where there is no glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -40,28 +40,13 @@ carry their side in the same coordinates, so the pooled context holds a weighted
 which the relevant ones cannot be told apart from the distractor's. A shared query therefore reads at
 most one of the two events cleanly (q ~ a - b or q ~ b - a); trained on every horizon's loss it takes
 the short event that four horizons need, and the longest horizon (which the gate weighs) loses the
-long event (but see "Measured" below). Per-horizon queries need not choose: q_h ~ a - b for the short horizons, b - a for the
-longest. At ci's scales (K = 32, horizons 2-40; 200,000 snapshots, seed 3) an oracle that reads the last event's
-side over every window scores, at h2/h5/h10/h20/h40: short event 0.64/0.66/0.66/0.60/0.51, long event
-0.50/0.50/0.52/0.56/0.69, the sum of every event's side (attending to all) 0.60/0.61/0.61/0.60/0.62:
-reading the short event leaves h40 at chance, and no single read serves every horizon (the tests
-check this at 120,000 snapshots). The argument holds for keys that are linear in the markers; a trunk that learns the markers'
-conjunction, or a recurrence that carries a side to the window's end, could recover what the pool
-loses, so whether a trained model shows the difference is measured (benchmarks/per_horizon_effect.py,
-benchmarks/results/per_horizon_effect.json).
-Measured (benchmarks/results/per_horizon_effect.json: ci's model on 60,000 snapshots, 4 epochs of 100
-batches, trainer.query_lr_scale=30 for both arms, fold 0, 10 seeds): no lift. per_horizon - shared_skip
-is +0.002 (sd 0.006) at h2-h10, -0.002 at h20 and -0.020 (sd 0.034) at h40, although the per-horizon
-queries specialise (median divergence 0.30); shared_skip reached h40 AUC 0.70-0.73 on 3 seeds, where
-per_horizon's own h40 query did not find the long event. The likely reason (an inference, not measured
-apart): the premise "a shared query takes the short event" fails, because the short drift runs from its
-event on, so by a window's end the window's own price path shows it and the trunk's last state can serve
-the short horizons without the pool, leaving the shared query free to read the long event. The twin (same seeds, books and labels) agrees:
-its events taken away, both arms score the same at h2-h10 as in the world (the short event added
-nothing the price path did not), shared_skip loses 0.030 at h40 (0.679 -> 0.649) and per_horizon 0.009;
-per_horizon - shared_skip there is -0.003 to +0.000 (sd <= 0.010) at every horizon, and the queries
-diverge as much as in the world (median 0.25 vs 0.30), so divergence does not tell the two apart here. A world that makes the pool necessary for both groups needs events whose
-consequence has not yet shown inside the window at any lag, for the short horizons too.
+long event. Per-horizon queries need not choose: q_h ~ a - b for the short horizons, b - a for the
+longest. An oracle that reads one event's side leaves the other event's horizons near chance, and no
+single read serves every horizon (tests/data/test_synthetic.py checks this). The argument holds for keys
+that are linear in the markers; a trunk that learns the markers' conjunction, or a recurrence that
+carries a side to the window's end, could recover what the pool loses, which is why trained arms are
+compared on this world rather than assumed to differ (benchmarks/per_horizon_effect.py). What they
+showed, and why the known yes moved to `per_horizon_extremes`: docs/validity.md "The `per_horizon` world".
 `per_horizon_null` keeps every event, drift and label of `per_horizon` and redraws only the flagged
 sides, independently of the drifts: the books differ only at the flagged levels of the event snapshots,
 and an event's side predicts nothing at any horizon.

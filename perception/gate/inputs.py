@@ -39,8 +39,8 @@ READERS = 8
 
 # How far a logged final-epoch AUC may lie from the AUC of the run's own predictions. The trainer logs
 # the AUC of exactly the probabilities it saves; a run resumed after its last checkpoint re-evaluates
-# and saves those instead. Killed and resumed ci trainings measured 0 difference (docs/design.md §6
-# "Checkpoints"); 1e-3 leaves room for a re-evaluation on other hardware and still lies an order of
+# and saves those instead, so a killed and resumed training logs exactly its predictions' AUC
+# (docs/design.md §6 "Checkpoints"); 1e-3 leaves room for a re-evaluation on other hardware and still lies an order of
 # magnitude under the gate's min_lift (0.01). More is another run's predictions or an edited metric.
 AUC_TOLERANCE = 1e-3
 

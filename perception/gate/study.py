@@ -21,16 +21,16 @@ from perception.gate.inputs import SweepInputs
 from perception.gate.noise import TrainingNoise, matching_noise
 from perception.gate.sequential import FIXED, plan_fields
 
-# A pool query whose gradient is this small against the trunk's learns nothing (DESIGN §3: the shared
-# query's gradient was measured 0 in fp32, the CfC forgets h_0 within tens of steps).
+# A pool query whose gradient is this small against the trunk's learns nothing (DESIGN §3: the CfC
+# forgets h_0 within tens of steps, so the shared query's gradient vanishes in fp32).
 NO_SIGNAL_RATIO = 1e-6
 # Mean pairwise Jensen–Shannon divergence (nats, at most ln 2) between per-horizon queries' attention
-# over a window below which they did not specialise: random queries over LayerNorm'd states measure
-# about 1e-3 (near-uniform attention); queries that look at different events measure 0.05 and more.
+# over a window below which they did not specialise: between random queries' near-uniform attention
+# and queries that look at different events (the figures: docs/validity.md "What was kept, and why").
 MIN_DIVERGENCE = 0.01
-# Attention entropy over the window's positions, as a fraction of the uniform's (1 = uniform): a pool
-# query without learning signal measured 0.96-0.98, learned queries 0.39-0.90
-# (benchmarks/results/per_horizon_effect.md); at or above this the queries stayed near uniform.
+# Attention entropy over the window's positions, as a fraction of the uniform's (1 = uniform): at or
+# above this the queries stayed near uniform, as a pool query without learning signal does; learned
+# queries sit well below (the ranges: docs/validity.md "What was kept, and why").
 NEAR_UNIFORM = 0.95
 TRUNK_GROUPS = ("grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc")
 PLAN_TAG = "gate_plan"  # the parent run's pre-registered gate plan (JSON), written when a sweep starts

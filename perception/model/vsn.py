@@ -25,9 +25,9 @@ def grouped_linear(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.T
 
 def grouped_linear_block_diag(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The same as `grouped_linear` as one dense GEMM, (..., F·i) @ block_diag(w)ᵀ (the compiled form): F
-    times the FLOPs, but on tensor cores and with no permutes around a batched GEMM of inner size d_v = 8;
-    the VSN's forward + backward measured 18.1 against 26.7 ms (bf16) and 27.4 against 30.9 ms (tf32) on
-    an H200 (benchmarks/trunk_fusion.py)."""
+    times the FLOPs, but on tensor cores and with no permutes around a batched GEMM of inner size d_v = 8,
+    which makes the VSN faster at both compiled precisions (docs/performance.md "The compiled trunk: what
+    was kept"; benchmarks/trunk_fusion.py)."""
     f, o, _ = w.shape
     dense = torch.block_diag(*w.unbind(0))  # (F·o, F·i)
     return (a.flatten(-2) @ dense.t()).unflatten(-1, (f, o)) + b

@@ -14,8 +14,8 @@ lets a URL and the experiment's tags preset, this sets:
   The URL carries no search parameter beside the key: with one, the UI ignores the view;
 - `workflowType=machine_learning` in the URL: the UI in its "Model training" mode, whose experiment page
   is the runs view. Its default, kept per browser, is GenAI; the experiment tag
-  `mlflow.experimentKind = custom_model_development` does not change that (measured with 3.17.2 in
-  headless Chromium: with or without it a plain experiment link opens the GenAI overview), so it is not
+  `mlflow.experimentKind = custom_model_development` does not change that (MLflow 3.17.2 in headless
+  Chromium opens the GenAI overview from a plain experiment link with or without it), so it is not
   set.
 
 The columns: the deciding horizons' `val_auc` first (those the parent run's gate plan weighs), right
@@ -117,7 +117,7 @@ def view_state(search_filter: str, horizons: list[int], grouping: str, deciding:
     """The runs page's state as the UI shares it: search facets plus its UI state (every field, since
     the UI replaces its state with what it reads). The deciding horizons' columns come first, right
     after the run's name: at 1280 px the UI's assistant panel, open by default, hides what lies further
-    right (measured with 3.17.2 in headless Chromium)."""
+    right (MLflow 3.17.2; tests/sweep/test_ui_browser.py checks it in headless Chromium)."""
     first = [_column("metrics", f"val_auc_h{h}") for h in deciding]
     columns = (first + [_column("tags", t) for t in IDENTITY_TAGS]
                + [_column("metrics", f"val_auc_h{h}") for h in horizons if h not in deciding]
