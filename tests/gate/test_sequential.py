@@ -10,7 +10,7 @@ import pytest
 from perception.errors import ConfigError
 from perception.gate.decision import RuleResult
 from perception.gate.sequential import (CONTINUE, INCONCLUSIVE, KEEP, SHIP, Boundaries, boundaries, look_verdict,
-                                        plan_fields, planned_boundaries, repeated_interval)
+                                        nominal_levels, plan_fields, planned_boundaries, repeated_interval)
 from perception.sweep.design import replicates_flag
 
 
@@ -19,13 +19,34 @@ def rule(name: str, p: float, fired: bool = True, lift: float = 0.03, se: float 
                       se=se, df=df)
 
 
-def test_spending_sums_to_alpha_and_grows_with_the_looks():
-    b = boundaries(3, 0.05)
-    assert sum(b.efficacy) == pytest.approx(0.05)
-    assert b.efficacy[0] < b.efficacy[1] < b.efficacy[2]
-    assert b.efficacy[0] == pytest.approx(0.05 / 27)  # (1/3)^3 of alpha
+def test_nominal_levels_spend_the_power_family_and_grow_with_the_looks():
+    b = boundaries(3, 0.05, rho=2.5)
+    assert b.full[0] == pytest.approx(0.05 / 3 ** 2.5)  # look 1 spends (1/3)^rho of alpha, alone
+    assert b.half[0] == pytest.approx(0.025 / 3 ** 2.5)
+    assert b.full[0] < b.full[1] < b.full[2] < 0.05 and all(h < f for h, f in zip(b.half, b.full))
+    # the last look's level is above what a union bound leaves (alpha − the earlier looks' spending):
+    # the looks are nested sums, so a study that crossed late would mostly have crossed early too
+    assert b.full[2] > 0.05 * (1 - (2 / 3) ** 2.5) + 0.005
     assert b.futility[-1] is None and all(f is not None for f in b.futility[:-1])
-    assert boundaries(1, 0.05).efficacy == pytest.approx((0.05,))  # one look: the fixed design's alpha
+    one = boundaries(1, 0.05)  # one look: the fixed design's Holm levels
+    assert one.full == pytest.approx((0.05,)) and one.half == pytest.approx((0.025,))
+
+
+def test_nominal_levels_against_the_multivariate_normal():
+    """Pocock's constant boundary (rho = 1 spends alpha/K a look): the three looks' crossing probabilities from
+    scipy's multivariate normal equal the spending's increments."""
+    from scipy.stats import multivariate_normal, norm
+
+    levels = nominal_levels(3, 0.05, 1.0)
+    z = [norm.isf(c) for c in levels]
+    t = np.arange(1, 4) / 3
+    cov = np.sqrt(np.minimum.outer(t, t) / np.maximum.outer(t, t))
+    survive1 = norm.cdf(z[0])
+    survive2 = multivariate_normal.cdf(z[:2], cov=cov[:2, :2], rng=np.random.default_rng(1))
+    survive3 = multivariate_normal.cdf(z, cov=cov, rng=np.random.default_rng(1))
+    assert 1 - survive1 == pytest.approx(0.05 / 3, rel=1e-3)
+    assert survive1 - survive2 == pytest.approx(0.05 / 3, rel=2e-3)
+    assert survive2 - survive3 == pytest.approx(0.05 / 3, rel=2e-3)
 
 
 def test_plan_round_trip_and_malformed_plans_are_named():
@@ -36,8 +57,13 @@ def test_plan_round_trip_and_malformed_plans_are_named():
     assert planned_boundaries(None, "tag") is None
     with pytest.raises(ConfigError, match="tag: max_replicates 2 but 3 looks"):
         planned_boundaries({**plan, "max_replicates": 2}, "tag")
-    with pytest.raises(ConfigError, match="sum to at most alpha"):
+    with pytest.raises(ConfigError, match="are not the group-sequential boundaries of alpha 0.05"):
         planned_boundaries({**plan, "boundaries": {**plan["boundaries"], "efficacy_alpha": [0.02, 0.02, 0.02]}}, "tag")
+    legacy = {"alpha": 0.05, "efficacy_alpha": [0.002, 0.013, 0.035], "futility_p": [0.25, 0.25, None]}
+    old = planned_boundaries({**plan, "boundaries": legacy}, "tag")  # a plan pre-registered before the method key
+    assert old.full == (0.002, 0.013, 0.035) and old.half == (0.001, 0.0065, 0.0175)
+    with pytest.raises(ConfigError, match="sum to at most alpha"):
+        planned_boundaries({**plan, "boundaries": {**legacy, "efficacy_alpha": [0.02, 0.02, 0.02]}}, "tag")
     with pytest.raises(ConfigError, match="futility_p null at the last"):
         planned_boundaries({**plan, "boundaries": {**plan["boundaries"], "futility_p": [0.3, 0.3, 0.3]}}, "tag")
     with pytest.raises(ConfigError, match="tag: design 'adaptive'"):
@@ -46,17 +72,18 @@ def test_plan_round_trip_and_malformed_plans_are_named():
         Boundaries.from_json({"alpha": 0.05}, "tag")
 
 
-def test_a_look_ships_only_below_its_share_of_alpha():
+def test_a_look_ships_only_below_its_boundary():
     b = boundaries(3, 0.05)
-    a1, a2 = b.efficacy[0], b.efficacy[1]
-    # look 1: p = 0.01 would ship a fixed design (< 0.025) but not look 1 (alpha_1 / 2 < 0.001)
+    # look 1: p = 0.01 would ship a fixed design (< 0.025) but not look 1 (its half-alpha boundary < 0.002)
     v = look_verdict(rule("rule 1", 0.01), rule("rule 2", 0.2, fired=False), 1, b, noise_floor=0.024)
-    assert v.verdict == CONTINUE and v.rules[0].level == pytest.approx(a1 / 2)
-    v = look_verdict(rule("rule 1", a2 / 2 * 0.9), rule("rule 2", 0.5, fired=False), 2, b, noise_floor=0.024)
+    assert v.verdict == CONTINUE and v.rules[0].level == pytest.approx(b.half[0])
+    v = look_verdict(rule("rule 1", b.half[1] * 0.9), rule("rule 2", 0.5, fired=False), 2, b, noise_floor=0.024)
     assert v.verdict == SHIP and v.rule == "rule 1"
-    # Holm inside the look: rule 2 rejected at alpha_k / 2 lifts rule 1's level to alpha_k
-    v = look_verdict(rule("rule 1", a2 * 0.8), rule("rule 2", a2 / 2 * 0.5), 2, b, noise_floor=0.024)
-    assert v.verdict == SHIP and v.rules[0].level == pytest.approx(a2)
+    # Holm inside the look: rule 2 rejected at its half boundary lifts rule 1's to the full one
+    v = look_verdict(rule("rule 1", b.full[1] * 0.9), rule("rule 2", b.half[1] * 0.5), 2, b, noise_floor=0.024)
+    assert v.verdict == SHIP and v.rules[0].level == pytest.approx(b.full[1])
+    v = look_verdict(rule("rule 1", b.full[1] * 0.9), rule("rule 2", b.half[1] * 1.5), 2, b, noise_floor=0.024)
+    assert v.verdict == CONTINUE and v.rules[0].level == pytest.approx(b.half[1])
 
 
 def test_futility_stops_a_clear_absence_before_the_last_look_only():
@@ -70,12 +97,13 @@ def test_futility_stops_a_clear_absence_before_the_last_look_only():
     assert look_verdict(rule("rule 1", 0.6, fired=False), rule("rule 2", 0.45, fired=False), 3, b,
                         noise_floor=0.024).verdict == KEEP
     assert look_verdict(rule("rule 1", 0.04), rule("rule 2", 0.45, fired=False), 3, b,
-                        noise_floor=0.024).verdict == INCONCLUSIVE  # p < 0.05 but not < alpha_3 / 2
+                        noise_floor=0.024).verdict == INCONCLUSIVE  # p < 0.05 but not < look 3's half boundary
 
 
-def test_the_union_bound_holds_for_dependent_looks():
-    """Nested looks (look k pools the first k waves: correlated z's) under no effect, both rules null: the
-    share of studies that ship stays under alpha, as the union bound promises for any dependence."""
+def test_the_study_spends_alpha_over_nested_looks():
+    """Nested looks (look k pools the first k waves: correlated z's) under no effect: a study where only rule 1
+    can ship spends its half of alpha over the three looks (the boundaries are exact for normal looks), and
+    one where both can ship stays under alpha."""
     from scipy.stats import norm
 
     rng = np.random.default_rng(0)
@@ -84,18 +112,26 @@ def test_the_union_bound_holds_for_dependent_looks():
     waves = rng.normal(size=(n, 2, 3))  # (study, rule, wave)
     z = np.cumsum(waves, axis=2) / np.sqrt(np.arange(1, 4))  # (n, 2, 3) the pooled z at each look
     p = norm.sf(z)
-    ships = 0
-    for i in range(n):
-        for k in range(3):
-            v = look_verdict(rule("rule 1", p[i, 0, k]), rule("rule 2", p[i, 1, k], fired=False), k + 1, b, 1.0)
-            if v.verdict != CONTINUE:
-                ships += v.verdict == SHIP
-                break
-    rate = ships / n
-    assert 0.01 < rate <= 0.05, rate  # spending below alpha, not far below it
+
+    def share_shipped(rule2_can_fire: bool) -> float:
+        ships = 0
+        for i in range(n):
+            for k in range(3):
+                second = rule2_can_fire and p[i, 1, k] < p[i, 0, k]  # the rule whose lift is the larger fires
+                v = look_verdict(rule("rule 1", p[i, 0, k], fired=not second),
+                                 rule("rule 2", p[i, 1, k], fired=second), k + 1, b, 1.0)
+                if v.verdict != CONTINUE:
+                    ships += v.verdict == SHIP
+                    break
+        return ships / n
+
+    one = share_shipped(False)  # rule 1 alone: its alpha/2, the futility stops only lowering it
+    assert 0.018 < one <= 0.025 + 2 * math.sqrt(0.025 * 0.975 / n), one
+    both = share_shipped(True)
+    assert one < both <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / n), both
 
 
-def test_repeated_interval_widens_at_a_smaller_share_of_alpha():
+def test_repeated_interval_widens_at_a_smaller_level():
     lo1, hi1 = repeated_interval(0.03, 0.01, 10.0, 0.002)
     lo3, hi3 = repeated_interval(0.03, 0.01, 10.0, 0.035)
     assert lo1 < lo3 < 0.03 < hi3 < hi1

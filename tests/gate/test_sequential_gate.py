@@ -96,7 +96,7 @@ def test_a_missing_wave_and_a_bad_plan_are_refused(gate_store, tmp_path):
     client.set_tag(parent, PLAN_TAG, json.dumps(plan))
     log_wave(client, "seq-badplan", parent, spec, 0)
     out = run_gate("seq-badplan", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "bad", progress=False)
-    assert out.refused and "gate_plan tag" in out.reasons[0] and "sum to at most alpha" in out.reasons[0]
+    assert out.refused and "gate_plan tag" in out.reasons[0] and "are not the group-sequential boundaries" in out.reasons[0]
 
 
 def test_a_three_arm_study_runs_on_until_the_attribution_settles_too(gate_store, tmp_path):
