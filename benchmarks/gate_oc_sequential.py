@@ -11,10 +11,10 @@ the worlds from their known training noise (per-cell lift covariance 2τ²·I, 1
 calibrate` measures by default). The fixed design is look 3 decided with Holm at α (what perception-gate decides
 for a fixed R = 3 sweep), so power and trainings are compared world by world.
 
-    python benchmarks/gate_oc_sequential.py run --split cal --n 100 --workers 2   # worlds to set the futility bound
-    python benchmarks/gate_oc_sequential.py tune --split cal                        # futility bound vs the targets
-    python benchmarks/gate_oc_sequential.py run --split eval --workers 2 --budget-s 2400
-    python benchmarks/gate_oc_sequential.py report                                  # table, JSON, plot (split eval)
+    python benchmarks/gate_oc_sequential.py run --split cal --n 100 --workers 2   # worlds to set rho and futility
+    python benchmarks/gate_oc_sequential.py tune --split cal                        # rho, futility vs the targets
+    python benchmarks/gate_oc_sequential.py run --split check --workers 2           # fresh worlds, the reported ones
+    python benchmarks/gate_oc_sequential.py report --split check                    # table, JSON, plot
     python benchmarks/gate_oc_sequential.py installed --n 10    # the installed perception-gate, wave by wave, on
                                                                  # the first 10 worlds of each τ = 0.005 setting
 
@@ -193,16 +193,16 @@ def installed_world(s: Setting, i: int) -> dict:
     return {"setting": s.name, "world": i, "decision": "continue", "look": MAX_LOOKS, "returncode": done.returncode}
 
 
-def installed_check(n: int) -> dict:
-    """The installed gate against the in-process decisions on the first n decided worlds of each eval setting
-    at τ = 0.005 (look 1 between folds: the worlds match no shipped noise file)."""
+def installed_check(n: int, split: str) -> dict:
+    """The installed gate against the in-process decisions on the first n decided worlds of each reported
+    setting at τ = 0.005 (look 1 between folds: the worlds match no shipped noise file)."""
     from perception.gate.config import load_gate_config
     from perception.gate.sequential import boundaries
 
     cfg = load_gate_config("local")
     b = boundaries(MAX_LOOKS, cfg.alpha)
-    rows = {(r["setting"], r["world"]): r for r in done_rows() if r["kind"].startswith("seq-eval-") and r["tau"] == 0.005}
-    todo = [s for s in settings("eval", None) if s.tau == 0.005]
+    rows = {(r["setting"], r["world"]): r for r in done_rows() if r["kind"].startswith(f"seq-{split}-") and r["tau"] == 0.005}
+    todo = [s for s in settings(split, None) if s.tau == 0.005]
     out = []
     for s in todo:
         worlds = sorted(i for (name, i) in rows if name == s.name)[:n]
@@ -306,24 +306,25 @@ def tune(split: str) -> None:
 
     cfg = load_gate_config("local")
     rows = [r for r in done_rows() if r["kind"].startswith(f"seq-{split}-")]
-    for fut in (0.2, 0.25, 0.3, 0.35, 0.4, 0.5):
-        for rho in (2.0, 3.0, 4.0):
+    for fut in (0.2, 0.25, 0.3, 0.35):
+        for rho in (2.0, 2.5, 3.0):
             b = boundaries(MAX_LOOKS, cfg.alpha, rho=rho, futility_p=fut)
-            print(f"\nfutility p > {fut}, rho {rho}: efficacy alpha {[round(a, 5) for a in b.efficacy]}")
+            print(f"\nfutility p > {fut}, rho {rho}: boundaries {[round(a, 5) for a in b.half]} (a rule at alpha/2), "
+                  f"{[round(a, 5) for a in b.full]} (at alpha)")
             print_table(summarize_rows(rows, b, cfg.noise_floor))
 
 
-def report() -> list[dict]:
+def report(split: str) -> list[dict]:
     from perception.gate.config import load_gate_config
     from perception.gate.sequential import boundaries
 
     cfg = load_gate_config("local")
-    rows = [r for r in done_rows() if r["kind"].startswith("seq-eval-")]
+    rows = [r for r in done_rows() if r["kind"].startswith(f"seq-{split}-")]
     b = boundaries(MAX_LOOKS, cfg.alpha)
     out = summarize_rows(rows, b, cfg.noise_floor)
     for r in out:
         r["target_met"] = _met(r) == "True"
-    doc = {"what": __doc__.split("\n\n")[0], "boundaries": b.to_json(), "noise_floor": cfg.noise_floor,
+    doc = {"what": __doc__.split("\n\n")[0], "split": split, "boundaries": b.to_json(), "noise_floor": cfg.noise_floor,
            "gate": "the gate's functions in process (perception.gate.decision.decide per look, "
                    "perception.gate.sequential.look_verdict), conf/gate/local.yaml",
            "median_world_s": float(np.median([r["seconds"] for r in rows])) if rows else None,
@@ -374,7 +375,9 @@ def _plot(rows: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["run", "tune", "report", "installed"])
-    p.add_argument("--split", default="eval", help="cal (worlds to set the futility bound) | eval (the reported ones)")
+    p.add_argument("--split", default="check",
+                   help="cal (worlds to set rho and the futility bound) | check (fresh worlds, the reported ones); "
+                        "eval: the worlds an earlier spending was reported on")
     p.add_argument("--n", type=int, default=None, help="worlds per setting (default: 300 for the targets)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=None, help="stop taking results after this many seconds")
@@ -383,9 +386,9 @@ def main() -> None:
     if args.what == "tune":
         tune(args.split)
     elif args.what == "installed":
-        installed_check(args.n or 10)
+        installed_check(args.n or 10, args.split)
     elif args.what == "report":
-        report()
+        report(args.split)
     else:
         run([s for s in settings(args.split, args.n) if args.match in s.name], args.workers, args.budget_s)
 

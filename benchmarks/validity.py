@@ -14,6 +14,8 @@ comparisons), reads each gate's decision, and counts ships with Wilson 95 % inte
     python benchmarks/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 15 <scale>
     python benchmarks/validity.py ab --experiment local --n 20                   # power at the study's own effect
     python benchmarks/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
+    python benchmarks/validity.py aa --experiment ci --n 45 --max-replicates 2 --parallel 15 --cpu-workers 1
+                                                          # the sequential design's A/A: stops and false ships
     python benchmarks/validity.py report                                          # table + plot from what ran
 
 Tests: `aa` (the control against its twin: every ship is false), `reseed` (the control against
@@ -99,9 +101,9 @@ def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
 
 
 def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: int, extra: list[str],
-              work: Path, gpu: str = "", replicates: int = 1) -> dict:
-    """One sweep of `replicates` replicates; `gpu` names the GPU its trainings run on one after another
-    ("" for CPU lanes)."""
+              work: Path, gpu: str = "", replicates: int = 1, max_replicates: int = 0) -> dict:
+    """One sweep of `replicates` replicates, or with `max_replicates` a sequential study of up to that many
+    waves; `gpu` names the GPU its trainings run on one after another ("" for CPU lanes)."""
     flags, overrides, a, b = design(test, control)
     home = work / f"{test}-{control}-{seed}"
     shutil.rmtree(home, ignore_errors=True)
@@ -110,14 +112,15 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
            "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PERCEPTION_OPS_JIT": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = ["perception-sweep", "local", "--sweep-id", sweep_id, "--cpu-workers", str(cpu_workers), *flags,
-           "--replicates", str(replicates),
+           *(["--design", "sequential", "--max-replicates", str(max_replicates)] if max_replicates
+             else ["--replicates", str(replicates)]),
            f"experiment={experiment}", f"seed={seed}", f"data.synthetic_seed={seed}", "trainer.progress=false",
            *overrides, *extra]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     report = home / "gate" / sweep_id / "report.json"
     row = {"test": test, "experiment": experiment, "control": a, "treatment": b, "seed": seed,
-           "replicates": replicates,
+           "replicates": replicates, **({"design": "sequential", "max_replicates": max_replicates} if max_replicates else {}),
            "returncode": done.returncode, "seconds": round(time.perf_counter() - t0, 1), "extra": extra,
            "device": f"cuda:{gpu}" if gpu else "cpu"}
     s = json.loads(report.read_text()) if report.is_file() else {}
@@ -127,6 +130,9 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
                    replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
                    delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
                    horizons=s.get("horizons"), mde_W=(s.get("mde") or {}).get("W"))
+        if max_replicates:  # where the study stopped, and what it trained
+            row.update(look=s.get("look"), max_looks=s.get("max_looks"),
+                       trainings=(s.get("cost") or {}).get("trainings"))
         if s.get("attribution"):
             att = s["attribution"]
             row.update(attribution=att.get("decision"), verdict=att.get("verdict"), attribution_W=att.get("W"),
@@ -166,15 +172,19 @@ def done_rows() -> list[dict]:
 def run_test(args: argparse.Namespace) -> None:
     base = args.seed_base if args.seed_base is not None else SEED_BASE[args.test]
     # replicate r trains with seed + r: sweeps R seeds apart share no training seed
-    seeds = list(range(base, base + args.n * args.replicates, args.replicates))
+    spacing = max(args.replicates, args.max_replicates)
+    seeds = list(range(base, base + args.n * spacing, spacing))
     controls = [args.control]
-    have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []), r.get("replicates", 1))
+    have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []), r.get("replicates", 1),
+             r.get("max_replicates", 0))
             for r in done_rows() if r.get("decision")
             and r.get("evidence", "normal") == EVIDENCE}
     _, _, a0, _ = design(args.test, args.control)
     todo = [(c, s) for c in controls for s in seeds
-            if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra), args.replicates) not in have]
-    print(f"{args.test} at {args.experiment}, R = {args.replicates}: {len(todo)} sweeps to run "
+            if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra), args.replicates,
+                args.max_replicates) not in have]
+    what = f"sequential, up to {args.max_replicates} waves" if args.max_replicates else f"R = {args.replicates}"
+    print(f"{args.test} at {args.experiment}, {what}: {len(todo)} sweeps to run "
           f"({len(controls) * len(seeds) - len(todo)} done earlier)", file=sys.stderr)
     RESULTS.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="perception-validity-"))
@@ -184,7 +194,7 @@ def run_test(args: argparse.Namespace) -> None:
         for i, (c, s) in enumerate(todo):
             gpu = str(i % args.gpus) if args.gpus else ""
             futures[pool.submit(_guarded, deadline, run_sweep, args.test, c, args.experiment, s, args.cpu_workers,
-                                args.extra, work, gpu, args.replicates)] = (c, s)
+                                args.extra, work, gpu, args.replicates, args.max_replicates)] = (c, s)
         bar = tqdm(total=len(futures), desc=f"{args.test} sweeps", unit="sweep")
         rows_written = []
         for f in as_completed(futures):
@@ -216,10 +226,10 @@ def summarize() -> list[dict]:
     for r in done_rows():
         if r.get("decision") and r["test"] != "calibrate":  # rows of an earlier calibration test
             key = (r["test"], r["experiment"], r["control"], r["treatment"], r.get("replicates", 1),
-                   r.get("training_noise", "")[:40], r.get("evidence", "normal"))
+                   r.get("training_noise", "")[:40], r.get("evidence", "normal"), r.get("max_replicates", 0))
             groups.setdefault(key, []).append(r)
     rows = []
-    for (test, experiment, a, b, reps, _, evidence), rs in sorted(groups.items()):
+    for (test, experiment, a, b, reps, _, evidence, max_reps), rs in sorted(groups.items()):
         ships = sum(counts(r) for r in rs)
         lo, hi = wilson(ships, len(rs))
         kind = "power" if test in POWER_TESTS else "false_ship"
@@ -235,18 +245,31 @@ def summarize() -> list[dict]:
                      # the spread of W across sweeps: with R replicates, training noise enters it / R
                      "W_mean": float(np.mean([r["W"] for r in rs])),
                      "W_sd": float(np.std([r["W"] for r in rs], ddof=1)) if len(rs) > 1 else None,
-                     "median_sweep_s": float(np.median([r["seconds"] for r in rs]))})
+                     "median_sweep_s": float(np.median([r["seconds"] for r in rs])),
+                     **(_sequential_summary(rs, max_reps) if max_reps else {})})
     SUMMARY.write_text(json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()},
                                   indent=2) + "\n")
     print("| test | experiment | control -> treatment | R | evidence | n | ships | rate | Wilson 95% | target |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         op = "<=" if r["measures"] == "false_ship" else ">="
-        print(f"| {r['test']} | {r['experiment']} | {_contrast(r)} | {r['replicates']} | {r['evidence']} | "
+        reps = f"seq ≤ {r['max_replicates']}" if r.get("design") == "sequential" else r["replicates"]
+        print(f"| {r['test']} | {r['experiment']} | {_contrast(r)} | {reps} | {r['evidence']} | "
               f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
               f"{op} {r['target']} |")
     _plot(rows)
     return rows
+
+
+def _sequential_summary(rs: list[dict], max_reps: int) -> dict:
+    """Where the sequential studies stopped and the trainings they used against the fixed design's."""
+    looks = [r.get("look") or max_reps for r in rs]
+    per_wave = [r["trainings"] / r["look"] for r in rs if r.get("trainings") and r.get("look")]
+    fixed = max_reps * (per_wave[0] if per_wave else math.nan)
+    used = float(np.mean([r.get("trainings") or math.nan for r in rs]))
+    return {"design": "sequential", "max_replicates": max_reps,
+            "stops_by_look": {str(k): looks.count(k) for k in range(1, max_reps + 1)},
+            "expected_trainings": used, "fixed_trainings": fixed, "trainings_saving": 1 - used / fixed}
 
 
 def _attribution_summary(rs: list[dict]) -> dict:
@@ -315,6 +338,8 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=4, help="sweeps at once")
     p.add_argument("--cpu-workers", type=int, default=6, help="trainings at once within a sweep")
     p.add_argument("--replicates", type=int, default=1, help="replicates per sweep (the gate pools them)")
+    p.add_argument("--max-replicates", type=int, default=0,
+                   help="run each sweep as a sequential study of up to this many waves (--design sequential)")
     p.add_argument("--budget-s", type=float, default=None, help="start no sweep after this many seconds")
     p.add_argument("--gpus", type=int, default=0,
                    help="spread the sweeps over this many GPUs, each sweep's trainings on one (default: CPU lanes)")
