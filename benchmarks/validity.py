@@ -225,11 +225,14 @@ def summarize() -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for r in done_rows():
         if r.get("decision") and r["test"] != "calibrate":  # rows of an earlier calibration test
-            key = (r["test"], r["experiment"], r["control"], r["treatment"], r.get("replicates", 1),
-                   r.get("training_noise", "")[:40], r.get("evidence", "normal"), r.get("max_replicates", 0))
+            seq = bool(r.get("max_replicates"))  # a sequential study's evidence changes form from look to look
+            key = (r["test"], r["experiment"], r["control"], r["treatment"], 0 if seq else r.get("replicates", 1),
+                   "" if seq else r.get("training_noise", "")[:40], r.get("evidence", "normal"),
+                   r.get("max_replicates", 0))
             groups.setdefault(key, []).append(r)
     rows = []
     for (test, experiment, a, b, reps, _, evidence, max_reps), rs in sorted(groups.items()):
+        reps = reps or max_reps
         ships = sum(counts(r) for r in rs)
         lo, hi = wilson(ships, len(rs))
         kind = "power" if test in POWER_TESTS else "false_ship"
