@@ -1,6 +1,6 @@
 """perception-gate --sweep-id ID [--sweep-id ID ...] [--tracking-uri URI] [--experiment NAME] [--config NAME]
-[--control ARM] [--treatment ARM] [--out DIR] [--decision-file PATH] [--workflow-url URL]
-[gate.KEY=VALUE ...]
+[--control ARM] [--treatment ARM] [--out DIR] [--decision-file PATH] [--json-file PATH] [--look K]
+[--workflow-url URL] [gate.KEY=VALUE ...]
 
 Decides the A/B of one sweep (DESIGN §7). Prints the decision as one JSON line on stdout.
 Exit codes: 0 a decision was made (ship_<treatment>, keep_<control> or inconclusive), 3 refused
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT
+from perception.atomic import atomic_write_text
 from perception.errors import ConfigError
 from perception.exits import EXIT_USAGE, exit_code
 from perception.mlflow_logs import no_artifact_bars
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>; with several ids, OUT/<sweep_id>)")
     p.add_argument("--decision-file", type=Path, default=None,
                    help="write the decision word here (ship_<treatment> | keep_<control> | inconclusive | refused)")
+    p.add_argument("--json-file", type=Path, default=None,
+                   help="write the JSON line here too (a workflow step's output: the decision, W, G, look)")
+    p.add_argument("--look", type=int, default=None, metavar="K",
+                   help="a sequential study: decide at look K from replicates 0 … K-1 exactly (later waves are "
+                        "not read); refused when one of them is incomplete")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--workflow-url", default=os.environ.get("PERCEPTION_WORKFLOW_URL") or None,
                    help="the Argo workflow's page, tagged `workflow_url` on the sweep's parent run "
@@ -69,8 +75,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     several = len(args.sweep_id) > 1
-    if several and args.decision_file is not None:
-        parser.error("--decision-file takes one --sweep-id; got " + str(len(args.sweep_id)))
+    for flag, value in (("--decision-file", args.decision_file), ("--json-file", args.json_file),
+                        ("--look", args.look)):
+        if several and value is not None:
+            parser.error(f"{flag} takes one --sweep-id; got {len(args.sweep_id)}")
     # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
     no_artifact_bars()
     from perception.gate.run import run_gate  # imported late so --help and usage errors are instant
@@ -84,7 +92,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                                    config_name=args.config, config_overrides=args.overrides, out_dir=out,
                                    decision_file=args.decision_file, control=args.control,
                                    treatment=args.treatment, progress=not args.no_progress,
-                                   workflow_url=_http_or_none(args.workflow_url))
+                                   workflow_url=_http_or_none(args.workflow_url), look=args.look)
         except ConfigError as e:  # said as argparse says a usage error
             return exit_code(e, PROG, labels={ConfigError: "error"})
         for line in outcome.reasons:
@@ -92,7 +100,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         for line in outcome.summary.get("running_ignored", []):
             print(f"ignored, still RUNNING: {line}", file=sys.stderr)
         print(f"report: {outcome.report_dir}", file=sys.stderr)
-        print(json.dumps(outcome.json_line()), flush=True)
+        line = json.dumps(outcome.json_line())
+        if args.json_file is not None:
+            atomic_write_text(args.json_file, line + "\n")
+        print(line, flush=True)
         codes.append(outcome.exit_code)
     return max(codes)
 

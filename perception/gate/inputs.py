@@ -113,9 +113,11 @@ class SweepInputs:
 
 def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_id: str,
                control: str = DEFAULT_CONTROL, treatment: str = DEFAULT_TREATMENT,
-               optional_arms: Sequence[str] = ()) -> SweepInputs:
+               optional_arms: Sequence[str] = (), waves: Optional[int] = None) -> SweepInputs:
     """The sweep's runs of `control` and `treatment` (required, every fold and replicate) and of each
-    of `optional_arms` found complete (the attribution's arms); anything unsound is a GateRefusal."""
+    of `optional_arms` found complete (the attribution's arms); anything unsound is a GateRefusal.
+    With `waves`, only replicates 0 … waves − 1 are read: a sequential study's look as it stood, whatever
+    later waves already trained (or left half-trained before a preemption)."""
     check_sweep_id(sweep_id, "--sweep-id")
     try:
         exp = client.get_experiment_by_name(experiment)
@@ -125,7 +127,7 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
         raise GateRefusal([f"experiment {experiment!r} does not exist at {tracking_uri}"])
     runs = _search(client, exp.experiment_id, sweep_id)
     parent = _latest([r for r in runs if r.data.tags.get(ROLE) == ROLE_SWEEP])
-    train = [r for r in runs if r.data.tags.get(ROLE) == ROLE_TRAIN]
+    train = [r for r in runs if r.data.tags.get(ROLE) == ROLE_TRAIN and (waves is None or _replicate(r) < waves)]
     if not train:
         raise GateRefusal([f"no training runs (role=train) of sweep {sweep_id!r} in experiment "
                            f"{experiment!r} at {tracking_uri}"])

@@ -64,9 +64,14 @@ def run_gate(
     decision_file: Optional[Path] = None,
     progress: bool = True,
     workflow_url: Optional[str] = None,
+    look: Optional[int] = None,
 ) -> GateOutcome:
-    """Raises ConfigError on a usage error (bad config, a config horizon the runs lack, bad id)."""
+    """Raises ConfigError on a usage error (bad config, a config horizon the runs lack, bad id).
+    `look`: decide a sequential study at this look exactly, from replicates 0 … look − 1 (the workflow's
+    wave k passes k + 1); refused when one of those waves is missing."""
     cfg = load_gate_config(config_name, config_overrides)
+    if look is not None and look < 1:
+        raise ConfigError(f"--look {look}: expected 1 or more (look k decides replicates 0 … k − 1)")
     get_arm(control), get_arm(treatment)  # unknown arms are usage errors
     if control == treatment:
         raise ConfigError(f"--control and --treatment are both {control!r}: expected two different arms")
@@ -79,7 +84,8 @@ def run_gate(
     inputs: Optional[SweepInputs] = None
     result = None
     try:
-        inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, ATTRIBUTION.read_beside(treatment))
+        inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, ATTRIBUTION.read_beside(treatment),
+                            waves=look)
     except GateRefusal as refusal:
         reasons = refusal.reasons + _sync_hint(sweep_id)
         summary = refusal_json(sweep_id, reasons, recovered + refusal.notes, refusal.running)
@@ -90,7 +96,7 @@ def run_gate(
     else:
         check_horizons(cfg, inputs.horizons)
         try:
-            study, inputs, summary = _decide(inputs, cfg, control, treatment, progress)
+            study, inputs, summary = _decide(inputs, cfg, control, treatment, progress, look)
         except GateRefusal as refusal:
             reasons = refusal.reasons + _sync_hint(sweep_id)
             summary = refusal_json(sweep_id, reasons, recovered + refusal.notes, inputs.running)
@@ -113,14 +119,17 @@ def run_gate(
     return outcome
 
 
-def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bool) -> tuple[Study, SweepInputs, dict]:
+def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bool,
+            look: Optional[int] = None) -> tuple[Study, SweepInputs, dict]:
     """The fixed design's one look, or the sequential study at the look its complete waves reach (the
-    design and boundaries as the parent run's gate_plan pre-registered them)."""
+    design and boundaries as the parent run's gate_plan pre-registered them); with `look`, at that look."""
     where = f"sweep {inputs.sweep_id}: the parent run's {PLAN_TAG} tag"
     try:
         bounds = planned_boundaries(read_plan(inputs.parent_tags, PLAN_TAG), where)
     except ConfigError as e:  # the store holds a plan the gate cannot trust
         raise GateRefusal([str(e)]) from e
+    if look is not None:
+        _check_look(look, bounds, inputs)
     if bounds is None:
         study = study_result(inputs, cfg, control, treatment, progress)
         return study, inputs, {**summary_json(study, inputs, cfg), "design": FIXED, "look": 1, "max_looks": 1}
@@ -133,6 +142,20 @@ def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bo
                "looks": seq.looks, "next_wave": seq.next_wave, "boundaries": bounds.to_json(),
                "cost": cost(used, seq.max_looks, per_wave)}
     return seq.study, at_look, summary
+
+
+def _check_look(look: int, bounds, inputs: SweepInputs) -> None:
+    """A look names a wave that must be complete (a training of it that failed for good leaves it so):
+    deciding an earlier look again instead would let the workflow go on past a lost wave."""
+    if bounds is None:
+        raise GateRefusal([f"--look {look}: sweep {inputs.sweep_id}'s parent run pre-registered the fixed design "
+                           f"(one look); --look is for a sequential study"])
+    if look > bounds.max_looks:
+        raise GateRefusal([f"--look {look}: the plan pre-registered at most {bounds.max_looks} looks"])
+    missing = [r for r in range(look) if r not in inputs.replicates]
+    if missing:
+        raise GateRefusal([f"look {look} decides replicate waves 0 … {look - 1}; replicate {missing[0]} has no "
+                           f"FINISHED run of {inputs.arms[0]} or {inputs.arms[1]} (its trainings failed or never ran)"])
 
 
 def _send_kept_operations(sweep_id: str, uri: str) -> list[str]:

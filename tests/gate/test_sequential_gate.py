@@ -122,3 +122,46 @@ def test_a_three_arm_study_runs_on_until_the_attribution_settles_too(gate_store,
     report = (tmp_path / "2" / "report.md").read_text()
     assert "| attribution |" in report and "attribution settled at look 2" in report
     assert (tmp_path / "1" / "report.md").read_text().count("**Continue**: at look 1 of 3") == 1
+
+
+def test_the_workflows_look_reads_its_waves_only_and_refuses_a_lost_wave(gate_store, tmp_path):
+    """The workflow's look k runs `perception-gate --look k --json-file F` (installed, in a subprocess): the
+    waves after k (a resumed study's, half-trained before a preemption) are not read; a wave whose trainings
+    all failed is refused rather than decided as the look before it, and so is a half-trained one."""
+    import os
+    import subprocess
+
+    uri, client = gate_store
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=3, seed=13)  # look 1 crosses nothing (as above)
+    parent = start_sweep(client, "seq-looks", 3)
+    log_wave(client, "seq-looks", parent, spec, 0)
+
+    def gate(*args: str) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PERCEPTION_HOME": str(tmp_path / "home")}
+        return subprocess.run(["perception-gate", "--sweep-id", "seq-looks", "--tracking-uri", uri, "--config", "ci",
+                               "--no-progress", "--out", str(tmp_path / "report"), *args],
+                              capture_output=True, text=True, env=env, timeout=300)
+
+    lost = gate("--look", "2")  # wave 1's trainings all failed: none FINISHED
+    assert lost.returncode == 3, lost.stderr
+    assert json.loads(lost.stdout)["reasons"][0].startswith(
+        "look 2 decides replicate waves 0 … 1; replicate 1 has no FINISHED run")
+    beyond = gate("--look", "4")
+    assert beyond.returncode == 3 and "at most 3 looks" in beyond.stdout
+    assert gate("--look", "0").returncode == 2
+
+    exp_id = client.get_experiment_by_name("perception-ab").experiment_id
+    with tempfile.TemporaryDirectory() as tmp:  # wave 1: one training of six finished
+        pred = fold_predictions(spec, 0, 1)["shared"]
+        _log_run(client, exp_id, parent, "seq-looks", spec, "shared", 0, pred, Path(tmp), replicate=1)
+    whole = gate()  # every wave read: the half-trained one refuses
+    assert whole.returncode == 3 and "per_horizon fold 0 replicate 1: no FINISHED run" in whole.stdout
+    half = gate("--look", "2")
+    assert half.returncode == 3 and "per_horizon fold 0 replicate 1: no FINISHED run" in half.stdout
+
+    done = gate("--look", "1", "--json-file", str(tmp_path / "look.json"), "--decision-file", str(tmp_path / "d"))
+    assert done.returncode == 0, done.stderr
+    line = json.loads((tmp_path / "look.json").read_text())
+    assert line == json.loads(done.stdout) and line["decision"] == "continue"
+    assert line["look"] == 1 and line["max_looks"] == 3 and line["W"] is not None
+    assert (tmp_path / "d").read_text() == "continue\n"
