@@ -72,6 +72,10 @@ SWEEP_ID = "{{=" + SWEEP_ID_EXPR + "}}"
 SWEEP_ID_LABEL = "perception/sweep-id"  # `submit` refuses a second running workflow on one sweep
 OUTPUTS = "/tmp/prepare"  # prepare's output parameters, one file each
 DECISION_FILE = "/tmp/decision"
+GATE_LINE_FILE = "/tmp/gate.json"  # a look's JSON line (decision, W, G, look), read by `perception-sweep status`
+# prepare takes --replicates for the fixed design and --max-replicates for the sequential one, never both
+REPLICATES_FLAG = ('{{=workflow.parameters.design == "sequential" ? "--max-replicates=" + '
+                   'workflow.parameters["max-replicates"] : "--replicates=" + workflow.parameters.replicates}}')
 GATE_REPORT_DIR = "/perception-home/runs/" + SWEEP_ID + "/gate"  # on the runs PVC, beside the runs
 # Measured noise files on the runs PVC: calibrate writes here, the gate reads here first
 # (perception.gate.noise.NOISE_DIR_ENV).
@@ -132,6 +136,11 @@ def _params(smoke: bool) -> list[Parameter]:
         Parameter(name="arms", value=",".join(VARIANTS),
                   description="the arms to train, e.g. shared,per_horizon,shared_skip"),
         Parameter(name="replicates", value="1", description="seed replicates per arm and fold"),
+        Parameter(name="design", value="fixed", enum=["fixed", "sequential"],
+                  description="fixed: every replicate, then the gate once; sequential: waves of one replicate "
+                              "each, the gate after every wave, stopping at the first look it settles"),
+        Parameter(name="max-replicates", value="3",
+                  description="design=sequential: the most waves it may train (replicates is then unused)"),
         Parameter(name="aa", value="false", enum=["false", "true"],
                   description="true: the A/A test, the control against its twin"),
         Parameter(name="control", value="", description="the gate's arm A; empty: shared"),
@@ -205,6 +214,60 @@ def _container(name: str, command: str, args: list[str], resources: Resources, v
     )
 
 
+def _gate(name: str = "gate", extra_args: Sequence[str] = (), inputs: Sequence[Parameter] = (),
+          outputs: Sequence[Parameter] = ()) -> Container:
+    """The gate on a CPU pod: decides the sweep and ends its parent run (DESIGN §7)."""
+    return _container(
+        name,
+        "perception-gate",
+        [
+            "--sweep-id",
+            SWEEP_ID,
+            "--config",
+            "{{inputs.parameters.gate-config}}",
+            "--control",
+            "{{inputs.parameters.control}}",
+            "--treatment",
+            "{{inputs.parameters.treatment}}",
+            "--decision-file",
+            DECISION_FILE,
+            *extra_args,
+            "--out",
+            GATE_REPORT_DIR,
+            "--no-progress",
+            "--workflow-url",
+            "{{workflow.parameters.argo-ui}}workflows/{{workflow.namespace}}/{{workflow.name}}",
+        ],
+        Resources(cpu_request=2, cpu_limit=2, memory_request="4Gi", memory_limit="8Gi"),
+        inputs=[Parameter(name="control"), Parameter(name="treatment"), Parameter(name="gate-config"), *inputs],
+        volumes=_volumes(cache=False, data=False),
+        env=NOISE_ENV,
+        outputs=list(outputs),
+    )
+
+
+def _wave(train: Container, look: Container) -> DAG:
+    """One wave of a sequential study (DESIGN §7), recursive: its trainings (every arm and fold at replicate
+    r), then the gate at look r + 1 whatever their outcome (a failed one makes the look refuse), then wave
+    r + 1 only when that look's decision is `continue` and r + 1 < max-replicates. A refused or final look
+    ends the recursion, so no later wave trains."""
+    wave_inputs = ["replicate", "wave", "parent-run-id", "control", "treatment", "gate-config"]
+    following = "{{=asInt(inputs.parameters.replicate) + 1}}"  # the look's number, and the next wave's replicate
+    with DAG(name="wave", fail_fast=False, inputs=[Parameter(name=n) for n in wave_inputs]) as wave:
+        Task(name="train", template=train, with_param="{{inputs.parameters.wave}}",
+             arguments={"arm": "{{item.arm}}", "fold": "{{item.fold}}", "replicate": "{{inputs.parameters.replicate}}",
+                        "parent-run-id": "{{inputs.parameters.parent-run-id}}"})
+        gate = Task(name="look", template=look, depends="train.Succeeded || train.Failed || train.Errored",
+                    arguments={"look": following, **{n: "{{inputs.parameters.%s}}" % n
+                                                     for n in ("control", "treatment", "gate-config")}})
+        Task(name="next", template=wave, depends="look.Succeeded",
+             when=f"{gate.get_parameter('decision')} == continue && "
+                  "{{inputs.parameters.replicate}} + 1 < {{workflow.parameters.max-replicates}}",
+             arguments={"replicate": following,
+                        **{n: "{{inputs.parameters.%s}}" % n for n in wave_inputs if n != "replicate"}})
+    return wave
+
+
 def build_workflow(smoke: bool = False) -> Workflow:
     """The study (six L40S pods, production scale) or, with `smoke`, the same graph on CPU pods
     at the `ci` scale for trying a cluster end to end in minutes."""
@@ -247,7 +310,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
             "prepare",
             "perception-sweep",
             ["prepare", "--sweep-id", SWEEP_ID, "--outputs", OUTPUTS, "--arms", p % "arms",
-             "--replicates", p % "replicates", "--aa", p % "aa", "--control", p % "control",
+             "--design", p % "design", REPLICATES_FLAG, "--aa", p % "aa", "--control", p % "control",
              "--treatment", p % "treatment", "--gate-config", p % "gate-config",
              *shared_overrides()],
             # `perception-data build` streams the files (benchmarks/results/data_pipeline_files.json):
@@ -258,7 +321,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                       memory_request="3Gi" if not smoke else "2Gi", memory_limit="6Gi"),
             volumes=_volumes(),  # runs too: the sweep's lock (runs/<sweep-id>/sweep.lock) is shared there
             outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
-                     for name in ("parent-run-id", "runs", "control", "treatment", "gate-config")],
+                     for name in ("parent-run-id", "runs", "wave", "control", "treatment", "gate-config")],
         )
         train = _container(
             "train",
@@ -304,32 +367,14 @@ def build_workflow(smoke: bool = False) -> Workflow:
             volumes=_volumes(cache=False, data=False),
             env=NOISE_ENV,
         )
-        gate = _container(
-            "gate",
-            "perception-gate",
-            [
-                "--sweep-id",
-                SWEEP_ID,
-                "--config",
-                "{{inputs.parameters.gate-config}}",
-                "--control",
-                "{{inputs.parameters.control}}",
-                "--treatment",
-                "{{inputs.parameters.treatment}}",
-                "--decision-file",
-                DECISION_FILE,
-                "--out",
-                GATE_REPORT_DIR,
-                "--no-progress",
-                "--workflow-url",
-                "{{workflow.parameters.argo-ui}}workflows/{{workflow.namespace}}/{{workflow.name}}",
-            ],
-            Resources(cpu_request=2, cpu_limit=2, memory_request="4Gi", memory_limit="8Gi"),
-            inputs=[Parameter(name="control"), Parameter(name="treatment"), Parameter(name="gate-config")],
-            volumes=_volumes(cache=False, data=False),
-            env=NOISE_ENV,
-            outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))],
-        )
+        gate = _gate(outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))])
+        # a sequential study's look k: the gate at look k from waves 0 … k-1 only, its decision (`continue`
+        # or the final one) and its JSON line as outputs
+        look = _gate("look", ["--look", "{{inputs.parameters.look}}", "--json-file", GATE_LINE_FILE],
+                     inputs=[Parameter(name="look")],
+                     outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none")),
+                              Parameter(name="summary", value_from=ValueFrom(path=GATE_LINE_FILE, default="{}"))])
+        wave = _wave(train, look)
 
         # fail_fast off: one failed training must not stop the gate from being scheduled.
         with DAG(name="ab-sweep", fail_fast=False):
@@ -342,9 +387,12 @@ def build_workflow(smoke: bool = False) -> Workflow:
                  depends="calibrate.Succeeded || calibrate.Skipped")
             prep = Task(name="prepare", template=prepare,
                         depends="calibrate-write.Succeeded || calibrate-write.Skipped")
+            fixed = "{{workflow.parameters.design}} == fixed"
+            sequential = "{{workflow.parameters.design}} == sequential"
             trainings = Task(
                 name="train",
                 template=train,
+                when=fixed,
                 with_param=prep.get_parameter("runs").value,
                 arguments={
                     "arm": "{{item.arm}}",
@@ -357,12 +405,20 @@ def build_workflow(smoke: bool = False) -> Workflow:
             Task(
                 name="gate",
                 template=gate,
+                when=fixed,
                 arguments={"control": prep.get_parameter("control").value,
                            "treatment": prep.get_parameter("treatment").value,
                            "gate-config": prep.get_parameter("gate-config").value},
                 depends="prepare && (train.Succeeded || train.Failed || train.Errored)",
             )
             prep >> trainings  # the gate's own depends names prepare and the trainings' every outcome
+            # the sequential design: wave 0, which trains, looks and recurses into the next while the
+            # gate says continue
+            Task(name="waves", template=wave, when=sequential, depends="prepare",
+                 arguments={"replicate": "0", "wave": prep.get_parameter("wave").value,
+                            "parent-run-id": prep.get_parameter("parent-run-id").value,
+                            **{name: prep.get_parameter(name).value
+                               for name in ("control", "treatment", "gate-config")}})
     return w
 
 

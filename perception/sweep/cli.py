@@ -309,15 +309,20 @@ def _params(items: Optional[list[str]]) -> dict[str, str]:
 def _workflow_params(args: argparse.Namespace) -> dict[str, str]:
     """render/submit: the design flags and --sweep-id as workflow parameters; -p wins over both. The
     design they make together is checked here, as prepare will check it in its pod."""
-    from perception.sweep.design import Design
+    from perception.sweep.design import Design, replicates_flag
 
     sweep = {"sweep-id": args.sweep_id} if args.sweep_id else {}
     params = {**_design_params(args), **sweep, **_params(args.param)}
-    replicates = params.get("replicates", "1")
-    if not replicates.strip().isdigit():
-        raise ConfigError(f"-p replicates={replicates!r}: expected a whole number, 1 or more")
-    Design.of(params.get("arms") or None, int(replicates), params.get("aa") == "true",
-              params.get("control") or None, params.get("treatment") or None)
+    counts = {}
+    for name in ("replicates", "max-replicates"):  # only those given: the workflow's defaults fill the rest
+        value = params.get(name)
+        if value is not None and not value.strip().isdigit():
+            raise ConfigError(f"-p {name}={value!r}: expected a whole number, 1 or more")
+        counts[name] = None if value is None else int(value)
+    kind = params.get("design", "fixed")
+    n = replicates_flag(kind, counts["replicates"], counts["max-replicates"])  # the flags name -p's too
+    Design.of(params.get("arms") or None, n, params.get("aa") == "true",
+              params.get("control") or None, params.get("treatment") or None, kind)
     return params
 
 
@@ -330,10 +335,18 @@ def _design_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--treatment", help="the gate's arm B (default: per_horizon)")
 
 
+def _sequential_options(s: argparse.ArgumentParser, default: Optional[str] = "fixed") -> None:
+    s.add_argument("--design", choices=["fixed", "sequential"], default=default,
+                   help="fixed: every replicate, then the gate once (takes --replicates); sequential: waves of "
+                        "one replicate each, the gate after every wave, stop when it settles (takes --max-replicates)")
+    s.add_argument("--max-replicates", type=int, default=None,
+                   help="--design sequential: the most waves it may train (default 3)")
+
+
 def _design(args: argparse.Namespace):
     from perception.sweep.design import Design, replicates_flag
 
-    kind = getattr(args, "design", "fixed")
+    kind = getattr(args, "design", None) or "fixed"
     replicates = replicates_flag(kind, args.replicates, getattr(args, "max_replicates", None))
     return Design.of(args.arms, replicates, args.aa == "true", args.control, args.treatment, kind)
 
@@ -342,7 +355,8 @@ def _design_params(args: argparse.Namespace) -> dict[str, str]:
     """The design flags of render/submit as workflow parameters (checked here, before anything is posted)."""
     _design(args)
     named = {"arms": args.arms, "replicates": None if args.replicates is None else str(args.replicates),
-             "aa": args.aa, "control": args.control, "treatment": args.treatment}
+             "aa": args.aa, "control": args.control, "treatment": args.treatment, "design": args.design,
+             "max-replicates": None if args.max_replicates is None else str(args.max_replicates)}
     return {k: v for k, v in named.items() if v is not None}
 
 
@@ -355,11 +369,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cpu-workers", type=int, default=1,
                    help="without GPUs, train this many runs side by side, one core each (default 1)")
     _design_options(s)
-    s.add_argument("--design", choices=["fixed", "sequential"], default="fixed",
-                   help="fixed: every replicate, then the gate once (takes --replicates); sequential: waves of "
-                        "one replicate each, the gate after every wave, stop when it settles (takes --max-replicates)")
-    s.add_argument("--max-replicates", type=int, default=None,
-                   help="--design sequential: the most waves it may train (default 3)")
+    _sequential_options(s)
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. experiment=ci")
     s.set_defaults(run=_local)
 
@@ -367,10 +377,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep-id", type=sweep_id_option, required=True)
     s.add_argument("--parent-run-id-file", type=Path, help="also write the parent run id here")
     s.add_argument("--outputs", type=Path, help="write the step's output parameters here (parent-run-id, runs, "
-                                                "control, treatment, gate-config)")
+                                                "wave, control, treatment, gate-config)")
     s.add_argument("--gate-config", default="auto",
                    help="conf/gate/<name>.yaml for the plan; auto: the experiment's (default)")
     _design_options(s)
+    _sequential_options(s)
     s.add_argument("overrides", nargs="*")
     s.set_defaults(run=_prepare)
 
@@ -379,6 +390,7 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--smoke", action="store_true", help="experiment ci on CPU pods: minutes, no GPU")
         _design_options(s)
+        _sequential_options(s, default=None)  # the same as -p design=… -p max-replicates=…
         s.add_argument("--sweep-id", type=sweep_id_option,
                        help="continue this sweep: finished runs are skipped, unfinished ones resume "
                             "(the same as -p sweep-id=ID; default: a new sweep)")

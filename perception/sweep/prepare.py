@@ -42,7 +42,8 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
             outputs: Optional[Path] = None, gate_config: str = AUTO_GATE_CONFIG) -> str:
     """The feature cache plus the sweep's parent run (with its gate plan); returns its id. `outputs`
     receives the step's output parameters as files: parent-run-id, runs (the trainings to fan out,
-    JSON), control, treatment and gate-config (`auto` resolved)."""
+    JSON), wave (one wave's trainings, for a sequential study's waves), control, treatment and
+    gate-config (`auto` resolved)."""
     from perception.tracking import ensure_parent_run
 
     design = design or Design()
@@ -61,6 +62,7 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
         outputs.mkdir(parents=True, exist_ok=True)
         atomic_write_text(outputs / "parent-run-id", parent)
         atomic_write_text(outputs / "runs", json.dumps(fan_out(int(cfg.data.n_folds), design)))
+        atomic_write_text(outputs / "wave", json.dumps(wave_fan_out(int(cfg.data.n_folds), design)))
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
         atomic_write_text(outputs / "gate-config", gate_config)
@@ -71,3 +73,9 @@ def fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
     """The workflow's training items (withParam): one per arm, fold and replicate."""
     return [{"arm": s.arm, "fold": str(s.fold), "replicate": str(s.replicate)}
             for s in study_runs(n_folds, design.arms, design.replicates)]
+
+
+def wave_fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
+    """One wave's training items (arm and fold): a sequential study's wave template fans out over them
+    with its own replicate."""
+    return [{"arm": s.arm, "fold": str(s.fold)} for s in study_runs(n_folds, design.arms, 1)]

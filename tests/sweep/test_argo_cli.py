@@ -21,6 +21,7 @@ import yaml
 
 from perception.sweep.schema import schema_errors
 
+from .argo_eval import substitute
 from .fake_argo import reply_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -277,10 +278,10 @@ def test_validate_checks_a_render_from_outside_the_checkout(tmp_path):
 # ---- the gate's pair ---------------------------------------------------------------------------
 
 def filled(args: list[str], params: dict[str, str]) -> list[str]:
-    """A template's args as Argo fills them in: parameters substituted, the sweep-id expression evaluated
-    (no sweep-id parameter: the workflow's name)."""
-    out = [re.sub(r"\{\{=.*\}\}", params["sweep-id"] or "ab-sweep-x7k2p", a) for a in args]
-    return [re.sub(r"\{\{workflow\.parameters\.([a-z-]+)\}\}", lambda m: params[m.group(1)], a) for a in out]
+    """A template's args as Argo fills them in: parameters substituted, expressions evaluated (no sweep-id
+    parameter: the workflow's name)."""
+    scope = {"workflow.name": "ab-sweep-x7k2p", **{f"workflow.parameters.{k}": v for k, v in params.items()}}
+    return [substitute(a, scope) for a in args]
 
 
 def test_control_and_treatment_reach_prepare_and_are_checked(tmp_path, serve):

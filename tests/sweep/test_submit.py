@@ -87,7 +87,8 @@ def test_submit_posts_a_valid_workflow_and_prints_its_name_and_link(argo, smoke)
     assert f"{argo.url}/workflows/perception/{name}" in r.stdout
     tasks = {t["name"]: t for t in req["workflow"]["spec"]["templates"][-1]["dag"]["tasks"]}
     # the calibration steps run only with -p calibrate=true; the trainings fan out from prepare's list
-    assert list(tasks) == ["calibrate", "calibrate-write", "prepare", "train", "gate"]
+    # (the fixed design's train and gate, or the sequential design's waves)
+    assert list(tasks) == ["calibrate", "calibrate-write", "prepare", "train", "gate", "waves"]
     assert tasks["calibrate"]["when"] == tasks["calibrate-write"]["when"] == "{{workflow.parameters.calibrate}} == true"
     assert tasks["train"]["withParam"] == "{{tasks.prepare.outputs.parameters.runs}}"
 

@@ -84,8 +84,11 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
     assert args_of(task) == {"arm": "{{item.arm}}", "fold": "{{item.fold}}", "replicate": "{{item.replicate}}",
                              "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}"}
     prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
-    for name in ("arms", "replicates", "aa"):
+    for name in ("arms", "aa", "design"):
         assert "{{workflow.parameters.%s}}" % name in prepare_args
+    # one of --replicates (fixed) and --max-replicates (sequential), chosen by the design
+    (flag,) = [a for a in prepare_args if "workflow.parameters.replicates" in a]
+    assert 'workflow.parameters["max-replicates"]' in flag and "workflow.parameters.design" in flag
 
 
 @pytest.mark.parametrize("arms, replicates, aa, expected", [
@@ -195,8 +198,9 @@ def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
 def test_only_run_ids_and_the_decision_travel_between_steps(docs):
     tpl = templates(docs[False])
     outputs = {n: [p["name"] for p in t.get("outputs", {}).get("parameters", [])] for n, t in tpl.items()}
-    assert outputs["prepare"] == ["parent-run-id", "runs", "control", "treatment", "gate-config"]
+    assert outputs["prepare"] == ["parent-run-id", "runs", "wave", "control", "treatment", "gate-config"]
     assert outputs["gate"] == ["decision"]
+    assert outputs["look"] == ["decision", "summary"]  # the summary: the gate's JSON line, no metrics
     assert outputs["train"] == []
 
 
