@@ -214,7 +214,7 @@ def test_market_data_loader_writes_the_claim_training_reads(rendered):
     assert loader["metadata"]["namespace"] == NAMESPACE
 
 
-WORKFLOW_TEMPLATES = {"prepare", "train", "calibrate-sweep", "calibrate-write", "gate"}
+WORKFLOW_TEMPLATES = {"prepare", "train", "calibrate-sweep", "calibrate-write", "gate", "look"}
 EXECUTOR_SETTING = INFRA / "k8s" / "argo" / "workflow-controller-executor.yaml"
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.sweep.argo_eval import substitute
 from .manifests import WORKFLOWS, load_workflow, unwritable_paths, workflow_pod_specs
 
 AUDIT = Path(__file__).resolve().parent / "write_audit"
@@ -23,11 +24,11 @@ POD_TMP, POD_HOME, POD_PERCEPTION_HOME = "/tmp", "/home/perception", "/perceptio
 
 
 def fill(args: list[str], values: dict[str, str]) -> list[str]:
-    """A template's args as Argo fills them in (the sweep-id expression evaluated to `sweep-id`)."""
-    out = [re.sub(r"\{\{=.*\}\}", values["sweep-id"], a).replace("{{workflow.namespace}}", "perception")
-           .replace("{{workflow.name}}", "ab-sweep-smoke-x7k2p") for a in args]
-    return [re.sub(r"\{\{(?:workflow|inputs)\.parameters\.([a-z-]+)\}\}", lambda m: values[m.group(1)], a)
-            for a in out]
+    """A template's args as Argo fills them in (expressions evaluated; `values` are the workflow's and
+    the template's inputs)."""
+    scope = {"workflow.name": "ab-sweep-smoke-x7k2p", "workflow.namespace": "perception",
+             **{f"{kind}.parameters.{k}": v for k, v in values.items() for kind in ("workflow", "inputs")}}
+    return [substitute(a, scope) for a in args]
 
 
 @pytest.mark.slow(seconds=90)
