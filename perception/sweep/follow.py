@@ -7,10 +7,15 @@ snapshots in one line each; `outcome` turns a snapshot into the exit code of `su
 Argo's node tree: a template with a retryStrategy becomes a node of type Retry whose children are
 one Pod node per attempt; without retries the Pod node stands alone. A step here is either of those
 (never an attempt), so a preempted training is one step whose `retries` grows.
+
+A sequential study (`-p design=sequential`) has a `look` step per wave instead of one `gate`: each look's
+decision (`continue` until the last) and its JSON line (W, G, look k of R) are its outputs, printed one line
+per look as they come; only a look's final decision, not `continue`, is the sweep's decision.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,7 +27,10 @@ from perception.paths import run_name
 FINISHED = ("Succeeded", "Failed", "Error")  # Argo's final workflow phases
 NO_DECISION = ("", "none")  # "none": the output's default, when the gate never wrote the file
 GATE_TEMPLATE = "gate"
+LOOK_TEMPLATE = "look"  # the gate at one look of a sequential study
 DECISION_OUTPUT = "decision"
+SUMMARY_OUTPUT = "summary"  # a look's JSON line, as perception-gate prints it
+CONTINUE = "continue"  # a look's decision while the study goes on: no decision yet
 SWEEP_ID_PARAMETER = "sweep-id"
 SWEEP_ID_LABEL = "perception/sweep-id"
 
@@ -38,6 +46,25 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Look:
+    """One look of a sequential study, from its step's inputs and outputs."""
+    look: int
+    max_looks: Optional[int]  # from the gate's line, else the workflow's max-replicates
+    phase: str
+    decision: Optional[str]  # continue, a decision word or refused; None until the gate wrote it
+    W: Optional[float] = None
+    G: Optional[float] = None
+
+    def line(self) -> str:
+        head = f"look {self.look}/{self.max_looks or '?'}: "
+        if self.decision is None:
+            return head + ("no decision" + (f" (step {self.phase})" if self.phase in ("Failed", "Error") else "")
+                           if self.phase in FINISHED else self.phase.lower())
+        numbers = ", ".join(f"{k} {v:+.4f}" for k, v in (("W", self.W), ("G", self.G)) if v is not None)
+        return head + self.decision + (f" ({numbers})" if numbers else "")
+
+
+@dataclass(frozen=True)
 class Snapshot:
     name: str
     sweep_id: str
@@ -46,6 +73,7 @@ class Snapshot:
     message: str
     steps: tuple[Step, ...]
     decision: Optional[str]  # the gate's output once written: a decision word or "refused"
+    looks: tuple[Look, ...] = ()  # a sequential study's, in order
 
     @property
     def finished(self) -> bool:
@@ -67,19 +95,23 @@ def snapshot(workflow) -> Snapshot:
         message=(status.message if status else None) or "",
         steps=tuple(steps),
         decision=_decision(nodes),
+        looks=_looks(nodes, attempts, _parameters(workflow).get("max-replicates")),
     )
 
 
 def sweep_id_of(workflow) -> str:
     """The `sweep-id` parameter when set, else the sweep-id label, else the workflow's name (the
     workflow's own default)."""
-    params = {p.name: p.value for p in ((workflow.spec.arguments.parameters or []) if workflow.spec
-                                        and workflow.spec.arguments else [])}
-    value = params.get(SWEEP_ID_PARAMETER) or ""
+    value = _parameters(workflow).get(SWEEP_ID_PARAMETER) or ""
     if value and "{{" not in value:
         return value
     labels = workflow.metadata.labels or {}
     return labels.get(SWEEP_ID_LABEL) or workflow.metadata.name
+
+
+def _parameters(workflow) -> dict[str, Optional[str]]:
+    return {p.name: p.value for p in ((workflow.spec.arguments.parameters or []) if workflow.spec
+                                      and workflow.spec.arguments else [])}
 
 
 def outcome(s: Snapshot) -> Optional[int]:
@@ -92,9 +124,12 @@ def outcome(s: Snapshot) -> Optional[int]:
 
 
 def changes(before: Optional[Snapshot], after: Snapshot, now: Optional[datetime] = None) -> list[str]:
-    """One line per step that appeared, changed phase or retried, and per workflow phase change."""
+    """One line per step that appeared, changed phase or retried, per look that decided (after its step's
+    line), and per workflow phase change."""
     stamp = (now or datetime.now()).strftime("%H:%M:%S")
     old = {s.label: s for s in (before.steps if before else ())}
+    decided = {look_label(k.look): k.decision for k in (before.looks if before else ())}
+    looks = {look_label(k.look): k for k in after.looks}
     lines = []
     for s in after.steps:
         prev = old.get(s.label)
@@ -103,6 +138,9 @@ def changes(before: Optional[Snapshot], after: Snapshot, now: Optional[datetime]
         if prev is None or prev.phase != s.phase:
             failed = s.phase in ("Failed", "Error") and s.message
             lines.append(f"{stamp} {s.label}: {s.phase}" + (f" ({s.message})" if failed else ""))
+        look = looks.get(s.label)  # a look's step: what it decided, once, after the step's own line
+        if look is not None and look.decision is not None and decided.get(s.label) != look.decision:
+            lines.append(f"{stamp} {look.line()}")
     line = f"{stamp} {after.name}: {after.phase}" + (f" ({after.message})" if after.message else "")
     if before is None:
         lines.insert(0, line)
@@ -121,6 +159,7 @@ def status_lines(s: Snapshot) -> list[str]:
         if st.message and (st.retries or st.phase in ("Failed", "Error")):
             extra += f"  ({st.message})"
         lines.append(f"  {st.label:<{width}}  {st.phase}{extra}")
+    lines += [k.line() for k in s.looks]
     lines.append(f"decision: {s.decision or ('none' if s.finished else 'not yet')}")
     return lines
 
@@ -187,13 +226,27 @@ def _step(node, nodes: dict) -> Step:
 def step_label(node) -> str:
     """A training's run name (arm, fold, replicate from its inputs), which reads the same whether
     the task was written out or fanned out with withParam ("train(0:{...})")."""
-    params = {p.name: p.value for p in ((node.inputs.parameters or []) if node.inputs else [])}
+    params = _inputs(node)
+    if template_of(node) == LOOK_TEMPLATE and str(params.get("look", "")).isdigit():
+        return look_label(int(params["look"]))  # one per wave, each named `look` in its own wave
     arm = params.get("arm") or params.get("variant")
     fold = params.get("fold")
     if arm and fold is not None and str(fold).isdigit():
         replicate = params.get("replicate") or "0"
         return run_name(arm, int(fold), int(replicate) if str(replicate).isdigit() else 0)
     return node.display_name or node.name or node.id
+
+
+def look_label(look: int) -> str:
+    return f"look-{look}"
+
+
+def _inputs(node) -> dict[str, Optional[str]]:
+    return {p.name: p.value for p in ((node.inputs.parameters or []) if node.inputs else [])}
+
+
+def _outputs(node) -> dict[str, str]:
+    return {p.name: (p.value or "").strip() for p in ((node.outputs.parameters or []) if node.outputs else [])}
 
 
 def template_of(node) -> str:
@@ -207,11 +260,41 @@ def _decision(nodes: dict) -> Optional[str]:
     the one that finished last."""
     found = []
     for n in nodes.values():
-        if template_of(n) != GATE_TEMPLATE or not n.outputs:
+        if template_of(n) not in (GATE_TEMPLATE, LOOK_TEMPLATE):
             continue
-        for p in n.outputs.parameters or []:
-            value = (p.value or "").strip()
-            if p.name == DECISION_OUTPUT and value not in NO_DECISION:
-                finished = getattr(n.finished_at, "root", None)
-                found.append((finished.timestamp() if finished else 0.0, value))
+        value = _outputs(n).get(DECISION_OUTPUT, "")
+        if value not in NO_DECISION and value != CONTINUE:
+            finished = getattr(n.finished_at, "root", None)
+            found.append((finished.timestamp() if finished else 0.0, value))
     return max(found)[1] if found else None
+
+
+def _looks(nodes: dict, attempts: set, max_replicates: Optional[str]) -> tuple[Look, ...]:
+    """Each look step (a Retry node, or a Pod without retries; never an attempt), by its look number."""
+    looks = {}
+    for n in nodes.values():
+        number = str(_inputs(n).get("look") or "")
+        if template_of(n) != LOOK_TEMPLATE or n.type not in ("Retry", "Pod") or n.id in attempts \
+                or not number.isdigit():
+            continue
+        out = _outputs(n)
+        line = _json_line(out.get(SUMMARY_OUTPUT, ""))
+        decision = out.get(DECISION_OUTPUT)
+        most = line.get("max_looks") or (int(max_replicates) if str(max_replicates or "").isdigit() else None)
+        looks[int(number)] = Look(int(number), most, n.phase or "Pending",
+                                  None if decision in (None, *NO_DECISION) else decision,
+                                  _number(line.get("W")), _number(line.get("G")))
+    return tuple(looks[k] for k in sorted(looks))
+
+
+def _json_line(text: str) -> dict:
+    """The gate's JSON line; anything else (no file: the output's default `{}`) reads as empty."""
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _number(x) -> Optional[float]:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None

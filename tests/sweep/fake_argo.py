@@ -51,6 +51,7 @@ class Task:
     message: str = ""  # the first attempt's, when it failed
     inputs: dict = field(default_factory=dict)
     decision: Optional[str] = None
+    summary: Optional[dict] = None  # a look's JSON line (its `summary` output)
 
 
 def status(wf: str, phase: str, tasks: list[Task], message: str = "") -> dict:
@@ -60,20 +61,24 @@ def status(wf: str, phase: str, tasks: list[Task], message: str = "") -> dict:
     for i, t in enumerate(tasks):
         node_name = f"{wf}.{t.name}"
         rid = f"{wf}-{fnv32a(node_name)}"
-        retry = {"id": rid, "name": node_name, "displayName": t.name, "type": "Retry", "templateName": t.template,
+        shown = t.name.rsplit(".", 1)[-1]  # a nested task's name is its own: wf.waves.next.look shows `look`
+        retry = {"id": rid, "name": node_name, "displayName": shown, "type": "Retry", "templateName": t.template,
                  "phase": t.attempts[-1], "startedAt": f"2026-01-01T00:{i:02d}:00Z", "children": []}
         if t.inputs:
             retry["inputs"] = {"parameters": [{"name": k, "value": str(v)} for k, v in t.inputs.items()]}
         for a, attempt_phase in enumerate(t.attempts):
             pod_node = f"{node_name}({a})"
             pid = f"{wf}-{fnv32a(pod_node)}"
-            pod = {"id": pid, "name": pod_node, "displayName": f"{t.name}({a})", "type": "Pod",
+            pod = {"id": pid, "name": pod_node, "displayName": f"{shown}({a})", "type": "Pod",
                    "templateName": t.template, "phase": attempt_phase,
                    "startedAt": f"2026-01-01T00:{i:02d}:{a:02d}Z"}
             if a == 0 and t.message:
                 pod["message"] = t.message
             if t.decision is not None and a == len(t.attempts) - 1:
-                pod["outputs"] = retry["outputs"] = {"parameters": [{"name": "decision", "value": t.decision}]}
+                outputs = [{"name": "decision", "value": t.decision}]
+                if t.summary is not None:
+                    outputs.append({"name": "summary", "value": json.dumps(t.summary)})
+                pod["outputs"] = retry["outputs"] = {"parameters": outputs}
                 pod["finishedAt"] = retry["finishedAt"] = "2026-01-01T01:00:00Z"
             nodes[pid] = pod
             retry["children"].append(pid)
@@ -88,10 +93,21 @@ def status(wf: str, phase: str, tasks: list[Task], message: str = "") -> dict:
     return out
 
 
-def trainings(phase: str, **special: list[str]) -> list[Task]:
-    return [Task(f"train-{v.replace('_', '-')}-f{f}", "train", special.get(f"{v}_f{f}", [phase]),
+def trainings(phase: str, replicate: Optional[int] = None, **special: list[str]) -> list[Task]:
+    """The six trainings; with `replicate`, one wave of a sequential study (named as the recursion nests)."""
+    wave = "" if replicate is None else "waves." + "next." * replicate
+    return [Task(f"{wave}train-{v.replace('_', '-')}-f{f}", "train", special.get(f"{v}_f{f}", [phase]),
                  message="imminent node shutdown" if len(special.get(f"{v}_f{f}", [])) > 1 else "",
-                 inputs={"variant": v, "fold": f}) for v, f in TRAININGS]
+                 inputs={"variant": v, "fold": f, **({} if replicate is None else {"replicate": replicate})})
+            for v, f in TRAININGS]
+
+
+def look(k: int, phase: str, decision: Optional[str] = None, W: float = 0.0, G: float = 0.0) -> Task:
+    """The gate at look k of 3, its JSON line written once it decided."""
+    line = None if decision is None else {"decision": decision, "W": W, "G": G, "look": k, "max_looks": 3,
+                                          "design": "sequential"}
+    return Task("waves." + "next." * (k - 1) + "look", "look", [phase], inputs={"look": k}, decision=decision,
+                summary=line)
 
 
 def prepare(phase: str) -> Task:
@@ -103,7 +119,8 @@ def gate(phase: str, decision: Optional[str] = None) -> Task:
 
 
 def script(kind: str, wf: str) -> list[dict]:
-    """succeeds (with one preempted, retried training), fails (no decision), refused, never_ends."""
+    """succeeds (with one preempted, retried training), fails (no decision), refused, never_ends; a
+    sequential study's looks: sequential (continue, then ship), sequential_stopped (stopped after look 1)."""
     start = [status(wf, "Running", [prepare("Running")]),
              status(wf, "Running", [prepare("Succeeded")] + trainings("Running"))]
     if kind == "succeeds":
@@ -125,6 +142,20 @@ def script(kind: str, wf: str) -> list[dict]:
         ]
     if kind == "never_ends":
         return start
+    if kind in ("sequential", "sequential_stopped"):  # looks 1 and 2 of 3: continue, then a decision
+        done0 = [prepare("Succeeded")] + trainings("Succeeded", replicate=0)
+        look1 = done0 + [look(1, "Succeeded", "continue", W=0.0123, G=0.0031)]
+        if kind == "sequential_stopped":  # Argo's stop during wave 1: no decision
+            return [status(wf, "Running", done0 + [look(1, "Running")]),
+                    status(wf, "Running", look1 + trainings("Running", replicate=1)),
+                    status(wf, "Failed", look1 + trainings("Failed", replicate=1),
+                           message="Stopped with strategy 'Stop'")]
+        return [status(wf, "Running", [prepare("Running")]),
+                status(wf, "Running", done0 + [look(1, "Running")]),
+                status(wf, "Running", look1 + trainings("Running", replicate=1)),
+                status(wf, "Running", look1 + trainings("Succeeded", replicate=1) + [look(2, "Running")]),
+                status(wf, "Succeeded", look1 + trainings("Succeeded", replicate=1)
+                       + [look(2, "Succeeded", "ship_per_horizon", W=0.0311, G=0.0102)])]
     raise ValueError(kind)
 
 

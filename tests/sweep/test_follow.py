@@ -80,7 +80,43 @@ def test_bad_wait_options_are_usage_errors_before_posting(argo, flag, value):
     assert argo.requests == []
 
 
+def test_wait_prints_each_look_of_a_sequential_study_and_its_final_decision(argo):
+    argo.next_script = "sequential"
+    r = sweep("submit", *server_args(argo), "--smoke", "-p", "design=sequential", "--wait", "--poll-interval", "0.05")
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if ln[:2].isdigit()]  # without the clock
+    first, second = "look 1/3: continue (W +0.0123, G +0.0031)", "look 2/3: ship_per_horizon (W +0.0311, G +0.0102)"
+    assert lines.count(first) == 1 and lines.count(second) == 1  # once each, as it comes
+    # look 1, then wave 1 trains, then look 2
+    assert lines.index("look-1: Succeeded") < lines.index(first) < lines.index("shared-f0-r1: Running") \
+        < lines.index("look-2: Running") < lines.index(second)
+    assert "decision: ship_per_horizon" in r.stdout and "decision: continue" not in r.stdout
+
+
+def test_a_study_stopped_between_looks_has_no_decision(argo):
+    argo.next_script = "sequential_stopped"
+    r = sweep("submit", *server_args(argo), "--smoke", "-p", "design=sequential", "--wait", "--poll-interval", "0.05")
+    assert r.returncode == 1, r.stdout + r.stderr  # look 1's `continue` is no decision
+    assert "look 1/3: continue (W +0.0123, G +0.0031)" in r.stdout and "decision: none" in r.stdout
+
+
 # ---- status ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("at, code, looks, decision", [
+    (2, 0, ["look 1/3: continue (W +0.0123, G +0.0031)"], "not yet"),  # wave 1 training
+    (4, 0, ["look 1/3: continue (W +0.0123, G +0.0031)", "look 2/3: ship_per_horizon (W +0.0311, G +0.0102)"],
+     "ship_per_horizon"),
+])
+def test_status_lists_a_sequential_studys_looks(argo, at, code, looks, decision):
+    argo.add("ab-sweep-seq", "sequential")
+    argo.workflows["ab-sweep-seq"]["i"] = at
+    r = sweep("status", "ab-sweep-seq", *server_args(argo))
+    assert r.returncode == code, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln for ln in lines if ln.startswith("look ")] == looks
+    assert f"decision: {decision}" in lines
+    assert any(ln.split() == ["look-1", "Succeeded"] for ln in lines)  # the look's step, named by its look
 
 @pytest.mark.parametrize("kind, code, decision", [("succeeds", 0, "ship_per_horizon"), ("refused", 3, "refused"),
                                                   ("fails", 1, "none"), ("never_ends", 0, "not yet")])
