@@ -8,6 +8,8 @@
     perception-sweep render [--smoke] [--out wf.yaml] [--check] [--list-parameters]   the Argo Workflow as YAML
     perception-sweep validate wf.yaml                       check a render against the strict Argo schema
     perception-sweep submit --host URL --namespace NS [--smoke] [-p name=value…] [--wait | --dry-run]
+      (render and submit: -p design=sequential -p max-replicates=R, or --design sequential
+      --max-replicates R, runs the sequential study's waves and looks on Argo)
     perception-sweep status NAME --host URL --namespace NS  the workflow, each step, the decision
     perception-sweep logs NAME [--task T] [-f] --host URL --namespace NS
     perception-sweep stop NAME --host URL --namespace NS    Argo's stop: exit handlers still run
