@@ -166,10 +166,10 @@ def run_local_sweep(
         if gate is None:
             from perception.gate.run import run_gate as gate
 
-        def decide() -> Any:
+        def decide(**look: int) -> Any:
             say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
             return gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
-                        control=design.control, treatment=design.treatment)
+                        control=design.control, treatment=design.treatment, **look)
 
         if not design.sequential:
             train(runs)
@@ -181,7 +181,8 @@ def run_local_sweep(
                 later = [s for s in runs if s.replicate == wave + 1]
                 if later and all(_read_done(s.directory(sweep_id, home)) for s in later):
                     continue  # resumed past this look: the gate decides every look up to the last wave anyway
-                result.gate = decide()
+                # this look's waves only: a later one half-trained before an interruption is not read
+                result.gate = decide(look=wave + 1)
                 say(look_line(result.gate))
                 if result.gate.refused or result.gate.decision != CONTINUE:
                     break

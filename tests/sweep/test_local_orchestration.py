@@ -188,7 +188,7 @@ def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, t
 
     def gate(sweep_id, **kw):
         look = len(fakes.gate_calls) + 1
-        fakes.gate_calls.append({"look": look, "trained": len(train_calls(fakes.calls()))})
+        fakes.gate_calls.append({"look": look, "trained": len(train_calls(fakes.calls())), "asked": kw.get("look")})
         decision = next(verdicts, "keep_shared")
         summary = {"look": look, "max_looks": 3, "looks": [{"look": look, "W": 0.01, "G": 0.0, "p_W": 0.2,
                                                              "p_G": 0.5, "efficacy_alpha": 0.013}],
@@ -206,6 +206,7 @@ def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, t
 
     result, lines = run()
     assert [c["trained"] for c in fakes.gate_calls] == [6, 12]  # a look after each wave, no third wave
+    assert [c["asked"] for c in fakes.gate_calls] == [1, 2]  # each look reads its own waves only
     names = [c["name"] for c in train_calls(fakes.calls())]
     assert names[:6] == ["shared-f0", "per_horizon-f0", "shared-f1", "per_horizon-f1", "shared-f2", "per_horizon-f2"]
     assert all(n.endswith("-r1") for n in names[6:]) and len(names) == 12
@@ -218,4 +219,5 @@ def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, t
     # a re-run finds both waves done: one gate call at the last complete look, nothing trained
     again, _ = run()
     assert len(train_calls(fakes.calls())) == 12 and len(fakes.gate_calls) == 3
+    assert fakes.gate_calls[-1]["asked"] == 2
     assert [r.status for r in again.runs] == ["skipped"] * 12
