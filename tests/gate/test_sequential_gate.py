@@ -165,3 +165,13 @@ def test_the_workflows_look_reads_its_waves_only_and_refuses_a_lost_wave(gate_st
     assert line == json.loads(done.stdout) and line["decision"] == "continue"
     assert line["look"] == 1 and line["max_looks"] == 3 and line["W"] is not None
     assert (tmp_path / "d").read_text() == "continue\n"
+
+
+def test_a_look_of_a_fixed_design_is_refused(gate_store, tmp_path):
+    uri, client = gate_store
+    spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=1, seed=3)
+    parent = start_sweep(client, "fixed-look", 1, design="fixed")
+    log_wave(client, "fixed-look", parent, spec, 0)
+    out = run_gate("fixed-look", tracking_uri=uri, config_name="ci", out_dir=tmp_path, progress=False, look=1)
+    assert out.refused and "pre-registered the fixed design (one look)" in out.reasons[0]
+    assert not run_gate("fixed-look", tracking_uri=uri, config_name="ci", out_dir=tmp_path, progress=False).refused
