@@ -64,10 +64,12 @@ class Setting:
     windows: int = 2000  # validation windows a fold (28 blocks of 71 at h1000)
     shared: float = 0.7  # share of a run's prediction-noise variance common to the fold's runs
     kind: str = "null"  # "null" | "power" | "mde"
+    fold_sd: float = 0.0  # sd of a fold-by-arm difference per horizon, the same for every replicate of a fold
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-R{self.replicates}-tau{self.tau:g}-d{self.delta:.4f}-N{self.windows}"
+        folds = f"-fold{self.fold_sd:g}" if self.fold_sd else ""
+        return f"{self.kind}-R{self.replicates}-tau{self.tau:g}-d{self.delta:.4f}-N{self.windows}{folds}"
 
 
 def plan(name: str, n: int | None) -> list[Setting]:
@@ -143,8 +145,10 @@ def world_cells(s: Setting, seed: int, folds: int = 3) -> dict[tuple[str, int, i
         for j, h in enumerate(HORIZONS):
             mask[n - max(1, h // STRIDE):, j] = False  # labels past the fold's end do not exist
         index = fold * 1_000_000 + WINDOW + STRIDE * np.arange(n, dtype=np.int64)
+        # a difference between the arms that this fold has and no replicate changes (none by default)
+        fold_effect = s.fold_sd * rng.normal(size=hz) if s.fold_sd else 0.0 * planted
         for rep in range(s.replicates):
-            for arm, lift in (("shared", 0.0 * planted), ("per_horizon", planted)):
+            for arm, lift in (("shared", 0.0 * planted), ("per_horizon", planted + fold_effect)):
                 auc = np.asarray(BASE_AUC) + lift + s.tau * rng.normal(size=hz)  # the cell's training effect
                 own = np.stack([_moving_average(rng, n, WINDOW // STRIDE) for _ in HORIZONS], axis=1)
                 score = separation(auc) * y + math.sqrt(s.shared) * common + math.sqrt(1 - s.shared) * own

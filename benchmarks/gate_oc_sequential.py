@@ -56,7 +56,8 @@ TARGETS = {"false_ship": 0.05, "upper": 0.075, "power_gap": 0.05, "saving": 0.30
 # Worlds per reported setting: the targets ask for n >= 300 at δ = 0, more at τ = 0.015 where the rate sits
 # nearer α; the power points are cheaper to read.
 EVAL_N = {("null", 0.005): 300, ("null", 0.015): 450, ("mde", 0.005): 150, ("2mde", 0.005): 150,
-          ("mde", 0.015): 150, ("2mde", 0.015): 150}
+          ("mde", 0.015): 150, ("2mde", 0.015): 150, ("null-folds", 0.005): 300}
+FOLD_SD = 0.01  # the null-folds worlds: a fold-by-arm difference of this sd per horizon, mean zero
 
 
 def settings(split: str, n: int | None) -> list[Setting]:
@@ -64,10 +65,11 @@ def settings(split: str, n: int | None) -> list[Setting]:
     (100 a setting) sets the boundaries' free choices, any other split is a reported one (EVAL_N)."""
     out = []
     for tau, mde in FIXED_MDE.items():
-        for kind, delta in (("null", 0.0), ("mde", mde), ("2mde", 2 * mde)):
+        for kind, delta in (("null", 0.0), ("mde", mde), ("2mde", 2 * mde), ("null-folds", 0.0)):
             default = EVAL_N.get((kind, tau), 0) if split != "cal" else 100
             if n or default:
-                out.append(Setting(MAX_LOOKS, tau, delta, n or default, kind=f"seq-{split}-{kind}"))
+                out.append(Setting(MAX_LOOKS, tau, delta, n or default, kind=f"seq-{split}-{kind}",
+                                   fold_sd=FOLD_SD if kind == "null-folds" else 0.0))
     return out
 
 
@@ -262,7 +264,7 @@ def summarize_rows(rows: list[dict], bounds, noise_floor: float) -> list[dict]:
             ships = sum(o["verdict"] == "ship" for o in seq)
             looks = np.array([o["looks"] for o in seq])
             early = [o["W"] - delta for o in seq if o["verdict"] == "ship" and o["looks"] < MAX_LOOKS]
-            row = {"kind": kind.split("-")[-1], "tau": tau, "delta": delta, "look1": "between folds" if look1 == "1" else "noise file",
+            row = {"kind": kind.split("-", 2)[2], "tau": tau, "delta": delta, "look1": "between folds" if look1 == "1" else "noise file",
                    "n": len(rs), "ships": ships, "rate": ships / len(rs), "wilson95": wilson(ships, len(rs)),
                    "fixed_ships": f_ships, "fixed_rate": f_ships / len(rs), "fixed_wilson95": wilson(f_ships, len(rs)),
                    "stops_by_look": {str(k): int((looks == k).sum()) for k in range(1, MAX_LOOKS + 1)},
@@ -279,7 +281,7 @@ def summarize_rows(rows: list[dict], bounds, noise_floor: float) -> list[dict]:
 
 
 def _met(r: dict) -> str:
-    if r["kind"] == "null":
+    if r["kind"] in ("null", "null-folds"):
         return str(r["rate"] <= TARGETS["false_ship"] and r["wilson95"][1] <= TARGETS["upper"] and r["n"] >= 300)
     if r["kind"] == "mde":
         ok = r["fixed_rate"] - r["rate"] <= TARGETS["power_gap"] and r["expected_trainings"] <= r["fixed_trainings"]
@@ -344,7 +346,8 @@ def _plot(rows: list[dict]) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for (tau, look1), marker in zip([(t, l) for t in FIXED_MDE for l in ("between folds", "noise file")], "osD^"):
-        rs = sorted([r for r in rows if r["tau"] == tau and r["look1"] == look1], key=lambda r: r["delta"])
+        rs = sorted([r for r in rows if r["tau"] == tau and r["look1"] == look1 and r["kind"] != "null-folds"],
+                    key=lambda r: r["delta"])
         if not rs:
             continue
         x = [r["delta"] for r in rs]
@@ -353,7 +356,8 @@ def _plot(rows: list[dict]) -> None:
                      label=f"sequential, τ = {tau:g}, look 1 {look1}")
         ax2.plot(x, [r["expected_trainings"] for r in rs], marker + "-", label=f"sequential, τ = {tau:g}, look 1 {look1}")
     for tau in FIXED_MDE:
-        rs = sorted([r for r in rows if r["tau"] == tau and r["look1"] == "between folds"], key=lambda r: r["delta"])
+        rs = sorted([r for r in rows if r["tau"] == tau and r["look1"] == "between folds" and r["kind"] != "null-folds"],
+                    key=lambda r: r["delta"])
         if rs:
             ax1.plot([r["delta"] for r in rs], [r["fixed_rate"] for r in rs], "k--", lw=1, alpha=0.6)
     ax1.axhline(TARGETS["false_ship"], color="tab:red", ls=":", lw=1, label="α = 0.05")
