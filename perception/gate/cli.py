@@ -1,4 +1,4 @@
-"""perception-gate --sweep-id ID [--sweep-id ID ...] [--tracking-uri URI] [--experiment NAME] [--config NAME]
+"""perception-gate --sweep-id ID [--sweep-id ID ...] [--tracking-uri URI] [--mlflow-experiment NAME] [--config NAME]
 [--control ARM] [--treatment ARM] [--out DIR] [--decision-file PATH] [--json-file PATH] [--look K]
 [--workflow-url URL] [gate.KEY=VALUE ...]
 
@@ -25,7 +25,8 @@ from perception.atomic import atomic_write_text
 from perception.errors import ConfigError
 from perception.exits import EXIT_USAGE, exit_code
 from perception.mlflow_logs import no_artifact_bars
-from perception.paths import MLFLOW_EXPERIMENT, sweep_id_option
+from perception.options import add_mlflow_experiment
+from perception.paths import sweep_id_option
 
 PROG = "perception-gate"
 
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")
-    p.add_argument("--experiment", default=MLFLOW_EXPERIMENT, help=f"MLflow experiment (default: {MLFLOW_EXPERIMENT})")
+    add_mlflow_experiment(p)  # --experiment, once its spelling, still works with a notice
     p.add_argument("--config", default="default",
                    help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
     p.add_argument("--control", default=DEFAULT_CONTROL, help=f"arm A (default: {DEFAULT_CONTROL})")
@@ -88,7 +89,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = args.out / sweep_id if several and args.out is not None else args.out
         try:
             with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON lines
-                outcome = run_gate(sweep_id, tracking_uri=args.tracking_uri, experiment=args.experiment,
+                outcome = run_gate(sweep_id, tracking_uri=args.tracking_uri, experiment=args.mlflow_experiment,
                                    config_name=args.config, config_overrides=args.overrides, out_dir=out,
                                    decision_file=args.decision_file, control=args.control,
                                    treatment=args.treatment, progress=not args.no_progress,

@@ -1,4 +1,5 @@
-"""Training noise measured by A/A sweeps and shipped with the package (perception/gate/noise/*.json).
+"""Training noise measured by A/A sweeps: one's own under PERCEPTION_HOME, and some shipped with the
+package (perception/gate/noise/*.json).
 
 With one replicate a sweep cannot see its own training noise: two fixed trained models are all the
 block bootstrap resamples. When a sweep's runs match an A/A measurement (same experiment, epochs,
@@ -22,6 +23,8 @@ from typing import Optional
 import numpy as np
 
 from perception.contract import param
+from perception.errors import ConfigError
+from perception.paths import perception_home
 
 # Params that set the size of training noise: an A/A measurement applies only where they all agree.
 # The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32).
@@ -44,31 +47,57 @@ class TrainingNoise:
         return float(w @ self.covs[arm] @ w), self.n_cells[arm]
 
 
-NOISE_DIR_ENV = "PERCEPTION_GATE_NOISE_DIR"  # a folder of measurements of one's own, read before the shipped ones
+NOISE_DIR_ENV = "PERCEPTION_GATE_NOISE_DIR"  # another folder for one's own measurements (a workflow's runs volume)
 
 
-def noise_dir() -> Path:
-    """Where `perception-sweep calibrate` writes: $PERCEPTION_GATE_NOISE_DIR, else the package's folder."""
-    return Path(os.environ[NOISE_DIR_ENV]) if os.environ.get(NOISE_DIR_ENV) else shipped_dir()
+def home_noise_dir(home: Optional[Path] = None) -> Path:
+    """One's own measurements, where `perception-sweep calibrate` writes by default and the gate looks
+    first: $PERCEPTION_GATE_NOISE_DIR where set, else $PERCEPTION_HOME/noise. The installed package is
+    written only when asked (`calibrate --into-package`), so a calibration never edits an install."""
+    if os.environ.get(NOISE_DIR_ENV):
+        return Path(os.environ[NOISE_DIR_ENV]).expanduser().resolve()
+    return (home or perception_home()) / "noise"
 
 
 def shipped_dir() -> Path:
+    """The measurements shipped with the package, read after one's own."""
     return Path(str(resources.files("perception.gate") / "noise"))
 
 
+def noise_folders() -> list[Path]:
+    """The gate's lookup order: one's own folder, then the shipped one (once, where they are the same)."""
+    return list(dict.fromkeys(f.resolve() for f in (home_noise_dir(), shipped_dir())))
+
+
 def matching_noise(params: dict[str, str], horizons: list[int], folder: Optional[Path] = None) -> Optional[TrainingNoise]:
-    """The measurement whose `match` agrees with every one of the runs' params, if any: in `folder`, else
-    in $PERCEPTION_GATE_NOISE_DIR and then the shipped folder."""
-    folders = [folder] if folder is not None else list(dict.fromkeys([noise_dir(), shipped_dir()]))
+    """The first measurement whose horizons are the runs' and whose `match` agrees with every one of the
+    runs' params: in `folder`, else in `noise_folders()` order, each folder's files by name. A file of
+    one's own that does not match is passed over, so a shipped one that does still applies."""
+    folders = [folder] if folder is not None else noise_folders()
     paths = [p for f in folders if f.is_dir() for p in sorted(f.glob("*.json"))]
     for path in paths:
-        doc = json.loads(path.read_text())
-        if doc.get("horizons") != horizons:
+        doc = _read(path)
+        if doc["horizons"] != horizons:
             continue
         if all(str(param(params, k)) == str(v) for k, v in doc["match"].items()):
             covs = {arm: np.asarray(m["cov"], dtype=np.float64) for arm, m in doc["arms"].items()}
             return TrainingNoise(str(path), horizons, covs, {arm: int(m["n_cells"]) for arm, m in doc["arms"].items()})
     return None
+
+
+def _read(path: Path) -> dict:
+    """A noise file's document; a ConfigError naming the file and what was expected otherwise."""
+    expected = 'expected a noise file: {"match": {...}, "horizons": [...], "arms": {arm: {"cov", "n_cells"}}}'
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"noise file {path}: unreadable ({exc}); {expected}") from None
+    ok = (isinstance(doc, dict) and isinstance(doc.get("match"), dict) and isinstance(doc.get("horizons"), list)
+          and isinstance(doc.get("arms"), dict)
+          and all(isinstance(m, dict) and {"cov", "n_cells"} <= set(m) for m in doc["arms"].values()))
+    if not ok:
+        raise ConfigError(f"noise file {path}: {expected}")
+    return doc
 
 
 def measure(deltas_by_arm: dict[str, np.ndarray]) -> dict[str, dict]:

@@ -1,5 +1,7 @@
 """`perception-sweep calibrate`: measure an experiment's training noise with A/A sweeps and write the
-noise file the gate adds to one-replicate evidence (perception/gate/noise/<experiment>.json, DESIGN §7).
+noise file the gate adds to one-replicate evidence (DESIGN §7): $PERCEPTION_HOME/noise/<experiment>.json,
+which the gate reads before the files shipped in the package; `into_package` (`--into-package`) writes
+perception/gate/noise/<experiment>.json instead, for a maintainer refreshing the shipped files.
 
 Each seed arm (shared, per_horizon) is trained against its twin in `sweeps` A/A sweeps on seeds of their
 own (`seed_base + k`, each with its own synthetic book): every (sweep, fold) gives one cell of
@@ -31,16 +33,16 @@ SEED_BASE = 90_000  # apart from the seeds benchmarks/validity.py measures false
 
 def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cpu_workers: int = 1,
               seed_base: int = SEED_BASE, out: Optional[Path] = None, arms: Sequence[str] = SEED_ARMS,
-              write: bool = True,
+              write: bool = True, into_package: bool = False,
               say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Optional[Path]:
     """Runs the A/A sweeps and writes the noise file; returns its path (None with `write` off)."""
-    from perception.gate.noise import noise_dir
     from perception.sweep.design import Design
     from perception.sweep.local import run_local_sweep
 
     for arm in arms:
         if arm not in SEED_ARMS:
             raise ConfigError(f"--arms {','.join(arms)}: {arm!r} is not a seed arm; expected some of {list(SEED_ARMS)}")
+    path = noise_file_path(experiment, out, into_package)  # a bad request is said before any training
     if sweeps < 1:
         raise ConfigError(f"--sweeps {sweeps}: expected 1 or more A/A sweeps per seed arm")
     for o in overrides:
@@ -70,11 +72,22 @@ def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cp
         return None
     doc = noise_document(experiment, overrides, {a: np.concatenate(c) for a, c in cells.items()},
                          seeds=[seed_base, seed_base + sweeps - 1], sweeps=ids, n_sweeps=sweeps)
-    path = Path(out) if out is not None else noise_dir() / f"{experiment}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     say(f"calibrate: wrote {path}: " + ", ".join(f"{a}: {m['n_cells']} cells" for a, m in doc["arms"].items()))
     return path
+
+
+def noise_file_path(experiment: str, out: Optional[Path] = None, into_package: bool = False) -> Path:
+    """Where the noise file goes: `out` when given; with `into_package` the shipped folder in the installed
+    package; else the folder of one's own the gate reads first ($PERCEPTION_HOME/noise)."""
+    from perception.gate.noise import home_noise_dir, shipped_dir
+
+    if out is not None and into_package:
+        raise ConfigError(f"--out {out} and --into-package: expected one place to write the noise file, not both")
+    if out is not None:
+        return Path(out)
+    return (shipped_dir() if into_package else home_noise_dir()) / f"{experiment}.json"
 
 
 def noise_document(experiment: str, overrides: Sequence[str], deltas: dict[str, np.ndarray],

@@ -16,9 +16,11 @@
       (the server commands: --host, --namespace, --secure=false, -k/--insecure also from ARGO_SERVER,
       ARGO_NAMESPACE, ARGO_SECURE, ARGO_INSECURE_SKIP_VERIFY, as the argo CLI reads them; token: ARGO_TOKEN)
     perception-sweep sync --sweep-id ID                     re-send metrics a run could not send
-    perception-sweep ui [--sweep-id ID] [--port 5000]       the MLflow UI on a sweep's runs, folds side by side
-    perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE] [--no-write] [overrides…]
-                                                            A/A sweeps -> the gate's noise file for NAME
+    perception-sweep ui [--sweep-id ID] [--mlflow-experiment NAME] [--port 5000]
+                                                            the MLflow UI on a sweep's runs, folds side by side
+    perception-sweep calibrate --experiment NAME [--sweeps N] [--cpu-workers K] [--out FILE | --into-package]
+                               [--no-write] [overrides…]    A/A sweeps -> the gate's noise file for the Hydra
+                                                            experiment NAME, under PERCEPTION_HOME
 
 Exit codes: 0 success, 1 failed work (a training failed, the gate refused, the server said no),
 2 usage or config error, or the sweep is in use by another `local` or `prepare` (its holder named),
@@ -39,7 +41,8 @@ from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_DECIDED, EXIT_INTERRUPTED, EXIT_TIMED_OUT, exit_code, raise_on_sigterm
 from perception.mlflow_logs import no_artifact_bars
-from perception.paths import MLFLOW_EXPERIMENT, sweep_id_option
+from perception.options import add_mlflow_experiment
+from perception.paths import sweep_id_option
 
 PROG = "perception-sweep"
 STOPPED = "re-run with the same --sweep-id to continue"
@@ -80,7 +83,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--cpu-workers {args.cpu_workers}: expected 1 or more")
     path = calibrate(args.experiment, args.sweeps, args.overrides, cpu_workers=args.cpu_workers,
                      seed_base=args.seed_base, out=args.out, arms=tuple(args.arms.split(",")),
-                     write=not args.no_write)
+                     write=not args.no_write, into_package=args.into_package)
     print(f"noise file: {path}" if path is not None else "noise file: not written (--no-write)")
     return 0
 
@@ -267,7 +270,7 @@ def _ui(args: argparse.Namespace) -> int:
     from perception.tracking import client
 
     uri = tracking_uri(args.tracking_uri)
-    view = ui.prepare_view(client(uri), args.experiment, args.sweep_id)
+    view = ui.prepare_view(client(uri), args.mlflow_experiment, args.sweep_id)
     base, server = uri, None  # a tracking server is its own UI
     if not ui.is_server(uri):
         base, log = f"http://{args.host}:{args.port}", perception_home() / "mlflow-ui.log"
@@ -442,15 +445,21 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("calibrate", help="measure an experiment's training noise with A/A sweeps and write the "
                                          "noise file the one-replicate gate uses")
-    s.add_argument("--experiment", required=True, help="the experiment to measure, e.g. production")
+    s.add_argument("--experiment", required=True, metavar="NAME",
+                   help="the Hydra experiment to measure (conf/experiment/NAME.yaml), e.g. production")
     s.add_argument("--sweeps", type=int, default=5, help="A/A sweeps per seed arm (default 5: 15 cells an arm)")
     s.add_argument("--cpu-workers", type=int, default=1,
                    help="without GPUs, train this many runs side by side, one core each (default 1)")
     s.add_argument("--seed-base", type=int, default=90_000, help="the first sweep's seed (default 90000)")
     s.add_argument("--arms", default="shared,per_horizon",
                    help="the seed arms to twin (default shared,per_horizon; the gate uses the widest measured)")
-    s.add_argument("--out", type=Path, help="write the noise file here (default: the gate's "
-                                            "perception/gate/noise/<experiment>.json)")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, help="write the noise file here (default: "
+                                                "$PERCEPTION_HOME/noise/<experiment>.json, which the gate reads "
+                                                "before the shipped files)")
+    where.add_argument("--into-package", action="store_true",
+                       help="write the shipped file, perception/gate/noise/<experiment>.json in the installed "
+                            "package (for maintainers refreshing the files the package ships)")
     s.add_argument("--no-write", action="store_true",
                    help="train and decide the A/A sweeps only; a later call without it writes the file from "
                         "them all (the workflow runs one sweep a pod)")
@@ -463,7 +472,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep-id", type=sweep_id_option, help="the sweep (default: the latest)")
     s.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else $PERCEPTION_HOME/mlflow.db; a "
                                           "server's URL is pointed at, a local store is served")
-    s.add_argument("--experiment", default=MLFLOW_EXPERIMENT)
+    add_mlflow_experiment(s)  # --experiment, once its spelling, still works with a notice
     s.add_argument("--host", default="127.0.0.1", help="where a local store's UI listens (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=5000, help="its port (default 5000)")
     s.set_defaults(run=_ui)

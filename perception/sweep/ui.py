@@ -91,7 +91,7 @@ def prepare_view(client, experiment: str, sweep_id: Optional[str]) -> SweepView:
     returns what the URLs are made of."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise ConfigError(f"--experiment {experiment!r}: no such MLflow experiment at {client.tracking_uri} "
+        raise ConfigError(f"--mlflow-experiment {experiment!r}: no such MLflow experiment at {client.tracking_uri} "
                           "(run a sweep first, or pass --tracking-uri)")
     sweep_id = sweep_id or _latest_sweep(client, exp.experiment_id, experiment)
     runs = client.search_runs([exp.experiment_id], filter_string=training_filter(sweep_id), max_results=1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import uuid
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -64,6 +65,34 @@ def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_serve
     assert done.returncode == 2 and "horizon(s) [6000]" in done.stderr
     done = gate_cli(home=perception_home)
     assert done.returncode == 2 and "--sweep-id" in done.stderr
+
+
+def test_the_mlflow_experiment_is_named_by_mlflow_experiment_and_still_by_its_old_spelling(
+        mlflow_server, tmp_path, perception_home):
+    client = MlflowClient(tracking_uri=mlflow_server)
+    ensure_experiment(client)
+    experiment = f"gate-named-{uuid.uuid4().hex[:8]}"
+    client.create_experiment(experiment)
+    build_sweep(client, "cli-named", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]), experiment=experiment)
+    common = ("--sweep-id", "cli-named", "--tracking-uri", mlflow_server, "--config", "ci")
+
+    done = gate_cli(*common, "--mlflow-experiment", experiment, "--out", str(tmp_path / "new"), home=perception_home)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["decision"] == "ship_per_horizon" and "deprecated" not in done.stderr
+
+    # the old spelling: the same decision, and a notice on stderr naming the option that replaces it
+    done = gate_cli(*common, "--experiment", experiment, "--out", str(tmp_path / "old"), home=perception_home)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["decision"] == "ship_per_horizon"
+    assert f"perception-gate: --experiment is deprecated here (it names the MLflow experiment); " \
+           f"use --mlflow-experiment {experiment}" in done.stderr
+
+    # neither: the default experiment, which holds no such sweep
+    done = gate_cli(*common, "--out", str(tmp_path / "default"), home=perception_home)
+    assert done.returncode == 3 and json.loads(done.stdout)["refused"], done.stderr
+
+    shown = gate_cli("--help", home=perception_home).stdout
+    assert "--mlflow-experiment NAME" in shown and " --experiment" not in shown  # the old spelling is hidden
 
 
 def test_gate_values_are_overridden_on_the_command_line(mlflow_server, tmp_path, perception_home):

@@ -19,17 +19,17 @@ def cli(*args: str, env: dict, timeout: int = 1200) -> subprocess.CompletedProce
 @pytest.mark.slow(seconds=130)
 @pytest.mark.timeout(1800)
 def test_calibrate_writes_the_noise_file_the_gate_then_uses(perception_home, mlflow_server, tmp_path):
-    env = {**os.environ, "PERCEPTION_GATE_NOISE_DIR": str(tmp_path / "noise")}
+    env = {k: v for k, v in os.environ.items() if k != "PERCEPTION_GATE_NOISE_DIR"}  # PERCEPTION_HOME's folder
     args = ("perception-sweep", "calibrate", "--experiment", "ci", "--sweeps", "1", "--cpu-workers", "2",
             "--arms", "shared", "trainer.epochs=1", "trainer.max_train_batches=2", f"tracking.uri={mlflow_server}")
     # as the workflow runs it: the sweep in its own pod first (no file), then the file from the finished sweeps
     r = cli(*args, "--no-write", env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "noise file: not written (--no-write)" in r.stdout and not (tmp_path / "noise").exists()
+    assert "noise file: not written (--no-write)" in r.stdout and not (perception_home / "noise").exists()
     r = cli(*args, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stderr.count("finished earlier") == 6 and "building the feature cache" not in r.stderr
-    path = tmp_path / "noise" / "ci.json"
+    path = perception_home / "noise" / "ci.json"  # under PERCEPTION_HOME, not in the installed package
     assert f"noise file: {path}" in r.stdout
     doc = json.loads(path.read_text())
     assert doc["match"]["experiment"] == "ci" and doc["match"]["trainer.epochs"] == "1"
@@ -60,3 +60,6 @@ def test_calibrate_rejects_bad_usage_before_any_work(perception_home):
     assert r.returncode == 2 and "calibrate sets experiment" in r.stderr
     r = cli("perception-sweep", "calibrate", "--experiment", "ci", "--arms", "shared_skip", env=dict(os.environ))
     assert r.returncode == 2 and "'shared_skip' is not a seed arm" in r.stderr
+    r = cli("perception-sweep", "calibrate", "--experiment", "ci", "--out", "x.json", "--into-package",
+            env=dict(os.environ))
+    assert r.returncode == 2 and "--into-package: not allowed with argument --out" in r.stderr

@@ -69,7 +69,7 @@ def test_ui_points_at_a_tracking_server_with_the_sweep_s_runs_view(mlflow_server
     build_sweep(client, "ui-latest", SPEC, experiment=experiment)
     env = {**os.environ, "PERCEPTION_HOME": str(tmp_path / "home")}
 
-    r = ui("--tracking-uri", mlflow_server, "--experiment", experiment, env=env)  # the latest sweep by default
+    r = ui("--tracking-uri", mlflow_server, "--mlflow-experiment", experiment, env=env)  # the latest sweep by default
     assert r.returncode == 0, r.stderr
     urls = dict(URL_LINE.findall(r.stdout))
     assert set(urls) == {"variant", "fold"} and "sweep ui-latest" in r.stdout
@@ -77,12 +77,17 @@ def test_ui_points_at_a_tracking_server_with_the_sweep_s_runs_view(mlflow_server
         check_view(client, url, grouping, "ui-latest", mlflow_server)
     assert "filter: tags.sweep_id = 'ui-latest' AND tags.role = 'train'" in r.stdout
 
+    # the old spelling of the option still works, with a notice naming the new one
     r = ui("--tracking-uri", mlflow_server, "--experiment", experiment, "--sweep-id", "ui-older", env=env)
     assert r.returncode == 0, r.stderr
+    assert f"perception-sweep ui: --experiment is deprecated here (it names the MLflow experiment); " \
+           f"use --mlflow-experiment {experiment}" in r.stderr
     check_view(client, dict(URL_LINE.findall(r.stdout))["fold"], "fold", "ui-older", mlflow_server)
 
-    r = ui("--tracking-uri", mlflow_server, "--experiment", experiment, "--sweep-id", "no-such-sweep", env=env)
+    r = ui("--tracking-uri", mlflow_server, "--mlflow-experiment", experiment, "--sweep-id", "no-such-sweep", env=env)
     assert r.returncode == 2 and "--sweep-id 'no-such-sweep'" in r.stderr, r.stderr
+    r = ui("--tracking-uri", mlflow_server, "--mlflow-experiment", "no-such-experiment", env=env)
+    assert r.returncode == 2 and "--mlflow-experiment 'no-such-experiment': no such MLflow experiment" in r.stderr
 
 
 def plan_parent(client: MlflowClient, sweep_id: str, experiment: str = "perception-ab") -> str:
