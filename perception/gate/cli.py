@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another")
     p.add_argument("--tracking-uri", default=None,
                    help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")
-    add_mlflow_experiment(p)  # --experiment, once its spelling, still works with a notice
+    add_mlflow_experiment(p)  # and --experiment, its former spelling, with a notice
     p.add_argument("--config", default="default",
                    help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
     p.add_argument("--control", default=DEFAULT_CONTROL, help=f"arm A (default: {DEFAULT_CONTROL})")

@@ -15,7 +15,8 @@ and R replicates per fold, one of three:
     (Σ_r var*(L*_r − L̄*)/(R−1), divided by R), so prediction noise is not counted twice; folds
     independent: se²_windows = Σ_f v_f / F².
   - R = 1 with an A/A measurement for this experiment (perception/gate/noise.py: PERCEPTION_HOME's
-    noise folder first, then the shipped files; the file named): se²_windows the fold's bootstrap, se²_training = s²_A/A / F (the file's cells as df).
+    noise folder first, then the shipped files; the file named): se²_windows the fold's bootstrap,
+    se²_training = s²_A/A / F (the file's cells as df).
   - R = 1 without one: se² = the between-fold variance of the per-fold lift / F with F − 1 degrees
     of freedom. A fold's lift varies with its windows, its trained models and the fold itself, so
     this covers training noise with no replicate; with F = 3 it is a weak test, and the report names

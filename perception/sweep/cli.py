@@ -472,7 +472,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep-id", type=sweep_id_option, help="the sweep (default: the latest)")
     s.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else $PERCEPTION_HOME/mlflow.db; a "
                                           "server's URL is pointed at, a local store is served")
-    add_mlflow_experiment(s)  # --experiment, once its spelling, still works with a notice
+    add_mlflow_experiment(s)  # and --experiment, its former spelling, with a notice
     s.add_argument("--host", default="127.0.0.1", help="where a local store's UI listens (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=5000, help="its port (default 5000)")
     s.set_defaults(run=_ui)
