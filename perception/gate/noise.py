@@ -50,7 +50,7 @@ class TrainingNoise:
 NOISE_DIR_ENV = "PERCEPTION_GATE_NOISE_DIR"  # another folder for one's own measurements (a workflow's runs volume)
 
 
-def home_noise_dir(home: Optional[Path] = None) -> Path:
+def noise_dir(home: Optional[Path] = None) -> Path:
     """One's own measurements, where `perception-sweep calibrate` writes by default and the gate looks
     first: $PERCEPTION_GATE_NOISE_DIR where set, else $PERCEPTION_HOME/noise. The installed package is
     written only when asked (`calibrate --into-package`), so a calibration never edits an install."""
@@ -66,7 +66,7 @@ def shipped_dir() -> Path:
 
 def noise_folders() -> list[Path]:
     """The gate's lookup order: one's own folder, then the shipped one (once, where they are the same)."""
-    return list(dict.fromkeys(f.resolve() for f in (home_noise_dir(), shipped_dir())))
+    return list(dict.fromkeys(f.resolve() for f in (noise_dir(), shipped_dir())))
 
 
 def matching_noise(params: dict[str, str], horizons: list[int], folder: Optional[Path] = None) -> Optional[TrainingNoise]:

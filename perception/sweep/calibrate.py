@@ -81,13 +81,13 @@ def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cp
 def noise_file_path(experiment: str, out: Optional[Path] = None, into_package: bool = False) -> Path:
     """Where the noise file goes: `out` when given; with `into_package` the shipped folder in the installed
     package; else the folder of one's own the gate reads first ($PERCEPTION_HOME/noise)."""
-    from perception.gate.noise import home_noise_dir, shipped_dir
+    from perception.gate.noise import noise_dir, shipped_dir
 
     if out is not None and into_package:
         raise ConfigError(f"--out {out} and --into-package: expected one place to write the noise file, not both")
     if out is not None:
         return Path(out)
-    return (shipped_dir() if into_package else home_noise_dir()) / f"{experiment}.json"
+    return (shipped_dir() if into_package else noise_dir()) / f"{experiment}.json"
 
 
 def noise_document(experiment: str, overrides: Sequence[str], deltas: dict[str, np.ndarray],

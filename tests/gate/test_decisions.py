@@ -314,19 +314,20 @@ def test_replicate_sets_that_differ_within_a_fold_are_refused(gate_store, tmp_pa
     assert outcome.reasons == ["per_horizon fold 1 replicate 1: no FINISHED run; the arms' replicate sets differ in fold 1"]
 
 
-def test_one_replicate_uses_the_a_a_noise_that_matches_the_runs(gate_store, tmp_path, monkeypatch):
-    monkeypatch.setenv("PERCEPTION_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("PERCEPTION_GATE_NOISE_DIR", raising=False)
-    folder = tmp_path / "home" / "noise"  # where perception-sweep calibrate writes, read before the shipped files
-    folder.mkdir(parents=True)
+def test_one_replicate_uses_the_shipped_a_a_noise_that_matches_the_runs(gate_store, tmp_path, monkeypatch):
+    from perception.gate import noise
+
+    folder = tmp_path / "noise"
+    folder.mkdir()
     big = (np.eye(5) * 0.03 ** 2).tolist()  # a training sd of 0.03 per cell and horizon
     (folder / "ci.json").write_text(json.dumps({
         "match": {"experiment": "ci", "trainer.epochs": "2"}, "horizons": CI_HORIZONS,
         "arms": {"shared": {"cov": big, "n_cells": 30}}, "source": "test"}))
+    monkeypatch.setattr(noise, "noise_dir", lambda: folder)
     spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], extra_params={"experiment": "ci"})
     outcome, _ = gate(gate_store, tmp_path / "r", "noise-match", spec)
     r1 = rule(outcome, "rule 1")
-    assert str(folder / "ci.json") in outcome.summary["training_noise"]
+    assert "ci.json" in outcome.summary["training_noise"]
     assert r1["se_training"] == pytest.approx(0.03 / math.sqrt(3))
     assert r1["df"] >= 30 and "t with" in " ".join(outcome.reasons)  # the file's 30 cells, and more
     assert outcome.decision == "inconclusive"  # shipped without the noise (test above), not with it

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from perception.errors import ConfigError
-from perception.gate.noise import NOISE_DIR_ENV, home_noise_dir, matching_noise, shipped_dir
+from perception.gate.noise import NOISE_DIR_ENV, noise_dir, matching_noise, shipped_dir
 from perception.sweep.calibrate import noise_file_path
 
 SHIPPED_CI = shipped_dir() / "ci.json"
@@ -76,7 +76,7 @@ def test_the_noise_dir_variable_takes_the_home_folder_s_place(home, tmp_path, mo
     write_home_file(home / "noise", "ci.json")
     write_home_file(tmp_path / "elsewhere", "ci.json")
     monkeypatch.setenv(NOISE_DIR_ENV, str(tmp_path / "elsewhere"))
-    assert home_noise_dir() == tmp_path / "elsewhere"
+    assert noise_dir() == tmp_path / "elsewhere"
     assert matching_noise(runs_like_shipped_ci(), shipped_ci()["horizons"]).source == str(tmp_path / "elsewhere" / "ci.json")
 
 
