@@ -27,7 +27,7 @@ from perception.paths import DONE_FILE, check_sweep_id, new_sweep_id, perception
 from perception.gate.sequential import CONTINUE
 from perception.sweep.design import Design, RunSpec, plan_tags, study_runs
 from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
-from perception.sweep.overrides import check_overrides, compose, experiment_of, gate_config_for
+from perception.sweep.overrides import check_overrides, experiment_gate_config
 from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
 from perception.sweep.prepare import build_features, command
 from perception.sweep.trainers import Trainers
@@ -107,17 +107,19 @@ def run_local_sweep(
     cpu_workers: int = 1,
 ) -> SweepResult:
     """Runs (or completes) the whole study; returns every run's outcome and the gate's."""
+    from perception.train.compose import composed
+
     t_start = time.perf_counter()
     design = design or Design()
     check_overrides(overrides)
-    cfg = compose(overrides)
+    cfg = composed(overrides, checked=True)
     sweep_id = check_sweep_id(sweep_id or new_sweep_id())
     home = perception_home()
     uri = tracking_uri(cfg.tracking.uri, home)
     env = {**os.environ, "PERCEPTION_HOME": str(home)}
     gpus = detect_gpus(os.environ) if gpus is None else gpus
     runs = study_runs(int(cfg.data.n_folds), design.arms, design.replicates)
-    gate_config = gate_config_for(experiment_of(overrides))
+    gate_config = experiment_gate_config(cfg)  # before any work: an experiment without one is refused
     lanes = gpus or ([CPU_LANE] * cpu_workers if cpu_workers > 1 else [])  # no lanes: one run at a time
 
     trainers = Trainers()

@@ -18,7 +18,7 @@ from perception.exits import EXIT_USAGE
 from perception.locks import sweep_lock
 from perception.paths import check_sweep_id, perception_home, sweep_dir, tracking_uri
 from perception.sweep.design import Design, plan_tags, study_runs
-from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, compose, resolve_gate_config
+from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, resolve_gate_config
 
 
 def command(name: str) -> list[str]:
@@ -45,15 +45,16 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
     JSON), wave (one wave's trainings, for a sequential study's waves), control, treatment and
     gate-config (`auto` resolved)."""
     from perception.tracking import ensure_parent_run
+    from perception.train.compose import composed
 
     design = design or Design()
     check_sweep_id(sweep_id)
     check_overrides(overrides)
-    cfg = compose(overrides)
+    cfg = composed(overrides, checked=True)
+    gate_config = resolve_gate_config(gate_config, cfg)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
     with sweep_lock(sweep_dir(sweep_id), sweep_id):
         build_features(overrides, env, data_command)
-        gate_config = resolve_gate_config(gate_config, overrides)
         plan = plan_tags(design, gate_config)
         parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
     if parent_run_id_file is not None:

@@ -26,12 +26,12 @@ def check_parameters(defaults: Mapping[str, str], values: Mapping[str, str], sha
             check_sweep_id(values["sweep-id"])
         except ConfigError as exc:
             raise ConfigError(f"-p sweep-id={values['sweep-id']}: {exc}") from None
-    overrides = fill(shared, values)
-    cfg = _compose(defaults, values, shared)
+    cfg = _checked_config(defaults, values, shared)
     given = values.get("gate-config", AUTO_GATE_CONFIG)
-    name = resolve_gate_config(given, overrides)
-    where = f"-p gate-config={given}" + (f" (the experiment's: {name})" if name != given else "")
+    where = f"-p gate-config={given}"
     try:
+        name = resolve_gate_config(given, cfg)
+        where += f" (the experiment's: {name})" if name != given else ""
         check_horizons(load_gate_config(name), [int(h) for h in cfg.data.horizons])
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
@@ -62,7 +62,7 @@ def _checked(overrides: Sequence[str]):
     return cfg
 
 
-def _compose(defaults: Mapping[str, str], values: Mapping[str, str], shared: Sequence[str]):
+def _checked_config(defaults: Mapping[str, str], values: Mapping[str, str], shared: Sequence[str]):
     """The checked training config; on an error, the parameter that alone causes it is named."""
     try:
         return _checked(fill(shared, values))

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import exit_code, raise_on_sigterm
 from perception.paths import check_sweep_id, inside, perception_home
-from perception.train.compose import CONFIG_NAME, compose_config, composed, config_error_message
+from perception.train.compose import CONFIG_NAME, compose_config, composed, config_error_message, keep_gate_name
 from perception.train.config import Config
 from perception.train.override_keys import check_override_keys
 
@@ -31,8 +31,12 @@ def _overrides() -> list[str]:
 
 
 def run_task(cfg: DictConfig) -> dict:
+    from hydra.core.hydra_config import HydraConfig
+
     from perception.train.loop import train
 
+    if HydraConfig.initialized():  # as `composed` gives it: the chosen gate config's name
+        keep_gate_name(cfg, HydraConfig.get().runtime.choices)
     try:
         return train(OmegaConf.to_object(cfg), _overrides())
     except (PerceptionError, KeyboardInterrupt) as exc:  # a held run lock exits 2: nothing was touched

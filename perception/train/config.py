@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -70,6 +70,10 @@ class Config:
     # init and batch order, replicates differ in both (tag `replicate`, run directory `-r<r>`)
     replicate: int = 0
     experiment_name: Optional[str] = None  # set by conf/experiment/<name>.yaml; MLflow param `experiment`
+    # the gate config the experiment's defaults choose (`- override /gate: NAME`): Hydra composes
+    # conf/gate/NAME.yaml's content here, and the compose keeps its name, NAME (perception.train.compose
+    # `gate_choice`), for the sweep to decide with; None: the experiment chose none
+    gate: Any = None
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -19,20 +19,14 @@ from perception.exits import exit_code
 PROG = "perception-data"
 
 
-def compose_data_config(overrides: Sequence[str]):
-    """The `data` part of the config `perception-train` would run with these overrides."""
-    from perception.train.compose import composed
-
-    return composed(overrides).data
-
-
 def build(overrides: Sequence[str], progress: bool = True) -> dict:
     from perception.data.dataset import load_dataset
     from perception.data.file_clock import peak_rss_mb
     from perception.data.ingest import tune_malloc
+    from perception.train.compose import composed
 
     tune_malloc()  # this process only builds
-    cfg = compose_data_config(overrides)
+    cfg = composed(overrides).data  # the `data` part of the config `perception-train` would run with
     if not cfg.cache:
         raise ConfigError("data.cache=false: `perception-data build` fills the cache; drop the override")
     ds = load_dataset(cfg, progress=progress, map_features=True)

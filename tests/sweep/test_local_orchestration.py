@@ -16,7 +16,6 @@ import pytest
 
 from perception.errors import ConfigError
 from perception.sweep.local import run_local_sweep
-from perception.sweep.overrides import gate_config_for
 
 FAKE_TRAIN = textwrap.dedent("""
     import json, os, sys, time
@@ -175,10 +174,15 @@ def test_a_second_sweep_on_a_sweep_in_use_is_refused_before_any_work(fakes, perc
     assert fakes.calls() == [] and fakes.gate_calls == []
 
 
-def test_gate_config_follows_the_experiment():
-    assert gate_config_for("ci") == "ci"
-    assert gate_config_for("local") == "local"
-    assert gate_config_for("production") == "default"
+def test_a_sweep_whose_experiment_chooses_no_gate_config_is_refused_before_any_work(fakes):
+    with pytest.raises(ConfigError, match=r"experiment 'ci' chooses no gate config: add `- override /gate: NAME`"):
+        fakes.sweep("experiment=ci", "~gate")
+    assert fakes.calls() == [] and fakes.gate_calls == []
+
+
+def test_the_gate_config_the_sweep_overrides_choose_is_the_one_it_decides_with(fakes):
+    fakes.sweep("experiment=ci", "gate=default")
+    assert [c["config_name"] for c in fakes.gate_calls] == ["default"]
 
 
 def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, tmp_path):

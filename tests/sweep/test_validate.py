@@ -9,6 +9,7 @@ import yaml
 from perception.errors import ConfigError
 from perception.sweep.overrides import resolve_gate_config
 from perception.sweep.render import render
+from perception.train.compose import composed
 
 from . import fake_argo
 from .test_follow import argo, server_args, sweep  # noqa: F401 (the fixture)
@@ -37,9 +38,9 @@ def test_a_mistake_in_the_parameters_is_named(params, names):
 
 def test_auto_is_the_gate_config_of_the_experiment():
     assert params_of(render(params={"experiment": "local"}))["gate-config"] == "auto"  # resolved by prepare
-    assert resolve_gate_config("auto", ["experiment=local", "trainer.epochs=3"]) == "local"
-    assert resolve_gate_config("auto", ["experiment=production"]) == "default"
-    assert resolve_gate_config("shift_viable", ["experiment=production"]) == "shift_viable"
+    assert resolve_gate_config("auto", composed(["experiment=local", "trainer.epochs=3"])) == "local"
+    assert resolve_gate_config("auto", composed(["experiment=production"])) == "default"
+    assert resolve_gate_config("shift_viable", composed(["experiment=production"])) == "shift_viable"
     render(params={"data": "dbn", "data-paths": "[/data/ES/*.dbn.zst]"})  # globs are the cluster's: not read here
 
 
