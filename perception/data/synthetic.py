@@ -17,7 +17,7 @@ Worlds with a known answer (`data.synthetic_world`), to measure the gate rather 
 - `per_horizon_extremes` / `per_horizon_extremes_null`: the known yes, built against what defeated
   `per_horizon` (below): bursts of look-alike snapshots whose consequences no window that shows them has
   begun to see, the weakest deciding the second-longest horizon and the strongest the longest, and no
-  drift besides (perception/data/horizon_jumps.py); its null twin draws the sides apart from the jumps.
+  drift besides (perception/data/extremes_world.py); its null twin draws the sides apart from the jumps.
 The per_horizon world (`HorizonEvents`). Let K be the window, h_s = horizons[1] and h_max the longest
 horizon. Three kinds of rare event mark one snapshot each; every event flags a side s = +-1 the same
 way (ten-fold sizes at levels 5-9 on the bid for +1, on the ask for -1), and its kind by eight-fold
@@ -63,7 +63,7 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
-from perception.data.horizon_jumps import SIDE_FACTOR, SIDE_LEVELS, jump_bursts  # every world flags a side alike
+from perception.data.extremes_world import SIDE_FACTOR, SIDE_LEVELS, jump_bursts  # every world flags a side alike
 
 TICK = 250_000_000  # 0.25 in 1e-9 price units (an index-future tick)
 START_NS = 1_704_067_200 * NS  # 2024-01-01 00:00 UTC
@@ -149,7 +149,7 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
 
 
 EVENT_WORLDS = ("per_horizon", "per_horizon_null")
-EXTREME_WORLDS = ("per_horizon_extremes", "per_horizon_extremes_null")  # perception/data/horizon_jumps.py
+EXTREME_WORLDS = ("per_horizon_extremes", "per_horizon_extremes_null")  # perception/data/extremes_world.py
 MARKER_LEVELS = {"short": (7, 8, 9), "long": (2, 3, 4), "distractor": (7, 8, 9, 2, 3, 4)}  # order counts,
 MARKER_FACTOR = 8  # eight-fold on both sides
 SHORT_SNR, LONG_SNR = 1.5, 8.0  # drift over h_s (short) and h_max (long) in units of the noise over it

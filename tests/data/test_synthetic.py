@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from perception.data import horizon_jumps, synthetic
+from perception.data import extremes_world, synthetic
 from perception.data.config import DataConfig, DataSource
 from perception.data.dataset import build_snapshots, load_dataset
 from perception.data.dbn_io import write_mbp10
@@ -249,7 +249,7 @@ def extreme_worlds():
     out = {}
     for world in ("per_horizon_extremes", "per_horizon_extremes_null"):
         snaps = synthetic.generate(n, seed, PH_HORIZONS, PH_K, world=world)
-        bursts = horizon_jumps.jump_bursts(np.random.default_rng([seed, 0x1B5]), n, PH_HORIZONS, PH_K, 0.6,
+        bursts = extremes_world.jump_bursts(np.random.default_rng([seed, 0x1B5]), n, PH_HORIZONS, PH_K, 0.6,
                                            null=world.endswith("_null"))
         y, _ = compute_labels(snaps, PH_HORIZONS)
         ends = np.arange(PH_K, n - PH_HORIZONS[-1], 4)
@@ -274,19 +274,19 @@ def test_extreme_worlds_are_seeded_and_mark_every_burst(extreme_worlds):
     untouched = np.setdiff1d(np.arange(len(snaps)), t)
     for name in ("bid_sz", "ask_sz", "bid_ct", "ask_ct"):  # no snapshot outside a burst is marked
         np.testing.assert_array_equal(getattr(snaps, name)[untouched], getattr(plain, name)[untouched], err_msg=name)
-    marker, intensity = list(horizon_jumps.MARKER_LEVELS), list(horizon_jumps.INTENSITY_LEVELS)
+    marker, intensity = list(extremes_world.MARKER_LEVELS), list(extremes_world.INTENSITY_LEVELS)
     rest = [lvl for lvl in range(snaps.bid_ct.shape[1]) if lvl not in marker + intensity]
-    count = np.rint(horizon_jumps.INTENSITY_COUNT * np.exp(bursts.intensity.ravel()))
+    count = np.rint(extremes_world.INTENSITY_COUNT * np.exp(bursts.intensity.ravel()))
     for book, base in ((snaps.bid_ct, plain.bid_ct), (snaps.ask_ct, plain.ask_ct)):
-        np.testing.assert_array_equal(book[t][:, marker], base[t][:, marker] * horizon_jumps.MARKER_FACTOR)  # the marker
+        np.testing.assert_array_equal(book[t][:, marker], base[t][:, marker] * extremes_world.MARKER_FACTOR)  # the marker
         np.testing.assert_array_equal(book[t][:, intensity], np.repeat(count[:, None], len(intensity), 1))  # shown exactly
         np.testing.assert_array_equal(book[t][:, rest], base[t][:, rest])
-    sides_at = list(horizon_jumps.SIDE_LEVELS)
+    sides_at = list(extremes_world.SIDE_LEVELS)
     for book, base, flagged in ((snaps.bid_sz, plain.bid_sz, side > 0), (snaps.ask_sz, plain.ask_sz, side < 0)):
         ratio = book[t][:, sides_at] / base[t][:, sides_at]
-        assert np.all(ratio[flagged] == horizon_jumps.SIDE_FACTOR) and np.all(ratio[~flagged] == 1)  # the side
+        assert np.all(ratio[flagged] == extremes_world.SIDE_FACTOR) and np.all(ratio[~flagged] == 1)  # the side
         np.testing.assert_array_equal(np.delete(book[t], sides_at, axis=1), np.delete(base[t], sides_at, axis=1))
-    span = horizon_jumps.burst_span(PH_K)
+    span = extremes_world.burst_span(PH_K)
     offsets = bursts.times - bursts.starts[:, None]
     assert offsets.min() >= 0 and offsets.max() < span and np.all(np.diff(bursts.times, axis=1) > 0)
     assert np.all(np.diff(bursts.starts) > PH_K + span)  # at most one whole burst a window
@@ -301,7 +301,7 @@ def test_extremes_twin_has_the_same_books_and_labels_but_the_sides(extreme_world
     np.testing.assert_array_equal(held_twin, held)
     for name in ("bid_sz", "ask_sz"):
         differs = getattr(twin, name) != getattr(world, name)
-        assert set(np.flatnonzero(differs.any(axis=0))) == set(horizon_jumps.SIDE_LEVELS)  # the flag only
+        assert set(np.flatnonzero(differs.any(axis=0))) == set(extremes_world.SIDE_LEVELS)  # the flag only
         assert np.isin(np.flatnonzero(differs.any(axis=1)), bursts.times).all()
     for kind in ("short", "long"):
         assert np.all(world_bursts.extreme_sides(kind) == world_bursts.signs[kind])  # the world: the extremes decide
