@@ -89,10 +89,11 @@ def test_replicates_do_not_count_each_replicate_s_prediction_noise_twice(gate_st
 
 
 def test_ship_by_rule_1_on_the_test_when_the_lift_is_under_the_floor(gate_store, tmp_path):
-    spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], replicates=2)
+    # seed 2: folds that agree (Cochran's p 0.5); seed 0's folds differ by chance enough for the guard
+    spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], replicates=2, seed=2)
     outcome, _ = gate(gate_store, tmp_path, "ship-r1-test", spec)
     r1 = rule(outcome, "rule 1")
-    assert 0.01 <= outcome.summary["W"] < 0.024 and not r1["evidence_floor"]
+    assert 0.01 <= outcome.summary["W"] < 0.024 and not r1["evidence_floor"] and not r1["fold_spread"]
     assert r1["p_bootstrap"] < r1["level"] == 0.025 and r1["evidence_test"]  # Holm: the other rule has no evidence
     assert outcome.decision == "ship_per_horizon"
     # after the first screen: the decision, the rule and the evidence that carried it, then the caveats
@@ -378,3 +379,23 @@ def test_a_reseeded_arm_may_train_from_another_seed_a_twin_may_not(gate_store, t
     outcome = run_gate("twin-seed", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "t", progress=False,
                        control="shared", treatment="shared_twin")
     assert outcome.refused and any("disagree on seed" in r for r in outcome.reasons)
+
+
+def test_folds_that_disagree_are_tested_by_their_own_spread(gate_store, tmp_path):
+    """B's advantage is +, +, − by fold and the same in both replicates: a fold-by-arm difference that is
+    neither window nor training noise. Cochran's Q over the folds rejects, rule 1's se becomes the fold lifts'
+    spread with 2 df, and the positive mean does not ship. The same mean advantage in every fold ships."""
+    split = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=2, episodes=[[1], [1], [-1]], episode_effect=0.4)
+    outcome, _ = gate(gate_store, tmp_path / "split", "folds-disagree", split)
+    r1 = rule(outcome, "rule 1")
+    assert outcome.summary["W"] > 0.024 and outcome.decision != "ship_per_horizon"
+    assert r1["fold_spread"] and r1["heterogeneity_p"] < 1e-6 and r1["df"] == 2.0
+    lifts = np.array(outcome.summary["auc"]["per_horizon"]["per_fold"])[:, -1] - \
+        np.array(outcome.summary["auc"]["shared"]["per_fold"])[:, -1]  # (F,) the fold lifts at h40
+    assert r1["se"] == pytest.approx(lifts.std(ddof=1) / math.sqrt(3), rel=1e-6)
+    md = (tmp_path / "split" / "report" / "report.md").read_text()
+    assert "disagree more than their windows and trainings explain" in md
+
+    steady = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=2, episodes=[[1], [1], [1]], episode_effect=0.4 / 3)
+    outcome, _ = gate(gate_store, tmp_path / "steady", "folds-agree", steady)
+    assert outcome.decision == "ship_per_horizon"
