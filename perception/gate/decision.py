@@ -24,9 +24,9 @@ and R replicates per fold, one of three:
   t = L / se, one-sided p = P(T_ν ≥ t) with Satterthwaite's degrees of freedom
   ν = se⁴ / (se⁴_training / ν_training) (the window bootstrap's variance counts as known).
   The first two assume a fold's lift varies only through its windows and its trainings; a difference
-  between the arms that changes from fold to fold is in neither. So the folds' agreement is tested
-  (Cochran's Q of the fold lifts against each fold's own variance, F − 1 df); where it rejects at
-  HETEROGENEITY_P the se is at least the fold lifts' spread / √F with F − 1 df.
+  between the arms that changes from fold to fold is in neither. So the folds' agreement is tested (the
+  fold lifts' spread² / F against se², an F ratio on F − 1 and ν df); where it rejects at HETEROGENEITY_P
+  the se is the fold lifts' spread / √F with F − 1 df.
 One α over every route to a ship (perception/gate/evidence.py): Holm's step-down over the two rules'
 tests, so a rule's test is at α/2, or at α once the other rule's test is rejected at α/2. Evidence
 for the rule that decides: p < its Holm level, or the noise floor: the lift's lower confidence bound
@@ -44,6 +44,7 @@ from typing import Optional
 
 import numpy as np
 from scipy.stats import chi2
+from scipy.stats import f as f_dist
 from scipy.stats import t as student_t
 from tqdm import tqdm
 
@@ -53,7 +54,7 @@ from perception.gate.evidence import MULTIPLICITY, holm_levels, minimum_detectab
 from perception.gate.inputs import SweepInputs
 from perception.gate.noise import TrainingNoise
 
-HETEROGENEITY_P = 0.10  # Cochran's Q over three folds has little power: test the folds' agreement loosely
+HETEROGENEITY_P = 0.10  # an F ratio on 2 df has little power: test the folds' agreement loosely
 SLOWDOWN_RISK = 0.20  # DESIGN §7: a > 20 % training slowdown of the treatment arm is a risk
 
 
@@ -78,7 +79,7 @@ class RuleResult:
     evidence_floor: bool = False
     evidence_test: bool = False
     mde: float = math.nan  # the true lift this rule would ship with probability 0.8 (level alpha / 2)
-    heterogeneity_p: float = math.nan  # Cochran's Q over the folds against their own variances (NaN: not run)
+    heterogeneity_p: float = math.nan  # the fold lifts' spread against se: an F ratio's p (NaN: not run)
     fold_spread: bool = False  # the folds disagreed, and se is their lifts' spread (F − 1 df)
 
 
@@ -230,7 +231,7 @@ def _rule(rule: RuleResult, inputs: SweepInputs, a: str, b: str, boot: Resamples
         rule.se_training = math.sqrt(s2 / (F * R))
         rule.se = math.sqrt(rule.se_windows ** 2 + rule.se_training ** 2) if math.isfinite(rule.se_windows) else math.nan
         rule.df = satterthwaite_df(rule.se, rule.se_training, df_training)
-        _guard_heterogeneity(rule, cell_lift.mean(axis=1), shared_var + s2 / R)
+        _guard_heterogeneity(rule, cell_lift.mean(axis=1))
     rule.p_bootstrap = one_sided_p_t(stats.z_score(rule.lift, rule.se), rule.df)
     rows = [(h, t.z) for (_, h), t in thinned.items() if h in hw]
     rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, z in rows]),
@@ -238,21 +239,20 @@ def _rule(rule: RuleResult, inputs: SweepInputs, a: str, b: str, boot: Resamples
     return rule
 
 
-def _guard_heterogeneity(rule: RuleResult, fold_lift: np.ndarray, fold_var: np.ndarray) -> None:
+def _guard_heterogeneity(rule: RuleResult, fold_lift: np.ndarray) -> None:
     """The folds' lifts may differ by more than their windows and trainings explain: a difference between
     the arms that changes from fold to fold and that no replicate changes, which the pooled se leaves out.
-    Cochran's Q over the folds, each against its own variance (F − 1 df); where it rejects at
-    HETEROGENEITY_P, the se is at least the fold lifts' own spread with F − 1 df (Knapp–Hartung's
+    The fold lifts' own spread (var / F, F − 1 df) against the pooled se² (its Satterthwaite df) is an F
+    ratio; where it rejects at HETEROGENEITY_P, the se is the spread with F − 1 df (Knapp–Hartung's
     random-effects variance with equal weights), which holds that difference."""
     F = len(fold_lift)
-    if F < 2 or not (np.isfinite(fold_var).all() and (fold_var > 0).all()):
-        return
-    q = float(np.sum((fold_lift - fold_lift.mean()) ** 2 / fold_var))
-    rule.heterogeneity_p = float(chi2.sf(q, F - 1))
-    if rule.heterogeneity_p >= HETEROGENEITY_P:
+    if F < 2 or not (math.isfinite(rule.se) and rule.se > 0) or not np.isfinite(fold_lift).all():
         return
     spread = math.sqrt(float(fold_lift.var(ddof=1)) / F)
-    if not math.isfinite(rule.se) or spread > rule.se:
+    ratio = (spread / rule.se) ** 2
+    rule.heterogeneity_p = float(f_dist.sf(ratio, F - 1, rule.df) if math.isfinite(rule.df)
+                                 else chi2.sf(ratio * (F - 1), F - 1))
+    if rule.heterogeneity_p < HETEROGENEITY_P and spread > rule.se:
         rule.se, rule.df, rule.fold_spread = spread, float(F - 1), True
 
 
@@ -369,7 +369,7 @@ def _evidence_line(r: RuleResult, cfg: GateConfig, noise_words: str) -> str:
     parts = (f"windows {r.se_windows:.4f}, training {r.se_training:.4f}" if r.variance != "between folds"
              else "between folds")
     if r.fold_spread:
-        parts = (f"the folds' spread: they disagree more than windows and training explain, Cochran's "
+        parts = (f"the folds' spread: they disagree more than windows and training explain, "
                  f"p = {r.heterogeneity_p:.2g}")
     test = (f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} Holm level {r.level:g} of alpha "
             f"{cfg.alpha:g} (se {r.se:.4f}: {parts}" + (f"; t with {r.df:.1f} df" if math.isfinite(r.df) else "") + ")"

@@ -126,7 +126,7 @@ def lift_sentence(f: Facts, rule: RuleResult) -> str:
 def noise_words(rule: RuleResult, f: Facts) -> str:
     if rule.fold_spread:
         return (f"against the spread of the {f.inputs.n_folds} folds' lifts, which disagree more than their windows "
-                f"and trainings explain (Cochran's p = {rule.heterogeneity_p:.2g})")
+                f"and trainings explain (p = {rule.heterogeneity_p:.2g})")
     return {"between folds": f"against the spread of the {f.inputs.n_folds} folds' lifts",
             "windows + replicates": f"against the noise of the windows and of {len(f.inputs.replicates)} replicates",
             "windows + A/A file": "against the noise of the windows and this experiment's A/A measurement",

@@ -89,7 +89,7 @@ def test_replicates_do_not_count_each_replicate_s_prediction_noise_twice(gate_st
 
 
 def test_ship_by_rule_1_on_the_test_when_the_lift_is_under_the_floor(gate_store, tmp_path):
-    # seed 2: folds that agree (Cochran's p 0.5); seed 0's folds differ by chance enough for the guard
+    # seed 2: folds that agree; seed 0's folds differ by chance enough for the heterogeneity guard
     spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], replicates=2, seed=2)
     outcome, _ = gate(gate_store, tmp_path, "ship-r1-test", spec)
     r1 = rule(outcome, "rule 1")
@@ -383,7 +383,7 @@ def test_a_reseeded_arm_may_train_from_another_seed_a_twin_may_not(gate_store, t
 
 def test_folds_that_disagree_are_tested_by_their_own_spread(gate_store, tmp_path):
     """B's advantage is +, +, − by fold and the same in both replicates: a fold-by-arm difference that is
-    neither window nor training noise. Cochran's Q over the folds rejects, rule 1's se becomes the fold lifts'
+    neither window nor training noise. The folds' spread against se rejects, rule 1's se becomes the fold lifts'
     spread with 2 df, and the positive mean does not ship. The same mean advantage in every fold ships."""
     split = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=2, episodes=[[1], [1], [-1]], episode_effect=0.4)
     outcome, _ = gate(gate_store, tmp_path / "split", "folds-disagree", split)
