@@ -88,6 +88,7 @@ class FeatureFile:
         self._file.seek(0)
         self._file.write(header.getvalue())
         self._file.close()
+        assert self.path is not None  # the file is open only when there is a path
         return np.load(self.path, mmap_mode="r")
 
     def discard(self) -> None:
@@ -133,7 +134,7 @@ class Assembly:
                     self._ahead, self.tick = None, None
                     return
             if self.tick is not None:
-                self._features(ahead, len(ahead) - len(ahead) % FEATURE_BLOCK)
+                self._features(ahead, len(ahead) - len(ahead) % FEATURE_BLOCK, self.tick)
 
     def finish(self) -> tuple[Clock, np.ndarray, np.ndarray, np.ndarray]:
         """The clock, features (T, F), labels y and mask (T, H), checked as `stitch.stitch` does."""
@@ -152,7 +153,7 @@ class Assembly:
             if self.tick is None:
                 inferred = inferred_tick(clock) if self.cfg.tick_size is None else 0
                 self.tick = resolve_tick(self.cfg, inferred, self.names)
-            self._features(clock, len(clock))
+            self._features(clock, len(clock), self.tick)
         except BaseException:
             self.out.discard()
             raise
@@ -160,11 +161,11 @@ class Assembly:
         y, mask = labels_from_mid2(self.m2.array(), clock.segment, self.cfg.horizons)
         return clock, features, y, mask
 
-    def _features(self, clock: Clock | Stitcher, stop: int) -> None:
+    def _features(self, clock: Clock | Stitcher, stop: int, tick: int) -> None:
         """Features of rows [done, stop), each block with the row before it (the mid's return)."""
         for a in range(self.out.n, stop, FEATURE_BLOCK):
             b = min(a + FEATURE_BLOCK, stop)
             lo = max(a - 1, 0)
             snaps = clock.snapshots(lo, b)
-            self.out.write(compute_features(snaps, self.tick)[a - lo :])
+            self.out.write(compute_features(snaps, tick)[a - lo :])
             self.m2.extend(mid2(snaps)[a - lo :])

@@ -182,7 +182,7 @@ def build_in_memory(cfg: Any) -> Dataset:
 def _strip_ts_out(rec: np.ndarray) -> np.ndarray:
     from perception.data.dbn_io import MBP10_DTYPE
 
-    return rec if rec.dtype == MBP10_DTYPE else np.array(rec[list(MBP10_DTYPE.names)], MBP10_DTYPE)
+    return rec if rec.dtype == MBP10_DTYPE else np.array(rec[list(MBP10_DTYPE.names or ())], MBP10_DTYPE)
 
 
 def _select_instrument(cfg: DataConfig, files: list[Path], records: np.ndarray,
@@ -282,10 +282,10 @@ def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool,
                 os.rename(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    ds = _read_cache(root / key, map_features)
-    if ds is None:
+    cached = _read_cache(root / key, map_features)
+    if cached is None:
         raise DataError(f"{root / key}: the feature cache just written cannot be read back")
-    return ds
+    return cached
 
 
 def remove_stale_builds(root: Path, say=lambda line: print(line, file=sys.stderr, flush=True)) -> list[Path]:

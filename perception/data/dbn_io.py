@@ -100,8 +100,10 @@ def _decompress_with_dbn(path: Path, raw: bytes) -> bytes:
         items = dec.decode()
     except Exception as e:
         raise DataError(f"{path}: unreadable DBN stream ({e})") from None
-    meta = items[0].encode()
-    return meta + b"".join(bytes(r) for r in items[1:])
+    meta = items[0] if items else None
+    if not isinstance(meta, dbn.Metadata):  # a stream of records without the header that names them
+        raise DataError(f"{path}: no DBN metadata at the start of the stream")
+    return meta.encode() + b"".join(bytes(r) for r in items[1:])
 
 
 def _view_records(path: Path, body: memoryview, ts_out: bool) -> np.ndarray:
@@ -153,8 +155,9 @@ def write_mbp10(path: str | Path, records: np.ndarray, dataset: str = "SYNTH.MBP
     records = np.ascontiguousarray(records, dtype=MBP10_DTYPE)
     ts = records["ts_recv"]
     symbols = [symbol] if symbol else sorted(mappings or {})
+    symbol_mappings = None
     if mappings is not None:  # databento-dbn takes objects with these attributes
-        mappings = [SimpleNamespace(raw_symbol=sym, intervals=[
+        symbol_mappings = [SimpleNamespace(raw_symbol=sym, intervals=[
             SimpleNamespace(start_date=a, end_date=b, symbol=str(i)) for a, b, i in ivs])
             for sym, ivs in mappings.items()]
     meta = dbn.Metadata(
@@ -165,7 +168,7 @@ def write_mbp10(path: str | Path, records: np.ndarray, dataset: str = "SYNTH.MBP
         stype_out=dbn.SType.INSTRUMENT_ID,
         schema=dbn.Schema.MBP_10,
         symbols=symbols,
-        mappings=mappings,
+        mappings=symbol_mappings,
     )
     payload = meta.encode() + records.tobytes()
     with atomic_path(path) as tmp:

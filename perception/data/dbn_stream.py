@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import databento_dbn as dbn
 import numpy as np
@@ -67,7 +67,7 @@ class Mbp10Stream:
         self.path = Path(path)
         self.chunk_records = int(chunk_records)
         self.stats = ReaderStats()
-        self._file = None
+        self._file: BinaryIO | None = None
         self._pieces: Iterator[np.ndarray] = iter(())
         self._pending = np.zeros(0, np.uint8)
         self._records_read = 0
@@ -75,16 +75,16 @@ class Mbp10Stream:
 
     def __enter__(self) -> "Mbp10Stream":
         try:
-            self._file = open(self.path, "rb")
-            magic = self._file.read(4)
-            self._file.seek(0)
+            f = self._file = open(self.path, "rb")
+            magic = f.read(4)
+            f.seek(0)
         except OSError as e:
             raise DataError(f"{self.path}: cannot read ({e.strerror})") from None
         if not magic:
             raise DataError(f"{self.path}: empty file (expected a DBN MBP-10 file)")
         if is_legacy_dbz(magic):
             raise legacy_dbz_error(self.path)
-        self._pieces = self._zstd_pieces() if magic == _ZSTD_MAGIC else self._raw_pieces()
+        self._pieces = self._zstd_pieces(f) if magic == _ZSTD_MAGIC else self._raw_pieces(f)
         self.header = self._read_header()
         return self
 
@@ -94,20 +94,20 @@ class Mbp10Stream:
 
     # ------------------------------------------------------------ bytes
 
-    def _raw_pieces(self) -> Iterator[np.ndarray]:
-        while piece := self._file.read(_RAW_PIECE):
+    def _raw_pieces(self, f: BinaryIO) -> Iterator[np.ndarray]:
+        while piece := f.read(_RAW_PIECE):
             yield np.frombuffer(piece, np.uint8)
 
-    def _zstd_pieces(self) -> Iterator[np.ndarray]:
+    def _zstd_pieces(self, f: BinaryIO) -> Iterator[np.ndarray]:
         dec, feed = ZstdDecompressor(), b""
         while True:
             if dec.eof:  # a frame ended: the file ends here, or another frame follows
-                feed = dec.unused_data or self._file.read(ZSTD_PIECE)
+                feed = dec.unused_data or f.read(ZSTD_PIECE)
                 if not feed:
                     return
                 dec = ZstdDecompressor()
             elif dec.needs_input and not feed:
-                feed = self._file.read(ZSTD_PIECE)
+                feed = f.read(ZSTD_PIECE)
                 if not feed:
                     raise DataError(f"{self.path}: truncated file (the zstd stream ends early)")
             try:
@@ -164,6 +164,8 @@ class Mbp10Stream:
 
     def buffer(self) -> np.ndarray:
         """(chunk_records,) records of the header's dtype: the one buffer a reader fills."""
+        if self.header is None:
+            raise RuntimeError(f"{self.path}: the stream is not open (read it inside its with block)")
         buf = np.empty(self.chunk_records, self.header.record_dtype)
         self.stats.chunk_buffer_bytes = buf.nbytes
         return buf
@@ -201,7 +203,7 @@ def _mappings(meta) -> dict[str, list[Interval]]:
     for symbol, intervals in (meta.mappings or {}).items():
         rows = []
         for iv in intervals:
-            get = iv.get if isinstance(iv, dict) else lambda k: getattr(iv, k)
+            get: Callable[[str], Any] = iv.get if isinstance(iv, dict) else lambda k: getattr(iv, k)
             rows.append(Interval(get("start_date"), get("end_date"), str(get("symbol"))))
         out[str(symbol)] = sorted(rows, key=lambda r: r.start)
     return out

@@ -29,7 +29,7 @@ from perception.errors import DataError
 BOOK_DTYPE = np.dtype([(f"{side}_{kind}", dt, (N_LEVELS,))
                        for kind, dt in (("px", "<i8"), ("sz", "<u4"), ("ct", "<u4"))
                        for side in ("bid", "ask")])
-SPILL_DTYPES = {"ts": np.dtype(np.int64), "inst": np.dtype(np.uint32), "book": BOOK_DTYPE}
+SPILL_DTYPES: dict[str, np.dtype] = {"ts": np.dtype(np.int64), "inst": np.dtype(np.uint32), "book": BOOK_DTYPE}
 SPILLS = tuple(SPILL_DTYPES)
 _FIELDS = ("ts_recv", "flags", "action", "bid_px_00", "ask_px_00", "instrument_id")
 
@@ -119,7 +119,7 @@ class _Emitter:
         where = where[np.r_[tick[1:] != tick[:-1], True]] if len(tick) else where
         st = rows(where)
         book = np.empty(len(st), BOOK_DTYPE)
-        for name in BOOK_DTYPE.names:
+        for name in BOOK_DTYPE.names or ():  # a structured dtype: its names are never None
             book[name] = levels(st, name)
         self.files["ts"].write(ts[where].astype(np.int64).data)
         self.files["inst"].write(cols["instrument_id"][where].astype(np.uint32).data)
@@ -163,10 +163,11 @@ class _FileClock:
         else:
             n_emit = 0
         if n_emit:
-            emit = slice(0, n_emit) if ordered else order[:n_emit]
+            emit_rows = order[:n_emit]
+            emit = slice(0, n_emit) if ordered else emit_rows
             # each column gathered once out of the 368-byte records: emit reads them several times
             cols = {name: np.ascontiguousarray(block[name][emit]) for name in _FIELDS}
-            self.out.emit(cols, lambda where: take(block, where if ordered else emit[where]))
+            self.out.emit(cols, lambda where: take(block, where if ordered else emit_rows[where]))
             self.max_emitted = int(cols["ts_recv"][-1])
         rest = len(block) - n_emit
         if rest > carry_cap(self.job.chunk_records):
@@ -225,6 +226,7 @@ def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event]) -> File
     tail = tail_records(job.chunk_records)
     with Mbp10Stream(job.path, job.chunk_records) as stream:
         header = stream.header
+        assert header is not None  # read on entering the with block
         select = instrument_filter(header, job.instrument)
         part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
                         set(), symbols_of(header), read_whole=whole)
@@ -279,9 +281,9 @@ def _observe(part: FilePart, chunk: np.ndarray, select) -> np.ndarray:
             chunk = chunk[: len(kept)]
             copy_records(chunk, kept)
     kept_ids = chunk["instrument_id"]
-    kept = _unique(kept_ids)
-    for inst in kept:
-        mine = chunk["ts_recv"] if len(kept) == 1 else chunk["ts_recv"][kept_ids == inst]
+    kept_insts = _unique(kept_ids)
+    for inst in kept_insts:
+        mine = chunk["ts_recv"] if len(kept_insts) == 1 else chunk["ts_recv"][kept_ids == inst]
         use = part.used.setdefault(inst, InstrumentUse(0, int(mine.min()), int(mine.max())))
         use.records += len(mine)
         use.first_ts, use.last_ts = min(use.first_ts, int(mine.min())), max(use.last_ts, int(mine.max()))

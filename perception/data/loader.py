@@ -87,11 +87,9 @@ class WindowLoader:
         with warnings.catch_warnings():  # a read-only memory map: torch only reads it here
             warnings.simplefilter("ignore", UserWarning)
             self._features = torch.from_numpy(np.asarray(ds.features))  # (T, F), no copy
+        self._affine: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (1 / std, -mean / std)
         if normalizer is not None:
-            self._scale = torch.from_numpy(1.0 / normalizer.std)
-            self._shift = torch.from_numpy(-normalizer.mean / normalizer.std)
-        else:
-            self._scale = self._shift = None
+            self._affine = (torch.from_numpy(1.0 / normalizer.std), torch.from_numpy(-normalizer.mean / normalizer.std))
 
     def _buffer(self, n_rows: int) -> torch.Tensor:
         """(n_rows, F) from a ring of two reused buffers: fresh 100 MB tensors cost more in page
@@ -121,8 +119,9 @@ class WindowLoader:
         B, K = rows.shape
         x = self._buffer(B * K).view(B, K, -1)
         torch.index_select(self._features, 0, torch.from_numpy(rows.reshape(-1)), out=x.view(B * K, -1))
-        if self._scale is not None:
-            torch.addcmul(self._shift, x, self._scale, out=x)  # (x - mean) / std in one pass
+        if self._affine is not None:
+            scale, shift = self._affine
+            torch.addcmul(shift, x, scale, out=x)  # (x - mean) / std in one pass
         return Batch(
             x=x,
             dt=torch.from_numpy(np.asarray(self.ds.dt)[rows]),

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Optional
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from perception.data.book import NS, Snapshots
 from perception.data.config import DataConfig
@@ -33,7 +34,7 @@ class Pieces:
     """A 1-D array kept as the pieces appended to it: ranges of rows are read across pieces, and
     the whole is joined once, at the end (no spare capacity, no copy while it grows)."""
 
-    def __init__(self, dtype):
+    def __init__(self, dtype: DTypeLike) -> None:
         self.dtype = np.dtype(dtype)
         self._pieces: list[np.ndarray] = []
         self._starts = [0]
@@ -199,7 +200,7 @@ class Stitcher:
                       np.full(len(ts), index, np.int32), np.arange(len(ts), dtype=np.int32))
         states = _States.join(self._pending, new)
         # a later file's clear at this file's last record time would count before a state at that time
-        n = min(len(states) - 1, int(np.searchsorted(states.ts, part.last_ts, side="left")))
+        n = min(len(states) - 1, int(np.searchsorted(states.ts, _times(part)[1], side="left")))
         if n > 0:
             ready, self._pending = states.cut(n)
             self._settle(ready, next_tick=int(self._pending.tick[0]))
@@ -272,7 +273,13 @@ def finished(stitcher: Stitcher, names: str) -> Clock:
 
 def follows(a: FilePart, b: FilePart) -> bool:
     """b may come right after a on the clock (what in_time_order checks)."""
-    return b.dataset == a.dataset and b.first_ts >= a.last_ts
+    return b.dataset == a.dataset and _times(b)[0] >= _times(a)[1]
+
+
+def _times(part: FilePart) -> tuple[int, int]:
+    """(first, last) record time of a file read: both set, since a file without records is refused."""
+    assert part.first_ts is not None and part.last_ts is not None
+    return part.first_ts, part.last_ts
 
 
 def in_time_order(parts: list[FilePart]) -> list[FilePart]:
@@ -286,10 +293,11 @@ def in_time_order(parts: list[FilePart]) -> list[FilePart]:
             )
     parts = sorted(parts, key=lambda p: (p.first_ts, p.job.index))
     for a, b in zip(parts, parts[1:]):
-        if b.first_ts < a.last_ts:
+        (b_first, _), (_, a_last) = _times(b), _times(a)
+        if b_first < a_last:
             raise DataError(
-                f"{b.job.path} overlaps {a.job.path}: its records start at {_iso(b.first_ts)}, before "
-                f"the other file's end at {_iso(a.last_ts)}; remove the duplicate day or split the files "
+                f"{b.job.path} overlaps {a.job.path}: its records start at {_iso(b_first)}, before "
+                f"the other file's end at {_iso(a_last)}; remove the duplicate day or split the files "
                 "so their record times do not overlap"
             )
     return parts

@@ -63,7 +63,8 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
-from perception.data.extremes_world import SIDE_FACTOR, SIDE_LEVELS, jump_bursts  # every world flags a side alike
+from perception.data.extremes_world import (SIDE_FACTOR, SIDE_LEVELS,  # every world flags a side alike
+                                            JumpBursts, jump_bursts)
 
 TICK = 250_000_000  # 0.25 in 1e-9 price units (an index-future tick)
 START_NS = 1_704_067_200 * NS  # 2024-01-01 00:00 UTC
@@ -107,7 +108,7 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     mu = prm.slow_snr * prm.sigma / np.sqrt(h_max)
     dp = prm.sigma * rng.standard_normal(n) + mu * regime
     dp[1:] += kappa * imb[:-1]
-    events = None
+    events: HorizonEvents | JumpBursts | None = None
     if world in EVENT_WORLDS:
         events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma,
                                  null=world == "per_horizon_null")
