@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT
 from perception.atomic import atomic_write_text
@@ -32,7 +32,7 @@ PROG = "perception-gate"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; this keeps the message one line
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; this keeps the message one line
         self.print_usage(sys.stderr)
         print(f"{PROG}: error: {message}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)

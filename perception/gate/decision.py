@@ -383,7 +383,8 @@ def _throughput(inputs: SweepInputs, a: str, b: str) -> dict:
     out: dict = {}
     for arm in (a, b):
         vals = [r.samples_per_s for r in inputs.arm_runs(arm)]
-        out[arm] = float(np.mean(vals)) if vals and all(x is not None for x in vals) else None
+        measured = [x for x in vals if x is not None]
+        out[arm] = float(np.mean(measured)) if vals and len(measured) == len(vals) else None
     out["ratio"] = out[b] / out[a] if out[a] and out[b] else None
     out["slowdown"] = 1.0 - out["ratio"] if out["ratio"] is not None else None
     return out

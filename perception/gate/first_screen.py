@@ -54,6 +54,11 @@ class Facts:
     def rule(self, name: str) -> RuleResult:
         return next(r for r in self.main.rules if r.name == name)
 
+    def fired_rule(self) -> RuleResult:
+        """The rule that decided; a decision to ship, and an inconclusive one, always name it."""
+        assert self.main.rule is not None
+        return self.rule(self.main.rule)
+
 
 def decision_kind(decision: Optional[str]) -> str:
     """refused | ship | keep | inconclusive (or any other decision word as it is)."""
@@ -176,7 +181,7 @@ def attribution_sentence(f: Facts) -> Optional[str]:
 
 def _ship(f: Facts) -> Screen:
     m = f.main
-    rule = f.rule(m.rule)
+    rule = f.fired_rule()
     where = (f"at the deployment horizon{'s' if len(rule.horizons) > 1 else ''} {horizons_text(rule.horizons)}"
              if rule.name == "rule 1" else f"toward the short horizons {horizons_text(rule.horizons)}")
     bar = f"{rule.lift_name} ≥ {points(f.cfg['min_lift'], False)} AUC point" if rule.name == "rule 1" \
@@ -239,7 +244,7 @@ def _keep(f: Facts) -> Screen:
 
 def _inconclusive(f: Facts) -> Screen:
     m = f.main
-    rule = f.rule(m.rule)
+    rule = f.fired_rule()
     conf, lo, _ = interval(rule)
     s = [f"**Inconclusive**: `{m.treatment}` is ahead of `{m.control}` by the rule *{RULE_MEANING[rule.name]}* "
          f"({horizons_text(rule.horizons)}), but the evidence is too weak to tell that lift from noise.",
@@ -275,7 +280,7 @@ def _refused(summary: dict) -> Screen:
 def _continue(f: Facts) -> Screen:
     """A look of a sequential study that crossed no boundary: the study trains another wave."""
     m, s_ = f.main, f.summary
-    row = next((r for r in s_.get("looks", []) if r.get("look") == s_.get("look")), {})
+    row: dict = next((r for r in s_.get("looks", []) if r.get("look") == s_.get("look")), {})
     lift = row.get("lift") or "W"
     rule = f.rule("rule 1" if lift == "W" else "rule 2")
     low, high = (row.get("repeated_ci") or [None, None])[:2]

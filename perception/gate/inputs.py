@@ -213,7 +213,8 @@ def find_parent_run(client: MlflowClient, experiment_id: str, sweep_id: str) -> 
 
 
 def _search(client: MlflowClient, experiment_id: str, sweep_id: str) -> list[Run]:
-    runs, token = [], None
+    runs: list[Run] = []
+    token = None
     while True:
         page = client.search_runs([experiment_id], filter_string=f"tags.sweep_id = '{sweep_id}'",
                                   run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
@@ -242,7 +243,7 @@ def _missing_runs(arm: str, chosen: dict[Key, Run], train: list[Run], n_folds: i
 
 
 def _replicate(run: Run) -> int:
-    value = tag(run.data.tags, REPLICATE)
+    value = tag(run.data.tags, REPLICATE) or ""  # never None: the tag has a default
     return int(value) if value.isdigit() else -1
 
 
@@ -260,9 +261,11 @@ def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run
             notes.append(f"{arm} fold {fold}: run {r.info.run_id} ignored, status {r.info.status}")
             continue
         groups.setdefault((arm, int(fold), rep), []).append(r)
-    chosen = {}
+    chosen: dict[Key, Run] = {}
     for key, rs in groups.items():
-        chosen[key] = _latest(rs)
+        latest = _latest(rs)
+        assert latest is not None  # every group holds a run
+        chosen[key] = latest
         older = [r.info.run_id for r in rs if r is not chosen[key]]
         if older:
             notes.append(f"duplicate runs for {key[0]} fold {key[1]}" + (f" replicate {key[2]}" if key[2] else "")

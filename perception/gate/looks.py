@@ -57,9 +57,9 @@ def sequential_study(inputs: SweepInputs, cfg: GateConfig, control: str, treatme
     for k in range(1, found + 1):
         study = study_result(restrict(inputs, k), cfg, control, treatment, progress=False, boot=boot)
         studies.append(study)
-        main.append(look_verdict(*study.main.rules, k, bounds, cfg.noise_floor))
+        main.append(_look_verdict(study.main, k, bounds, cfg.noise_floor))
         if study.attribution is not None:
-            attr.append(look_verdict(*study.attribution.rules, k, bounds, cfg.noise_floor))
+            attr.append(_look_verdict(study.attribution, k, bounds, cfg.noise_floor))
         if _stopped(main, attr, has_attr=study.attribution is not None):
             break
     k_now = len(main)
@@ -67,9 +67,11 @@ def sequential_study(inputs: SweepInputs, cfg: GateConfig, control: str, treatme
     stopped = _stopped(main, attr, has_attr=bool(attr))
     study = studies[k_now - 1]
     if stopped:  # each comparison as it stood at the look where it settled
+        assert stop_main is not None  # stopped: the main comparison has settled
         study.main = _apply(studies[stop_main.look - 1].main, stop_main, control, treatment)
         if stop_attr is not None:
             attribution = studies[stop_attr.look - 1].attribution
+            assert attribution is not None  # it settled at a look that decided it
             study.attribution = _apply(attribution, stop_attr, attribution.control, attribution.treatment)
             study.verdict = attribution_verdict(study.attribution, study.main)
         why = stop_main.reason + (f"; attribution settled at {stop_attr.reason}" if stop_attr else "")
@@ -85,6 +87,11 @@ def sequential_study(inputs: SweepInputs, cfg: GateConfig, control: str, treatme
     rows = [_look_row(studies[v.look - 1], v, attr[v.look - 1] if len(attr) >= v.look else None, bounds)
             for v in main]
     return SequentialOutcome(found, K, k_now if stopped else None, study, rows, why, next_wave)
+
+
+def _look_verdict(result: GateResult, look: int, bounds: Boundaries, noise_floor: float) -> LookVerdict:
+    rule1, rule2 = result.rules  # rule 1 (W) and rule 2 (G)
+    return look_verdict(rule1, rule2, look, bounds, noise_floor)
 
 
 def _stopped(main: list[LookVerdict], attr: list[LookVerdict], has_attr: bool) -> bool:

@@ -131,7 +131,7 @@ def _caveats(s: dict, study: Study) -> list[str]:
         caveats.append("exploratory: the gate's settings differ from the sweep's plan: " + "; ".join(study.exploratory))
     caveats += [r for r in result.reasons if r.startswith(UNATTRIBUTED)]
     caveats += [f"flag: {f}" for f in study.flags if not any(r.startswith(UNATTRIBUTED) for r in result.reasons)]
-    if study.verdict:
+    if study.verdict and study.attribution is not None:  # a verdict comes with the attribution it judges
         caveats.append(f"attribution ({study.attribution.control} → {study.attribution.treatment}): {study.verdict}")
     caveats += [mde_sentence(result), f"Evidence: {result.training_noise}."]
     return caveats + s["notes"]
@@ -307,8 +307,7 @@ def _attention_profiles(inputs: SweepInputs) -> dict[str, tuple[np.ndarray, np.n
     """Per arm: (lag_edges, mass (Q, n_buckets) averaged over the folds that logged it, names)."""
     out = {}
     for v in inputs.arms:
-        atts = [r.attention for r in inputs.arm_runs(v)]
-        atts = [a for a in atts if a is not None]
+        atts = [a for r in inputs.arm_runs(v) if (a := r.attention) is not None]
         if atts and all(np.array_equal(a.lag_edges, atts[0].lag_edges) and a.mass.shape == atts[0].mass.shape
                         for a in atts):
             out[v] = (atts[0].lag_edges, np.mean([a.mass for a in atts], axis=0), atts[0].query_names)

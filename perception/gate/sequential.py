@@ -90,7 +90,7 @@ class Boundaries:
         if any(f is not None and not (0 < f < 1) for f in fut):
             raise ConfigError(f"{where}: futility_p {list(fut)} must lie in (0, 1)")
         if method == METHOD:
-            expected = boundaries(len(full), alpha, rho, fut[0] if len(fut) > 1 else FUTILITY_P)
+            expected = boundaries(len(full), alpha, rho, fut[0] if len(fut) > 1 and fut[0] is not None else FUTILITY_P)
             if not _close(full, expected.full) or not _close(half, expected.half):
                 raise ConfigError(f"{where}: efficacy_alpha {list(full)} / efficacy_alpha_half {list(half)} are not "
                                   f"the {METHOD} boundaries of alpha {alpha:g}, rho {rho:g} over {len(full)} looks "

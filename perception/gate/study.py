@@ -93,8 +93,8 @@ def _diagnostics(inputs: SweepInputs, arm: str) -> dict:
                 "attention_entropy_ratio", "query_drift"):
         values = [r.diagnostics[key] for r in runs if key in r.diagnostics and math.isfinite(r.diagnostics[key])]
         out[key] = float(np.median(values)) if values else None
-    trunk = [out[k] for k in TRUNK_GROUPS]
-    out["grad_norm_trunk"] = float(np.sqrt(sum(t * t for t in trunk))) if all(t is not None for t in trunk) else None
+    trunk = [t for k in TRUNK_GROUPS if (t := out[k]) is not None]
+    out["grad_norm_trunk"] = float(np.sqrt(sum(t * t for t in trunk))) if len(trunk) == len(TRUNK_GROUPS) else None
     return out
 
 

@@ -115,8 +115,10 @@ class ArgoServer:
             params["logOptions.follow"] = "true"
         url = f"{self.host}api/v1/workflows/{self.namespace}/{name}/log"
         what = f"reading the logs of {name}" + (f" (pod {pod})" if pod else "")
+        token = self.service.token
+        assert token is not None  # the service was given one (__init__)
         try:
-            resp = self.service.session.get(url, params=params, headers={"Authorization": self.service.token},
+            resp = self.service.session.get(url, params=params, headers={"Authorization": token},
                                             verify=self.service.verify_ssl, stream=True,
                                             timeout=(REQUEST_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S))
         except _Refused as exc:
@@ -155,7 +157,7 @@ def _http_error(what: str, where: str, status: Optional[int], text: str) -> Argo
     return ArgoError(f"{what} at {where} failed with HTTP {status}{hint}: {text.strip()[:300]}", status, transient)
 
 
-def _log_line(raw: str, url: str, clean) -> LogLine:
+def _log_line(raw: str | bytes, url: str, clean) -> LogLine:  # bytes where the answer names no charset
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError:

@@ -49,7 +49,7 @@ def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cp
         if o.split("=", 1)[0].lstrip("+~") in ("experiment", "seed", "data.synthetic_seed"):
             raise ConfigError(f"override {o!r}: calibrate sets experiment (--experiment) and each sweep's seeds")
     cells: dict[str, list[np.ndarray]] = {}
-    ids = []
+    ids: list[tuple[str, Optional[str]]] = []  # (sweep id, its git sha)
     for arm in arms:
         for k in range(sweeps):
             seed = seed_base + k

@@ -184,6 +184,7 @@ def _wait(server, name: str, poll_interval: float, timeout: Optional[float]) -> 
                                                       + (f": {s.message})" if s.message else ")")))
     for line in follow.summary_lines(s, server.link(name)):
         print(line)
+    assert code is not None  # the workflow finished, or the wait timed out
     return code
 
 

@@ -227,8 +227,9 @@ def step_label(node) -> str:
     """A training's run name (arm, fold, replicate from its inputs), which reads the same whether
     the task was written out or fanned out with withParam ("train(0:{...})")."""
     params = _inputs(node)
-    if template_of(node) == LOOK_TEMPLATE and str(params.get("look", "")).isdigit():
-        return look_label(int(params["look"]))  # one per wave, each named `look` in its own wave
+    look = params.get("look") or ""
+    if template_of(node) == LOOK_TEMPLATE and look.isdigit():
+        return look_label(int(look))  # one per wave, each named `look` in its own wave
     arm = params.get("arm") or params.get("variant")
     fold = params.get("fold")
     if arm and fold is not None and str(fold).isdigit():
@@ -280,7 +281,7 @@ def _looks(nodes: dict, attempts: set, max_replicates: Optional[str]) -> tuple[L
         out = _outputs(n)
         line = _json_line(out.get(SUMMARY_OUTPUT, ""))
         decision = out.get(DECISION_OUTPUT)
-        most = line.get("max_looks") or (int(max_replicates) if str(max_replicates or "").isdigit() else None)
+        most = line.get("max_looks") or (int(max_replicates) if max_replicates and max_replicates.isdigit() else None)
         looks[int(number)] = Look(int(number), most, n.phase or "Pending",
                                   None if decision in (None, *NO_DECISION) else decision,
                                   _number(line.get("W")), _number(line.get("G")))

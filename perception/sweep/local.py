@@ -144,7 +144,7 @@ def run_local_sweep(
 
         _send_kept_operations(sweep_id, home, uri, say)  # a finished run is complete in MLflow before it is skipped
         trainer = train_command or command("perception-train")
-        built = []
+        built: list[bool] = []  # the feature cache built (once, before the first training)
 
         def train(specs: list[RunSpec]) -> None:
             """Trains those of `specs` not finished earlier (the feature cache built first, once)."""
@@ -165,13 +165,16 @@ def run_local_sweep(
                 _train_wave(wave, result, len(runs), t_start, lanes, trainer, overrides, sweep_id, parent, home,
                             env, trainers, say)
 
+        run_gate: Callable[..., Any]  # the gate given, else perception-gate's
         if gate is None:
-            from perception.gate.run import run_gate as gate
+            from perception.gate.run import run_gate
+        else:
+            run_gate = gate
 
         def decide(**look: int) -> Any:
             say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
-            return gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
-                        control=design.control, treatment=design.treatment, **look)
+            return run_gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
+                            control=design.control, treatment=design.treatment, **look)
 
         if not design.sequential:
             train(runs)
@@ -228,7 +231,7 @@ def look_line(gate: Any) -> str:
     s = getattr(gate, "summary", {}) or {}
     if gate.refused:
         return "look: refused — " + "; ".join(gate.reasons)
-    look = next((r for r in s.get("looks", []) if r["look"] == s.get("look")), {})
+    look: dict = next((r for r in s.get("looks", []) if r["look"] == s.get("look")), {})
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
     head = (f"look {s.get('look')}/{s.get('max_looks')}: W {fmt(look.get('W'), '+.4f')}, G {fmt(look.get('G'), '+.4f')}, "
             f"p(W) {fmt(look.get('p_W'), '.3g')}, p(G) {fmt(look.get('p_G'), '.3g')}, "
