@@ -132,7 +132,7 @@ class Lock:
         finally:
             mine.unlink(missing_ok=True)  # the lock file keeps the inode
         self._stop.clear()
-        self._beat = threading.Thread(target=self._heartbeat, name=f"lock {self.path.name}", daemon=True)
+        self._beat = threading.Thread(target=self._heartbeat, args=(fd,), name=f"lock {self.path.name}", daemon=True)
         self._beat.start()
 
     def release(self) -> None:
@@ -142,7 +142,7 @@ class Lock:
         if self._beat is not None:
             self._beat.join()
         try:
-            if self._is_mine():
+            if self._is_mine(self._fd):
                 self.path.unlink()
         except FileNotFoundError:
             pass
@@ -209,16 +209,16 @@ class Lock:
         if age > self.stale_s:
             guard.unlink(missing_ok=True)
 
-    def _is_mine(self) -> bool:
-        now, mine = os.stat(self.path), os.fstat(self._fd)
+    def _is_mine(self, fd: int) -> bool:
+        now, mine = os.stat(self.path), os.fstat(fd)
         return (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev)
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, fd: int) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
-                if not self._is_mine():
+                if not self._is_mine(fd):
                     raise FileNotFoundError(self.path)
-                os.utime(self._fd)
+                os.utime(fd)
             except FileNotFoundError:
                 seen = _read(self.path)
                 by = f" by {seen[0].describe()}" if seen else ""

@@ -8,9 +8,13 @@ costs and buys: docs/performance.md, benchmarks/determinism.py."""
 
 from __future__ import annotations
 
-INDUCTOR_OPTIONS: dict[str, object] = {"deterministic": True}
+from typing import Any, Callable, Union
+
+InductorOption = Union[str, int, bool, Callable[..., Any]]  # the values torch.compile's options take
+
+INDUCTOR_OPTIONS: dict[str, InductorOption] = {"deterministic": True}
 
 
-def inductor_options(**extra: object) -> dict[str, object]:
+def inductor_options(**extra: InductorOption) -> dict[str, InductorOption]:
     """The trunk's options plus a region's own (e.g. shape_padding)."""
     return {**INDUCTOR_OPTIONS, **extra}

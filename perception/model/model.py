@@ -26,6 +26,8 @@ ARM_MODULES = ("pool", "head")  # where arms differ; an A/A twin reseeds only th
 
 
 class PerceptionModel(nn.Module):
+    dt_scale: torch.Tensor  # a buffer (register_buffer), which the stubs cannot see
+
     def __init__(self, cfg: ModelConfig, n_features: int, horizons: Sequence[int], seed: int):
         super().__init__()
         self.variant = as_enum(AttentionPoolVariant, cfg.attention_pool, "model.attention_pool")

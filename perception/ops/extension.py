@@ -15,6 +15,7 @@ import os
 import shutil
 from functools import lru_cache
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -43,7 +44,12 @@ def arch_list() -> str:
     return ";".join(archs)
 
 
-def compile_flags() -> dict[str, list[str]]:
+class CompileFlags(TypedDict):  # keyword arguments of torch.utils.cpp_extension.load
+    extra_cflags: list[str]
+    extra_cuda_cflags: list[str]
+
+
+def compile_flags() -> CompileFlags:
     return {
         "extra_cflags": ["-O3", "-std=c++17"],
         "extra_cuda_cflags": ["-O3", "-std=c++17", "-lineinfo", "--threads", "0"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import cast
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -38,7 +39,7 @@ def run_task(cfg: DictConfig) -> dict:
     if HydraConfig.initialized():  # as `composed` gives it: the chosen gate config's name
         keep_gate_name(cfg, HydraConfig.get().runtime.choices)
     try:
-        return train(OmegaConf.to_object(cfg), _overrides())
+        return train(cast(Config, OmegaConf.to_object(cfg)), _overrides())  # a structured config: its dataclass
     except (PerceptionError, KeyboardInterrupt) as exc:  # a held run lock exits 2: nothing was touched
         sys.exit(exit_code(exc, PROG, stopped=STOPPED))
 
@@ -91,7 +92,7 @@ def check_places(overrides: list[str]) -> None:
             for value in values:
                 if value is not None:
                     check_sweep_id(str(value))
-    single = [o.input_line for o in parsed if not o.is_sweep_override()]
+    single = [o.input_line or "" for o in parsed if not o.is_sweep_override()]  # the parser keeps each line
     try:
         hydra = compose_config(single, with_hydra=True).hydra
     except Exception as exc:

@@ -38,7 +38,7 @@ class EpochTotals:
 def train_epoch(model: torch.nn.Module, batches: Iterable[Batch], optimizer: torch.optim.Optimizer, scheduler,
                 loss_fn: Callable, *, precision: str, device: torch.device, grad_clip: float, epoch: int,
                 grad_norms: Optional[GradNorms] = None, bar=None,
-                after_step: Optional[Callable[[], None]] = None) -> EpochTotals:
+                after_step: Optional[Callable[[], object]] = None) -> EpochTotals:
     totals, t0 = EpochTotals(), time.perf_counter()
     pending: Optional[tuple[int, torch.Tensor, int]] = None  # (batch number, loss, windows) of the step before
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -34,6 +34,9 @@ from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
 from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
 from perception.train.validate import check_config, check_resume, resolve_device
+
+if TYPE_CHECKING:
+    from perception.model import PerceptionModel
 
 
 @dataclass
@@ -240,7 +243,7 @@ def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> li
     return [(rel, Path(rel).parent.as_posix()) for rel in written]
 
 
-def _param_groups(model: torch.nn.Module, query_lr: float, base_lr: float) -> list[dict]:
+def _param_groups(model: PerceptionModel, query_lr: float, base_lr: float) -> list[dict]:
     """The pool query in a group of its own when its rate differs (trainer.query_lr_scale); one group
     otherwise, the layout of checkpoints written before the option, so they still resume."""
     if query_lr == base_lr:

@@ -26,7 +26,7 @@ def schema_keys(schema: Any) -> tuple[set[str], set[str]]:
 
     def walk(node: DictConfig, prefix: str) -> None:
         for name in node.keys():
-            key = f"{prefix}{name}"
+            key = prefix + str(name)
             keys.add(key)
             child = node._get_node(name)
             if isinstance(child, DictConfig):
@@ -73,6 +73,7 @@ def check_override_keys(overrides: Sequence[str], schema: Any,
         return
     for o in parsed:
         key, line = o.key_or_group, o.input_line
+        assert line is not None  # the parser keeps each override's own text
         if key.startswith(HYDRA_PREFIXES) or key == "hydra":
             continue
         if key in groups and not o.is_delete():

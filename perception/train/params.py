@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 def flatten_config(cfg: Any) -> dict[str, str]:
     if isinstance(cfg, DictConfig):
         tree = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    elif is_dataclass(cfg):
+    elif is_dataclass(cfg) and not isinstance(cfg, type):
         tree = asdict(cfg)
     else:
         tree = dict(cfg)

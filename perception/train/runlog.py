@@ -19,7 +19,7 @@ import sys
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 from perception.mlflow_logs import mlflow_info_into
 
@@ -94,7 +94,7 @@ class RunLog:
         """`stream`, copied into the log unless it writes there already (then line-buffered, so its lines
         reach the file in order with the log's own and survive a kill)."""
         if not self._is_log(stream):
-            return _Tee(stream, self._file)
+            return cast(TextIO, _Tee(stream, self._file))  # it has what print, tqdm and logging call
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
         return stream

@@ -12,7 +12,10 @@ starts a new one that continues the steps. Nothing here may fail a training: err
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
 SAMPLING_INTERVAL_S = 5.0
 
@@ -20,7 +23,7 @@ SAMPLING_INTERVAL_S = 5.0
 class SystemMetrics:
     def __init__(self, run_id: str, tracking_uri: str):
         self.run_id, self.tracking_uri = run_id, tracking_uri
-        self._monitor = None
+        self._monitor: Optional[SystemMetricsMonitor] = None
 
     def start(self) -> None:
         try:
