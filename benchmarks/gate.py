@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the tests' store builder logs runs exactly as the trainings do
+sys.path.insert(0, str(REPO))  # perception.testing logs runs exactly as the trainings do
 
 from perception.gate.run import run_gate  # noqa: E402
-from tests.gate.sweep_store import SweepSpec, build_sweep, new_store  # noqa: E402
+from perception.testing.sweep_store import SweepSpec, build_sweep, new_store  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
 

@@ -1,7 +1,7 @@
 """The tracking path under a study's load (DESIGN §6): N writer processes log what a training logs,
 through the product's own tracking code (perception.tracking's ledger, perception.train's system
 metrics and run record), to an `mlflow server` on a real PostgreSQL run as the cluster runs it
-(--serve-artifacts, basic auth, 2 workers; tests/postgres_server.py, tests/mlflow_server.py). Then
+(--serve-artifacts, basic auth, 2 workers; perception/testing/postgres_server.py, perception/testing/mlflow_server.py). Then
 `perception-sweep sync`'s replay sends anything kept, the gate decides each study, and the UI's runs
 view is queried.
 
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 # The table and the bar, not 81 processes' run URLs, download bars and monitor notices
 os.environ.update(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true", MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false",
-                  MLFLOW_LOGGING_LEVEL="WARNING")  # the tests' PostgreSQL and MLflow server, and their sweep predictions
+                  MLFLOW_LOGGING_LEVEL="WARNING")  # perception.testing's PostgreSQL and MLflow server, and its sweep predictions
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
@@ -59,9 +59,9 @@ from perception.train.compose import composed  # noqa: E402
 from perception.train.config import apply_arm  # noqa: E402
 from perception.train.params import flatten_config  # noqa: E402
 from perception.train.run_record import RunRecord, write_config  # noqa: E402
-from tests.gate.sweep_store import SweepSpec, fold_predictions  # noqa: E402
-from tests.mlflow_server import USERNAME, MlflowServer  # noqa: E402
-from tests.postgres_server import postgres  # noqa: E402
+from perception.testing.sweep_store import SweepSpec, fold_predictions  # noqa: E402
+from perception.testing.mlflow_server import USERNAME, MlflowServer# noqa: E402
+from perception.testing.postgres_server import postgres  # noqa: E402
 
 ARMS = ("shared", "per_horizon", "shared_skip")
 FOLDS, REPLICATES = 3, 3

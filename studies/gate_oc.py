@@ -174,10 +174,10 @@ def run_worlds(task: tuple[Setting, list[int], str]) -> list[dict]:
     """Worlds i of one setting, each its own sweep in one fresh store, decided by one call of the
     installed gate (repeated --sweep-id: each decided as if alone, one import of the gate for all)."""
     s, worlds, template = task
-    sys.path.insert(0, str(REPO))  # the tests' store builder logs runs exactly as the trainings do
+    sys.path.insert(0, str(REPO))  # perception.testing logs runs exactly as the trainings do
     from mlflow.tracking import MlflowClient
 
-    from tests.gate.sweep_store import SweepSpec, log_sweep
+    from perception.testing.sweep_store import SweepSpec, log_sweep
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gate-oc-") as tmp:

@@ -167,7 +167,7 @@ def installed_world(s: Setting, i: int) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from perception.gate.config import load_gate_config
     from perception.gate.study import PLAN_TAG, gate_plan
-    from tests.gate.sweep_store import SweepSpec, _log_run
+    from perception.testing.sweep_store import SweepSpec, _log_run
 
     from gate_oc import _gate_command
 

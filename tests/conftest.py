@@ -16,8 +16,8 @@ import pytest
 from hypothesis import settings
 
 from perception.data.config import DataConfig
-from tests.mlflow_server import USERNAME, MlflowServer
-from tests.postgres_server import postgres
+from perception.testing.mlflow_server import USERNAME, MlflowServer
+from perception.testing.postgres_server import postgres
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"  # third-party samples, each with its PROVENANCE.md
 

@@ -1,5 +1,7 @@
-"""The package's layers: data -> model (over ops) -> train -> sweep / gate, with nothing importing back
-up. Top-level modules (paths, tracking, arms, errors, ...) are shared ground every layer may use."""
+"""The package's layers: data -> model (over ops) -> train -> sweep / gate -> studies / testing, with nothing
+importing back up. Top-level modules (paths, tracking, arms, errors, ...) are shared ground every layer may use.
+`testing` (sweeps logged as trainings log them, real servers) and `studies` (the statistical studies' pure
+code) sit on top: the product never imports them."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "perception"
-LAYERS = ("data", "ops", "model", "train", "gate", "sweep")
+LAYERS = ("data", "ops", "model", "train", "gate", "sweep", "testing", "studies")
 # What each layer may import besides itself and the top-level modules.
 ALLOWED = {
     "base": set(),
@@ -17,6 +19,8 @@ ALLOWED = {
     "train": {"data", "ops", "model"},
     "gate": set(),  # reads runs from MLflow only: no torch, no model
     "sweep": {"data", "ops", "model", "train", "gate"},
+    "testing": {"sweep"},  # the MLflow server starts and stops as `perception-sweep ui` does
+    "studies": {"gate", "sweep", "testing"},
 }
 
 

@@ -10,7 +10,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 import pytest  # noqa: E402
 
-from tests.gate.sweep_store import new_store  # noqa: E402
+from perception.testing.sweep_store import new_store  # noqa: E402
 
 
 @pytest.fixture(scope="session")

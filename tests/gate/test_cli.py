@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from perception.gate.config import GateConfig, available_configs, conf_path
 from perception.paths import MLFLOW_EXPERIMENT
-from tests.gate.sweep_store import SweepSpec, build_sweep
+from perception.testing.sweep_store import SweepSpec, build_sweep
 
 BASE = [0.6] * 5
 

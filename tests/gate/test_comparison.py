@@ -8,7 +8,7 @@ import json
 import pytest
 
 from perception.gate.run import run_gate
-from tests.gate.sweep_store import SweepSpec, build_sweep
+from perception.testing.sweep_store import SweepSpec, build_sweep
 
 
 def test_the_parent_run_carries_a_table_per_horizon_and_the_plot(gate_store, tmp_path):

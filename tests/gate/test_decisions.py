@@ -15,7 +15,7 @@ from sklearn.metrics import roc_auc_score
 from perception.errors import ConfigError
 from perception.gate import stats
 from perception.gate.run import run_gate
-from tests.gate.sweep_store import CI_HORIZONS, SweepSpec, build_sweep, fold_predictions
+from perception.testing.sweep_store import CI_HORIZONS, SweepSpec, build_sweep, fold_predictions
 
 BASE = [0.6] * 5
 

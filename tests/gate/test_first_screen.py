@@ -12,7 +12,7 @@ import numpy as np
 
 from perception.gate.first_screen import below_half, decision_kind
 from perception.gate.run import run_gate
-from tests.gate.sweep_store import SweepSpec, build_sweep
+from perception.testing.sweep_store import SweepSpec, build_sweep
 from tests.gate.test_sequential_gate import log_wave, start_sweep
 
 BASE = [0.6] * 5

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 from perception.gate.inputs import AUC_TOLERANCE
 from perception.gate.run import run_gate
-from tests.gate.sweep_store import SweepSpec, build_sweep
+from perception.testing.sweep_store import SweepSpec, build_sweep
 from tests.gate.test_cli import ensure_experiment, gate_cli
 
 BASE = [0.6] * 5

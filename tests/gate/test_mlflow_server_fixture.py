@@ -10,7 +10,7 @@ import psycopg2
 import requests
 from mlflow.tracking import MlflowClient
 
-from tests.mlflow_server import both_backends
+from tests.backends import both_backends
 
 
 @both_backends()

@@ -7,7 +7,7 @@ import json
 
 from perception.gate.cli import main as gate_main
 from perception.gate.run import run_gate
-from tests.gate.sweep_store import SweepSpec, build_sweep
+from perception.testing.sweep_store import SweepSpec, build_sweep
 
 BASE = [0.6] * 5  # separation per ci horizon
 

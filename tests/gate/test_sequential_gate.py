@@ -10,7 +10,7 @@ from pathlib import Path
 from perception.gate.config import load_gate_config
 from perception.gate.run import run_gate
 from perception.gate.study import PLAN_TAG, gate_plan
-from tests.gate.sweep_store import SweepSpec, _log_run, fold_predictions
+from perception.testing.sweep_store import SweepSpec, _log_run, fold_predictions
 
 BASE = [0.6] * 5
 

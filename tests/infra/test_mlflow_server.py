@@ -1,5 +1,5 @@
 """The MLflow server exactly as the Deployment starts it (its script, flags and env, with the
-credentials from the rendered Secrets) on a real PostgreSQL (tests/postgres_server.py) in place of the
+credentials from the rendered Secrets) on a real PostgreSQL (perception/testing/postgres_server.py) in place of the
 `postgres` Service, only with MinIO swapped for a local directory: the flags parse, both stores open
 with the driver the image installs, /health answers any Host (kubelet probes by pod IP), in-cluster
 names pass the Host check and others do not, basic auth accepts the workflow's account only, and
@@ -20,7 +20,7 @@ import psycopg2
 import pytest
 import requests
 
-from tests.postgres_server import DATABASES, USER, postgres
+from perception.testing.postgres_server import DATABASES, USER, postgres
 
 from .manifests import ident, prepare_tree, render
 

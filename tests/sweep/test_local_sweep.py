@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from perception.paths import run_dir
-from tests.mlflow_server import both_backends
+from tests.backends import both_backends
 
 CI = ["experiment=ci", "trainer.epochs=1"]
 REPO = Path(__file__).resolve().parents[2]

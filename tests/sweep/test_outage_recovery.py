@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.mlflow_server import MlflowServer
+from perception.testing.mlflow_server import MlflowServer
 
 CI = ["experiment=ci", "trainer.epochs=1"]  # one epoch: 12 trainings stay within minutes on 2 cores
 FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from perception.paths import MLFLOW_EXPERIMENT
 from perception.tracking import ensure_parent_run
-from tests.gate.sweep_store import SweepSpec, build_sweep
+from perception.testing.sweep_store import SweepSpec, build_sweep
 
 BASE = [0.6] * 5
 URL = "https://argo.example.com/workflows/perception/ab-sweep-x7k2p"

@@ -18,8 +18,9 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from tests.gate.sweep_store import SweepSpec, build_sweep, new_store
-from tests.mlflow_server import both_backends, free_port
+from perception.testing.sweep_store import SweepSpec, build_sweep, new_store
+from tests.backends import both_backends
+from perception.testing.mlflow_server import free_port
 
 URL_LINE = re.compile(r"^grouped by (variant|fold)\b.*?(http\S+)$", re.M)
 SPEC = SweepSpec(mu_a=[0.6] * 5, mu_b=[0.6, 0.6, 0.6, 0.6, 0.7], n_windows=200)

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.gate.sweep_store import SweepSpec, build_sweep, new_store
-from tests.mlflow_server import free_port
+from perception.testing.sweep_store import SweepSpec, build_sweep, new_store
+from perception.testing.mlflow_server import free_port
 from tests.sweep.test_ui import plan_parent
 
 BROWSERS = ("chromium", "chromium-headless-shell", "chromium-browser", "google-chrome")

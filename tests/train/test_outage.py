@@ -8,7 +8,8 @@ import json
 from mlflow.tracking import MlflowClient
 
 from perception.tracking import replay_unsent
-from tests.mlflow_server import both_backends, free_port
+from tests.backends import both_backends
+from perception.testing.mlflow_server import free_port
 from tests.train.helpers import cli
 
 FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"}

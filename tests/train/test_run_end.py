@@ -15,7 +15,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from perception.tracking import RunLedger, replay_unsent
-from tests.mlflow_server import free_port
+from perception.testing.mlflow_server import free_port
 from tests.train.helpers import cli
 
 # Full ci epochs (every training window), so a signal lands inside an epoch.

@@ -19,19 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
-import pytest
-
 from perception.sweep.ui import stop, wait_healthy  # the same start and stop as `perception-sweep ui`
 
 USERNAME = "perception"
-
-
-def both_backends(postgresql_seconds: Optional[int] = None):
-    """The end-to-end tests that matter run against both stores (tests/conftest.py's `mlflow_server`);
-    the PostgreSQL run, with auth, marked slow at its measured cost where it has one."""
-    pg = "postgresql" if postgresql_seconds is None else pytest.param(
-        "postgresql", marks=pytest.mark.slow(seconds=postgresql_seconds))
-    return pytest.mark.parametrize("mlflow_server", ["sqlite", pg], indirect=True)
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
-"""Builds sweeps in a real MLflow store exactly as the trainings log them (DESIGN §6): a parent run
+"""Builds sweeps in a real MLflow store exactly as the trainings log them (DESIGN §6), for the tests, the gate's
+speed benchmark and the gate's operating-characteristic studies: a parent run
 (role=sweep), six nested training runs with params, per-epoch metrics and the predictions and
 attention artifacts. Scores are Gaussian, so each arm's AUC per horizon is set by its separation μ
 (AUC ≈ Φ(μ/√2)); the arms share most of their noise, so Δ is precise at a few thousand windows."""
@@ -14,7 +15,8 @@ from typing import Optional
 import numpy as np
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
-from sklearn.metrics import roc_auc_score
+
+from perception.metrics import auc
 
 VARIANTS = ("shared", "per_horizon")
 CI_HORIZONS = [2, 5, 10, 20, 40]
@@ -148,7 +150,7 @@ def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp
     aucs = {}
     for j, h in enumerate(spec.horizons):
         m = pred["mask"][:, j]
-        aucs[h] = roc_auc_score(pred["labels"][m, j], pred["probs"][m, j]) + auc_shift
+        aucs[h] = auc(pred["probs"][m, j], pred["labels"][m, j]) + auc_shift
     if spec.nan_metric is not None and spec.nan_metric[:2] == (variant, fold):
         aucs[spec.nan_metric[2]] = float("nan")
     now = int(time.time() * 1000)

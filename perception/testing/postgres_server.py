@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
-from tests.mlflow_server import free_port
+from perception.testing.mlflow_server import free_port
 
 USER = "mlflow"
 DATABASES = ("mlflow", "mlflow_auth")  # the tracking store and the basic-auth user store, as in the cluster
