@@ -1,7 +1,7 @@
 """The sequential design's operating characteristic: worlds that reveal up to R = 3 replicates wave by wave,
 decided look by look, against the fixed R = 3 design on the same worlds.
 
-The worlds are benchmarks/gate_oc.py's (prediction level, `local` scale, 2 arms x 3 folds, planted δ at h1000,
+The worlds are studies/gate_oc.py's (prediction level, `local` scale, 2 arms x 3 folds, planted δ at h1000,
 training effect of sd τ per cell and horizon). Each world is drawn once with three replicates; look k is decided
 on replicates 0 … k−1 by the gate's own functions (perception.gate.decision.decide on that look's runs, the block
 bootstrap drawn once per fold as the gate draws it: the blocks do not depend on how many replicates a look has),
@@ -11,14 +11,14 @@ the worlds from their known training noise (per-cell lift covariance 2τ²·I, 1
 calibrate` measures by default). The fixed design is look 3 decided with Holm at α (what perception-gate decides
 for a fixed R = 3 sweep), so power and trainings are compared world by world.
 
-    python benchmarks/gate_oc_sequential.py run --split cal --n 100 --workers 2   # worlds to set rho and futility
-    python benchmarks/gate_oc_sequential.py tune --split cal                        # rho, futility vs the targets
-    python benchmarks/gate_oc_sequential.py run --split check --workers 2           # fresh worlds, the reported ones
-    python benchmarks/gate_oc_sequential.py report --split check                    # table, JSON, plot
-    python benchmarks/gate_oc_sequential.py installed --n 10    # the installed perception-gate, wave by wave, on
+    python studies/gate_oc_sequential.py run --split cal --n 100 --workers 2   # worlds to set rho and futility
+    python studies/gate_oc_sequential.py tune --split cal                        # rho, futility vs the targets
+    python studies/gate_oc_sequential.py run --split check --workers 2           # fresh worlds, the reported ones
+    python studies/gate_oc_sequential.py report --split check                    # table, JSON, plot
+    python studies/gate_oc_sequential.py installed --n 10    # the installed perception-gate, wave by wave, on
                                                                  # the first 10 worlds of each τ = 0.005 setting
 
-Each world's looks are appended to benchmarks/results/gate_oc_sequential_looks.jsonl as they end (a re-run
+Each world's looks are appended to studies/results/gate_oc_sequential_looks.jsonl as they end (a re-run
 resumes); the decisions are recomputed from them by `report`, so the boundaries are applied as the gate applies
 them now. Trainings: 6 a look (2 arms x 3 folds); wall time in GPU rounds on six GPUs: one round a look.
 """
@@ -39,9 +39,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gate_oc import (HORIZONS, RESULTS, STRIDE, WINDOW, Setting, interleaved_batches, wilson,  # noqa: E402
-                     world_cells, world_seed)
+from perception.studies.gate_oc import (HORIZONS, STRIDE, WINDOW, Setting, gate_command, interleaved_batches, wilson,
+                                        world_cells, world_seed)
+
+RESULTS = Path(os.environ.get("PERCEPTION_GATE_OC_RESULTS", Path(__file__).resolve().parent / "results"))
 
 MAX_LOOKS = 3
 FOLDS, ARMS = 3, ("shared", "per_horizon")
@@ -164,12 +165,9 @@ def installed_world(s: Setting, i: int) -> dict:
 
     from mlflow.tracking import MlflowClient
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from perception.gate.config import load_gate_config
     from perception.gate.study import PLAN_TAG, gate_plan
-    from perception.testing.sweep_store import SweepSpec, _log_run
-
-    from gate_oc import _gate_command
+    from perception.testing.sweep_store import SweepSpec, log_run
 
     cells = world_cells(s, world_seed(s, i))
     spec = SweepSpec(mu_a=[0.0] * 5, mu_b=[0.0] * 5, horizons=list(HORIZONS), n_windows=s.windows, window=WINDOW,
@@ -185,8 +183,8 @@ def installed_world(s: Setting, i: int) -> dict:
         for k in range(1, MAX_LOOKS + 1):
             for (arm, fold, rep), pred in sorted(cells.items()):
                 if rep == k - 1:
-                    _log_run(client, exp, parent, f"w{i}", spec, arm, fold, pred, tmp, replicate=rep, attention=False)
-            done = subprocess.run([_gate_command(), "--sweep-id", f"w{i}", "--tracking-uri", uri, "--config", "local",
+                    log_run(client, exp, parent, f"w{i}", spec, arm, fold, pred, tmp, replicate=rep, attention=False)
+            done = subprocess.run([gate_command(), "--sweep-id", f"w{i}", "--tracking-uri", uri, "--config", "local",
                                    "--out", str(tmp / f"look{k}"), "--no-progress"], capture_output=True, text=True, env=env)
             line = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
             if line.get("decision") != "continue":

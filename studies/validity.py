@@ -4,19 +4,19 @@ Runs many independent sweeps through the installed `perception-sweep local` (eac
 PERCEPTION_HOME, MLflow store, training seed and synthetic data seed, so no run is reused between
 comparisons), reads each gate's decision, and counts ships with Wilson 95 % intervals:
 
-    python benchmarks/validity.py aa --experiment local --n 40 --parallel 5 --cpu-workers 6
-    python benchmarks/validity.py aa --control per_horizon --experiment local --n 20
-    python benchmarks/validity.py reseed --experiment local --n 20                # the fully reseeded A/A
-    python benchmarks/validity.py no_signal --experiment local --n 20
-    python benchmarks/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
-    python benchmarks/validity.py per_horizon_null --experiment local --n 20     # its twin: every ship is false
-    python benchmarks/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 15 <scale>  # three-arm power
-    python benchmarks/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 15 <scale>
-    python benchmarks/validity.py ab --experiment local --n 20                   # power at the study's own effect
-    python benchmarks/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
-    python benchmarks/validity.py aa --experiment ci --n 45 --max-replicates 2 --parallel 15 --cpu-workers 1
+    python studies/validity.py aa --experiment local --n 40 --parallel 5 --cpu-workers 6
+    python studies/validity.py aa --control per_horizon --experiment local --n 20
+    python studies/validity.py reseed --experiment local --n 20                # the fully reseeded A/A
+    python studies/validity.py no_signal --experiment local --n 20
+    python studies/validity.py per_horizon --experiment local --n 20          # power: shared_skip -> per_horizon
+    python studies/validity.py per_horizon_null --experiment local --n 20     # its twin: every ship is false
+    python studies/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 15 <scale>  # three-arm power
+    python studies/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 15 <scale>
+    python studies/validity.py ab --experiment local --n 20                   # power at the study's own effect
+    python studies/validity.py ab --experiment local --n 20 --replicates 3    # ... with three replicates
+    python studies/validity.py aa --experiment ci --n 45 --max-replicates 2 --parallel 15 --cpu-workers 1
                                                           # the sequential design's A/A: stops and false ships
-    python benchmarks/validity.py report                                          # table + plot from what ran
+    python studies/validity.py report                                          # table + plot from what ran
 
 Tests: `aa` (the control against its twin: every ship is false), `reseed` (the control against
 itself trained from another seed altogether, `<control>_reseed`: the noisier null), `no_signal` (the default arms in a
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -49,19 +48,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-import numpy as np
-from scipy.stats import binomtest
 from tqdm import tqdm
 
 from perception.contract import QUERY_DIAGNOSTICS as DIAGNOSTICS
+from perception.studies.validity import ATTRIBUTION_TESTS, plot, print_table, summarize
 
 RESULTS = Path(os.environ.get("PERCEPTION_VALIDITY_RESULTS", Path(__file__).resolve().parent / "results"))
 RUNS = RESULTS / "validity_runs.jsonl"
 SUMMARY = RESULTS / "validity.json"
 PLOT = RESULTS / "validity.png"
-TARGETS = {"false_ship": 0.05, "power": 0.8}
-POWER_TESTS = ("per_horizon", "ab", "extremes")  # tests whose treatment is better: a ship is right
-ATTRIBUTION_TESTS = ("extremes", "extremes_null")  # three-arm sweeps, counted by their attribution
 # The gate's test: "holm" (one α over both rules by Holm, replicates' prediction noise counted once,
 # between-fold evidence at one replicate without a noise file), "t" (Satterthwaite's df, two unadjusted
 # routes: before it) or "normal" (before that); a row is only ever counted with rows of the same evidence,
@@ -70,14 +65,6 @@ EVIDENCE = "holm"
 # Seed bases keep every test's seeds apart, and apart from perception-sweep calibrate's (90000 on).
 SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000,
              "per_horizon_null": 60_000, "extremes": 80_000, "extremes_null": 82_000}
-
-
-def wilson(ships: int, n: int) -> tuple[float, float]:
-    """The Wilson score 95 % interval of ships / n (scipy's)."""
-    if n == 0:
-        return (math.nan, math.nan)
-    ci = binomtest(ships, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return (float(ci.low), float(ci.high))
 
 
 def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
@@ -148,16 +135,6 @@ def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: 
     return row
 
 
-def counts(row: dict) -> bool:
-    """Whether a sweep counts as a ship of its test: its decision, or for a three-arm test its attribution
-    (with, for the known yes, the decision too)."""
-    if row["test"] == "extremes":
-        return row["decision"] == f"ship_{row['treatment']}" and row.get("attribution") == f"ship_{row['treatment']}"
-    if row["test"] == "extremes_null":
-        return row.get("attribution") == f"ship_{row['treatment']}"
-    return row["decision"] == f"ship_{row['treatment']}"
-
-
 def _evidence(report: dict) -> str:
     """Which gate decided a report (see EVIDENCE)."""
     if report.get("multiplicity"):
@@ -211,7 +188,7 @@ def run_test(args: argparse.Namespace) -> None:
         print(f"{len(kept)} sweep(s) without a decision; their homes are kept: " + ", ".join(kept), file=sys.stderr)
     else:
         shutil.rmtree(work, ignore_errors=True)
-    summarize()
+    report()
 
 
 def _guarded(deadline, fn, *a):
@@ -221,113 +198,14 @@ def _guarded(deadline, fn, *a):
     return fn(*a)
 
 
-def summarize() -> list[dict]:
-    groups: dict[tuple, list[dict]] = {}
-    for r in done_rows():
-        if r.get("decision") and r["test"] != "calibrate":  # rows of an earlier calibration test
-            seq = bool(r.get("max_replicates"))  # a sequential study's evidence changes form from look to look
-            key = (r["test"], r["experiment"], r["control"], r["treatment"], 0 if seq else r.get("replicates", 1),
-                   "" if seq else r.get("training_noise", "")[:40], r.get("evidence", "normal"),
-                   r.get("max_replicates", 0))
-            groups.setdefault(key, []).append(r)
-    rows = []
-    for (test, experiment, a, b, reps, _, evidence, max_reps), rs in sorted(groups.items()):
-        reps = reps or max_reps
-        ships = sum(counts(r) for r in rs)
-        lo, hi = wilson(ships, len(rs))
-        kind = "power" if test in POWER_TESTS else "false_ship"
-        rows.append({"test": test, "experiment": experiment, "control": a, "treatment": b, "replicates": reps,
-                     "evidence": evidence,
-                     "n": len(rs), "ships": ships, "rate": ships / len(rs), "ci95": [lo, hi],
-                     "measures": kind, "target": TARGETS[kind],
-                     "by_rule": {rule: sum(counts(r) and r.get("rule") == rule for r in rs)
-                                 for rule in ("rule 1", "rule 2")},
-                     "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
-                     "training_noise": rs[0].get("training_noise"),
-                     **(_attribution_summary(rs) if test in ATTRIBUTION_TESTS else {}),
-                     # the spread of W across sweeps: with R replicates, training noise enters it / R
-                     "W_mean": float(np.mean([r["W"] for r in rs])),
-                     "W_sd": float(np.std([r["W"] for r in rs], ddof=1)) if len(rs) > 1 else None,
-                     "median_sweep_s": float(np.median([r["seconds"] for r in rs])),
-                     **(_sequential_summary(rs, max_reps) if max_reps else {})})
+def report() -> list[dict]:
+    """The summary of every sweep run so far: a table, the JSON and the plot."""
+    rows = summarize(done_rows())
     SUMMARY.write_text(json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()},
                                   indent=2) + "\n")
-    print("| test | experiment | control -> treatment | R | evidence | n | ships | rate | Wilson 95% | target |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        op = "<=" if r["measures"] == "false_ship" else ">="
-        reps = f"seq ≤ {r['max_replicates']}" if r.get("design") == "sequential" else r["replicates"]
-        print(f"| {r['test']} | {r['experiment']} | {_contrast(r)} | {reps} | {r['evidence']} | "
-              f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
-              f"{op} {r['target']} |")
-    _plot(rows)
+    print_table(rows)
+    plot(rows, PLOT)
     return rows
-
-
-def _sequential_summary(rs: list[dict], max_reps: int) -> dict:
-    """Where the sequential studies stopped and the trainings they used against the fixed design's."""
-    looks = [r.get("look") or max_reps for r in rs]
-    per_wave = [r["trainings"] / r["look"] for r in rs if r.get("trainings") and r.get("look")]
-    fixed = max_reps * (per_wave[0] if per_wave else math.nan)
-    used = float(np.mean([r.get("trainings") or math.nan for r in rs]))
-    return {"design": "sequential", "max_replicates": max_reps,
-            "stops_by_look": {str(k): looks.count(k) for k in range(1, max_reps + 1)},
-            "expected_trainings": used, "fixed_trainings": fixed, "trainings_saving": 1 - used / fixed}
-
-
-def _attribution_summary(rs: list[dict]) -> dict:
-    """What the three-arm sweeps' attributions said, their lift and power, and the per-horizon and
-    shared_skip queries' diagnostics (means and medians over sweeps)."""
-    def present(values):
-        return [v for v in values if v is not None]
-
-    def median(values):
-        return float(np.median(present(values))) if present(values) else None
-
-    lifts = present([r.get("attribution_W") for r in rs])
-    return {"attributions": {d: sum(str(r.get("attribution")) == d for r in rs) for d in sorted({str(r.get("attribution")) for r in rs})},
-            "verdicts": {v: sum(str(r.get("verdict")) == v for r in rs) for v in sorted({str(r.get("verdict")) for r in rs})},
-            "attribution_W_mean": float(np.mean(lifts)) if lifts else None,
-            "attribution_W_sd": float(np.std(lifts, ddof=1)) if len(lifts) > 1 else None,
-            "attribution_mde_W_median": median([r.get("attribution_mde_W") for r in rs]),
-            "diagnostics_median": {arm: {k: median([((r.get("diagnostics") or {}).get(arm) or {}).get(k) for r in rs])
-                                         for k in DIAGNOSTICS} for arm in ("per_horizon", "shared_skip")}}
-
-
-def _contrast(row: dict, arrow: str = " -> ") -> str:
-    """What a row's count compares: a three-arm test counts its attribution, per_horizon against shared_skip."""
-    if row["test"] in ATTRIBUTION_TESTS:
-        return f"shared_skip{arrow}{row['treatment']} (attribution)"
-    return f"{row['control']}{arrow}{row['treatment']}"
-
-
-def _plot(rows: list[dict]) -> None:
-    if not rows:
-        return
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.7 * len(rows)), 4.5))
-    x = np.arange(len(rows))
-    rates = [r["rate"] for r in rows]
-    err = [[r["rate"] - r["ci95"][0] for r in rows], [r["ci95"][1] - r["rate"] for r in rows]]
-    colors = ["tab:red" if r["measures"] == "false_ship" else "tab:green" for r in rows]
-    ax.bar(x, rates, color=colors, alpha=0.6)
-    ax.errorbar(x, rates, yerr=err, fmt="none", color="black", capsize=4)
-    ax.axhline(TARGETS["false_ship"], color="tab:red", ls="--", lw=1, label="false-ship target 0.05")
-    ax.axhline(TARGETS["power"], color="tab:green", ls="--", lw=1, label="power target 0.8")
-    ax.set_xticks(x, [f"{r['test']}\n{_contrast(r, '→')}\n{r['experiment']}, {r['evidence']}, n={r['n']}"
-                      + (f", R={r['replicates']}" if r["replicates"] > 1 else "") for r in rows],
-                  fontsize=7)
-    ax.set_ylabel("share of sweeps that shipped")
-    ax.set_ylim(0, 1)
-    ax.set_title("How often the gate ships (Wilson 95% intervals)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
-    plt.close(fig)
 
 
 def main() -> None:
@@ -349,7 +227,7 @@ def main() -> None:
     p.add_argument("extra", nargs="*", help="more overrides for every sweep, e.g. trainer.epochs=8")
     args = p.parse_intermixed_args()
     if args.test == "report":
-        summarize()
+        report()
     else:
         run_test(args)
 

@@ -103,17 +103,17 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
                 if (variant, fold) in spec.skip or spec.skip_replicate == (variant, fold, rep):
                     continue
                 if rep:
-                    _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
+                    log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
                              Path(tmp), replicate=rep)
                     continue
                 if spec.duplicate == (variant, fold):
-                    _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
+                    log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
                              Path(tmp), auc_shift=-0.05)
                     time.sleep(0.01)  # a strictly later end time for the run that counts
-                chosen[(variant, fold)] = _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant,
+                chosen[(variant, fold)] = log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant,
                                                    fold, preds[variant], Path(tmp))
                 if spec.duplicate == (variant, fold):
-                    _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
+                    log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
                              Path(tmp), finish=False)
     client.set_terminated(parent.info.run_id)
     return chosen
@@ -128,12 +128,12 @@ def log_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec,
     parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     with tempfile.TemporaryDirectory() as tmp:
         for (variant, fold, rep), pred in sorted(cells.items()):
-            _log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep,
+            log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep,
                      attention=attention)
     client.set_terminated(parent.info.run_id)
 
 
-def _log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp: Path,
+def log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp: Path,
              auc_shift: float = 0.0, finish: bool = True, replicate: int = 0, attention: bool = True) -> str:
     tags = {"mlflow.parentRunId": parent_id, "sweep_id": sweep_id, "variant": variant,
             "fold": str(fold), "role": "train"}

@@ -10,7 +10,7 @@ from pathlib import Path
 from perception.gate.config import load_gate_config
 from perception.gate.run import run_gate
 from perception.gate.study import PLAN_TAG, gate_plan
-from perception.testing.sweep_store import SweepSpec, _log_run, fold_predictions
+from perception.testing.sweep_store import SweepSpec, log_run, fold_predictions
 
 BASE = [0.6] * 5
 
@@ -28,7 +28,7 @@ def log_wave(client, sweep_id: str, parent: str, spec: SweepSpec, rep: int) -> N
     with tempfile.TemporaryDirectory() as tmp:
         for fold in range(3):
             for variant, pred in fold_predictions(spec, fold, rep).items():
-                _log_run(client, exp_id, parent, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep)
+                log_run(client, exp_id, parent, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep)
 
 
 def test_a_null_study_goes_on_then_stops_and_its_parent_closes_only_then(gate_store, tmp_path):

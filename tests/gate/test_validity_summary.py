@@ -1,14 +1,20 @@
-"""benchmarks/validity.py's summary of the sweeps it ran: ships and their Wilson interval per test and
+"""The validity study's summary (perception/studies/validity.py; studies/validity.py's `report` writes it) of the sweeps it ran: ships and their Wilson interval per test and
 replicate count, kept apart by the gate's evidence, and the spread of W across sweeps."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-import benchmarks.validity as validity
+import perception.studies.validity as validity
+
+STUDY = Path(__file__).resolve().parents[2] / "studies" / "validity.py"
 
 
 def row(seed: int, decision: str, W: float, replicates: int = 1, test: str = "ab", evidence: str = "t") -> dict:
@@ -17,21 +23,12 @@ def row(seed: int, decision: str, W: float, replicates: int = 1, test: str = "ab
             else None, "seconds": 10.0, "evidence": evidence, "training_noise": f"from {replicates} replicates"}
 
 
-@pytest.fixture
-def results(tmp_path, monkeypatch):
-    monkeypatch.setattr(validity, "RUNS", tmp_path / "runs.jsonl")
-    monkeypatch.setattr(validity, "SUMMARY", tmp_path / "validity.json")
-    monkeypatch.setattr(validity, "PLOT", tmp_path / "validity.png")
-    return tmp_path
-
-
-def test_each_replicate_count_is_its_own_row_with_its_rate_interval_and_spread_of_W(results):
+def test_each_replicate_count_is_its_own_row_with_its_rate_interval_and_spread_of_W(tmp_path):
     one = [row(1, "ship_per_horizon", 0.05), row(2, "keep_shared", -0.02), row(3, "inconclusive", 0.01),
            row(4, "ship_per_horizon", 0.06)]
     three = [row(11, "ship_per_horizon", 0.04, 3), row(12, "keep_shared", -0.01, 3)]
     stale = [row(21, "ship_per_horizon", 0.9, evidence="normal")]  # decided with the test before the t
-    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in one + three + stale))
-    rows = validity.summarize()
+    rows = validity.summarize(one + three + stale)
     by = {(r["replicates"], r["evidence"]): r for r in rows}
     assert set(by) == {(1, "t"), (3, "t"), (1, "normal")}
     r1, r3 = by[(1, "t")], by[(3, "t")]
@@ -41,17 +38,21 @@ def test_each_replicate_count_is_its_own_row_with_its_rate_interval_and_spread_o
     assert r1["W_mean"] == pytest.approx(statistics.mean([0.05, -0.02, 0.01, 0.06]))
     assert r1["W_sd"] == pytest.approx(statistics.stdev([0.05, -0.02, 0.01, 0.06]))
     assert (r3["n"], r3["ships"]) == (2, 1) and r3["W_sd"] == pytest.approx(statistics.stdev([0.04, -0.01]))
-    assert json.loads((results / "validity.json").read_text())["rows"] == json.loads(json.dumps(rows))
-    assert (results / "validity.png").stat().st_size > 0
+    # the study's report writes that summary beside its plot
+    (tmp_path / "validity_runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in one + three + stale))
+    done = subprocess.run([sys.executable, str(STUDY), "report"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PERCEPTION_VALIDITY_RESULTS": str(tmp_path), "MPLBACKEND": "Agg"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "validity.json").read_text())["rows"] == json.loads(json.dumps(rows))
+    assert (tmp_path / "validity.png").stat().st_size > 0
 
 
-def test_an_aa_test_counts_its_ships_as_false_ships(results):
+def test_an_aa_test_counts_its_ships_as_false_ships():
     rows = [row(1, "ship_shared_twin", 0.03, test="aa"), row(2, "keep_shared", 0.0, test="aa"),
             row(3, "inconclusive", -0.03, test="aa")]
     for r in rows:
         r["treatment"] = "shared_twin"
-    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (summary,) = validity.summarize()
+    (summary,) = validity.summarize(rows)
     assert (summary["measures"], summary["n"], summary["ships"], summary["target"]) == ("false_ship", 3, 1, 0.05)
 
 
@@ -65,7 +66,7 @@ def three_arm(seed: int, test: str, decision: str, attribution: str, attr_W: flo
     return r
 
 
-def test_three_arm_tests_count_by_their_attribution(results):
+def test_three_arm_tests_count_by_their_attribution():
     """The known yes counts a sweep only when it ships per_horizon and its attribution does too; its twin
     counts every attribution ship (each false), whatever the main decision."""
     power = [three_arm(1, "extremes", "ship_per_horizon", "ship_per_horizon", 0.08),
@@ -73,8 +74,7 @@ def test_three_arm_tests_count_by_their_attribution(results):
              three_arm(3, "extremes", "inconclusive", "ship_per_horizon", 0.06)]  # attribution alone: no
     twin = [three_arm(11, "extremes_null", "ship_per_horizon", "keep_shared_skip", -0.01),
             three_arm(12, "extremes_null", "keep_shared", "ship_per_horizon", 0.03)]
-    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in power + twin))
-    by = {r["test"]: r for r in validity.summarize()}
+    by = {r["test"]: r for r in validity.summarize(power + twin)}
     p, t = by["extremes"], by["extremes_null"]
     assert (p["measures"], p["n"], p["ships"], p["target"]) == ("power", 3, 1, 0.8)
     assert (t["measures"], t["n"], t["ships"], t["target"]) == ("false_ship", 2, 1, 0.05)
