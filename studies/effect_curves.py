@@ -1,10 +1,10 @@
 """Learning curves of per_horizon against shared_skip: per epoch, every horizon's validation AUC and the
-query diagnostics, from the trainer's epoch lines that `benchmarks/effect_curves_device.sh` logs.
+query diagnostics, from the trainer's epoch lines that `studies/effect_curves_device.sh` logs.
 
-    python benchmarks/effect_curves.py LOGDIR [--note TEXT]   # LOGDIR/<setting>.<arm>.log -> JSON + plot
+    python studies/effect_curves.py LOGDIR [--note TEXT]   # LOGDIR/<setting>.<arm>.log -> JSON + plot
 
 Each log line is "<unix time> [perception] <run> epoch E/N: key=value ...". Writes
-benchmarks/results/per_horizon_extremes_curves.json and .png (h20 and h40 per epoch, one panel a setting).
+studies/results/per_horizon_extremes_curves.json and .png (h20 and h40 per epoch, one panel a setting).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.per_horizon_effect import epoch_line  # noqa: E402
+from perception.studies.per_horizon_effect import epoch_line  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "per_horizon_extremes_curves"

@@ -4,15 +4,15 @@ Runs one three-arm sweep (`perception-sweep local --arms shared,per_horizon,shar
 with its own PERCEPTION_HOME, training seed and synthetic data seed, and reads the final AUC of every arm
 and fold from the gate's report:
 
-    python benchmarks/per_horizon_effect.py --world per_horizon --seeds 70000:70010 --parallel 5 \\
+    python studies/per_horizon_effect.py --world per_horizon --seeds 70000:70010 --parallel 5 \\
         experiment=ci data.n_snapshots=60000 trainer.epochs=4 trainer.max_train_batches=100 \\
         trainer.batch_size=32 trainer.lr=2e-3 trainer.query_lr_scale=30
-    python benchmarks/per_horizon_effect.py --report          # table + JSON from what ran
+    python studies/per_horizon_effect.py --report          # table + JSON from what ran
 
 A seed's effect is the mean over its folds; the summary gives mean and sd over seeds per horizon for
 per_horizon − shared_skip (the lift of per-horizon queries beyond the context path), per_horizon − shared
 and shared_skip − shared, with each sweep's gate decision, attribution verdict and query diagnostics.
-Every sweep's row is appended to benchmarks/results/per_horizon_effect_runs.jsonl as it ends (resume:
+Every sweep's row is appended to studies/results/per_horizon_effect_runs.jsonl as it ends (resume:
 a setting's seeds already there are not run again). Seeds 70000+ are this script's, apart from
 validity.py's.
 """
@@ -34,13 +34,12 @@ import numpy as np
 from tqdm import tqdm
 
 from perception.contract import QUERY_DIAGNOSTICS as DIAGNOSTICS
+from perception.studies.per_horizon_effect import last_epoch, print_summary, summarize
 
 RESULTS = Path(os.environ.get("PERCEPTION_EFFECT_RESULTS", Path(__file__).resolve().parent / "results"))
 RUNS = RESULTS / "per_horizon_effect_runs.jsonl"
 SUMMARY = RESULTS / "per_horizon_effect.json"
 ARMS = ("shared", "per_horizon", "shared_skip")  # the default: the three-arm sweep
-CONTRASTS = {"per_horizon - shared_skip": ("per_horizon", "shared_skip"),
-             "per_horizon - shared": ("per_horizon", "shared"), "shared_skip - shared": ("shared_skip", "shared")}
 
 
 def run_sweep(world: str, seed: int, extra: list[str], cpu_workers: int, work: Path, arms: tuple[str, ...]) -> dict:
@@ -90,7 +89,7 @@ def run_trainings(world: str, seed: int, extra: list[str], folds: list[int], wor
         ["perception-train", f"arm={arm}", f"data.fold={f}", f"seed={seed}", f"data.synthetic_seed={seed}",
          f"data.synthetic_world={world}", "trainer.progress=false", *extra],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for arm in arms for f in folds}
-    last = {key: _last_epoch(p.communicate()[0]) for key, p in procs.items()}
+    last = {key: last_epoch(p.communicate()[0]) for key, p in procs.items()}
     row = {"world": world, "seed": seed, "arms": list(arms), "extra": extra, "mode": f"trainer folds {folds}" + (" gpu" if gpu else ""),
            "seconds": round(time.perf_counter() - t0, 1), "machine": os.uname().nodename}
     if any(v is None for v in last.values()):
@@ -115,7 +114,7 @@ def epoch_line(line: str) -> tuple[int, int, dict] | None:
     return int(done), int(total), {k: float(v) for k, v in (kv.split("=", 1) for kv in tail.split() if "=" in kv)}
 
 
-def _last_epoch(output: str) -> dict | None:
+def last_epoch(output: str) -> dict | None:
     """key=value pairs of the trainer's last epoch line, if that is its final epoch (E = N)."""
     parsed = [e for e in map(epoch_line, output.splitlines()) if e is not None]
     if not parsed or parsed[-1][0] != parsed[-1][1]:
@@ -153,59 +152,13 @@ def run(args: argparse.Namespace) -> None:
                 print(f"seed {row['seed']}: no result ({row.get('kept_home', 'no home kept')})\n{row['error']}", file=sys.stderr)
 
 
-def summarize() -> dict:
-    groups: dict[tuple, list[dict]] = {}
-    for r in done_rows():
-        if r.get("auc"):
-            groups.setdefault((r["world"], tuple(r["arms"]), tuple(r["extra"]), r.get("mode", "sweep")), []).append(r)
-    settings = []
-    for (world, arms, extra, mode), rows in sorted(groups.items()):
-        horizons = rows[0]["horizons"]
-        auc = {arm: np.array([np.mean(r["auc"][arm], axis=0) for r in rows]) for arm in arms}  # (seeds, H)
-        contrasts = {}
-        for name, (b, a) in CONTRASTS.items():
-            if a not in arms or b not in arms:
-                continue
-            d = auc[b] - auc[a]
-            contrasts[name] = {f"h{h}": {"mean": float(d[:, j].mean()), "sd": float(d[:, j].std(ddof=1)) if len(d) > 1 else None,
-                                         "positive": int((d[:, j] > 0).sum())} for j, h in enumerate(horizons)}
-        settings.append({
-            "world": world, "arms": list(arms), "extra": list(extra), "mode": mode, "n_seeds": len(rows), "seeds": sorted(r["seed"] for r in rows),
-            "horizons": horizons, "auc_mean": {arm: dict(zip((f"h{h}" for h in horizons), auc[arm].mean(axis=0).tolist()))
-                                               for arm in arms},
-            "contrasts": contrasts,
-            "decisions": {d: sum(str(r["decision"]) == d for r in rows) for d in sorted({str(r["decision"]) for r in rows})},
-            "verdicts": {v: sum(str(r["verdict"]) == v for r in rows) for v in sorted({str(r["verdict"]) for r in rows})},
-            "diagnostics_median": {arm: {k: _median([r["diagnostics"][arm][k] for r in rows]) for k in DIAGNOSTICS}
-                                   for arm in arms},
-            "W_mean": _mean([r.get("W") for r in rows]),  # the gate's weighted lift (sweeps only)
-            "median_sweep_s": float(np.median([r["seconds"] for r in rows])), "machine": rows[0].get("machine"),
-        })
-    doc = {"settings": settings}
+def report() -> dict:
+    """The summary of every sweep run so far: the JSON and a table per setting."""
+    doc = summarize(done_rows())
     RESULTS.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(doc, indent=2) + "\n")
-    for s in settings:
-        print(f"\n{s['world']} [{s['mode']}] {' '.join(s['extra'])}  (n = {s['n_seeds']} seeds, {s['machine']})")
-        print("| contrast | " + " | ".join(f"h{h}" for h in s["horizons"]) + " |")
-        print("|---|" + "---|" * len(s["horizons"]))
-        for name, per_h in s["contrasts"].items():
-            print(f"| {name} | " + " | ".join(f"{v['mean']:+.4f} ± {v['sd']:.4f} ({v['positive']}/{s['n_seeds']} > 0)"
-                                               if v["sd"] is not None else f"{v['mean']:+.4f}" for v in per_h.values()) + " |")
-        print(f"decisions {s['decisions']}; attribution verdicts {s['verdicts']}")
-        print("diagnostics (median): " + "; ".join(
-            f"{arm}: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items() if v is not None)
-            for arm, d in s["diagnostics_median"].items()))
+    print_summary(doc)
     return doc
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(np.mean(values)) if values else None
-
-
-def _median(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(np.median(values)) if values else None
 
 
 def main() -> None:
@@ -225,7 +178,7 @@ def main() -> None:
     args = p.parse_intermixed_args()
     if not args.report:
         run(args)
-    summarize()
+    report()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""benchmarks/precision_quality.py's verdicts: the single same-seed comparison, and the paired equivalence
-test over several seeds per setting; end to end through the installed perception-train on CPU."""
+"""The precision study's verdicts (perception/studies/precision_quality.py): the single same-seed comparison,
+and the paired equivalence test over several seeds per setting; end to end through studies/precision_quality.py
+and the installed perception-train on CPU."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import t as student_t
 
-from benchmarks.precision_quality import equivalence, summarise
+from perception.studies.precision_quality import equivalence, summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32 = {0: 0.750, 1: 0.770, 2: 0.740, 3: 0.760}  # h10 AUC by seed: sd 0.0129
@@ -74,7 +75,7 @@ def test_a_setting_run_without_its_fp32_pair_is_left_out():
 
 
 def test_more_setting_seeds_than_fp32_seeds_is_refused():
-    done = subprocess.run([sys.executable, "benchmarks/precision_quality.py", "--fp32-seeds", "2", "--setting-seeds", "3",
+    done = subprocess.run([sys.executable, "studies/precision_quality.py", "--fp32-seeds", "2", "--setting-seeds", "3",
                            "--settings", "tf32"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode != 0
     assert "--setting-seeds 3: expected 1 .. --fp32-seeds (2)" in done.stderr
@@ -87,7 +88,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 def from_rows(tmp_path: Path, *files: Path, experiment: str = "local") -> subprocess.CompletedProcess:
     env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path / "out")}
-    return subprocess.run([sys.executable, "benchmarks/precision_quality.py", "--experiment", experiment, "--tag", "joined",
+    return subprocess.run([sys.executable, "studies/precision_quality.py", "--experiment", experiment, "--tag", "joined",
                            "--machine", "NVIDIA H200", "--from-rows", *map(str, files)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
@@ -123,7 +124,7 @@ def test_joining_refuses_a_run_twice_and_a_run_of_another_experiment(tmp_path):
 def test_paired_verdict_end_to_end_on_cpu(tmp_path):
     """On CPU tf32 is fp32 bit for bit, so every paired difference is 0 and the verdict must be `holds`."""
     env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path)}
-    done = subprocess.run([sys.executable, "benchmarks/precision_quality.py", "--experiment", "ci", "--device", "cpu",
+    done = subprocess.run([sys.executable, "studies/precision_quality.py", "--experiment", "ci", "--device", "cpu",
                            "--fp32-seeds", "3", "--setting-seeds", "2", "--settings", "tf32", "--parallel", "2"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,65 @@
+"""The precision study's verdicts (studies/precision_quality.py trains the runs): a setting against the
+seed-to-seed spread of fp32 runs, by one same-seed comparison or by a paired equivalence test over seeds."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+
+def equivalence(deltas: list[float], margin: float, level: float = 0.90) -> dict:
+    """Mean paired difference, its two-sided `level` t-interval and the verdict against ±margin."""
+    from scipy.stats import t as student_t
+
+    n, mean = len(deltas), statistics.mean(deltas)
+    half = student_t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(deltas) / n**0.5
+    low, high = mean - half, mean + half
+    if -margin <= low and high <= margin:
+        verdict = "holds"
+    elif high < -margin or low > margin:
+        verdict = "differs"
+    else:
+        verdict = "inconclusive"
+    return dict(n=n, mean_delta=mean, interval=[low, high], level=level, verdict=verdict)
+
+
+def summarise(rows: list[dict], base_seed: int) -> dict:
+    """The fp32 runs' spread per horizon, and per setting its runs paired with fp32 by seed and its verdict."""
+    fp32 = [r for r in rows if r["setting"] == "fp32" and "auc" in r]
+    if len(fp32) < 2:
+        raise SystemExit(f"need at least 2 finished fp32 runs for a spread; have {len(fp32)}")
+    horizons = sorted(fp32[0]["auc"], key=int)
+    spread = {h: dict(min=min(r["auc"][h] for r in fp32), max=max(r["auc"][h] for r in fp32),
+                      mean=statistics.mean(r["auc"][h] for r in fp32), sd=statistics.stdev(r["auc"][h] for r in fp32))
+              for h in horizons}
+    fp32_by_seed = {r["seed"]: r for r in fp32}
+    if base_seed not in fp32_by_seed:
+        raise SystemExit(f"the fp32 run of seed {base_seed} did not finish: no same-seed comparison")
+    runs = defaultdict(list)  # setting -> its finished runs that have a same-seed fp32 run
+    for r in rows:
+        if r["setting"] != "fp32" and "auc" in r and r["seed"] in fp32_by_seed:
+            runs[r["setting"]].append(r)
+    settings = {}
+    for name, its in runs.items():
+        its = sorted(its, key=lambda r: r["seed"])
+        first = next((r for r in its if r["seed"] == base_seed), its[0])
+        per_h = {}
+        for h in horizons:
+            deltas = [r["auc"][h] - fp32_by_seed[r["seed"]]["auc"][h] for r in its]
+            auc = statistics.mean(r["auc"][h] for r in its)
+            cell = dict(auc=auc, delta_same_seed=first["auc"][h] - fp32_by_seed[first["seed"]]["auc"][h],
+                        deltas={str(r["seed"]): d for r, d in zip(its, deltas)},
+                        within_sd=all(abs(d) <= spread[h]["sd"] for d in deltas),
+                        inside_range=spread[h]["min"] <= auc <= spread[h]["max"])
+            if len(its) >= 2:
+                cell["equivalence"] = equivalence(deltas, spread[h]["sd"])
+            per_h[h] = cell
+        if len(its) >= 2:
+            verdicts = [v["equivalence"]["verdict"] for v in per_h.values()]
+            verdict = "differs" if "differs" in verdicts else "holds" if set(verdicts) == {"holds"} else "inconclusive"
+        else:
+            verdict = "holds" if all(v["within_sd"] for v in per_h.values()) else "differs"
+        rates = [r["samples_per_s"] for r in its if r.get("samples_per_s")]
+        settings[name] = dict(per_horizon=per_h, seeds=[r["seed"] for r in its], verdict=verdict,
+                              holds=verdict == "holds", samples_per_s=statistics.mean(rates) if rates else None)
+    return dict(horizons=horizons, fp32_spread=spread, fp32_runs=len(fp32), settings=settings)
