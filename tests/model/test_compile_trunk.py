@@ -3,6 +3,11 @@ outputs and gradients, without graph breaks, under the same parameter names (che
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -11,6 +16,8 @@ from perception.model import ModelConfig, PerceptionModel
 from perception.model.config import MambaConfig
 from perception.model.mamba2 import causal_conv, causal_conv_shifted
 from perception.model.vsn import grouped_linear, grouped_linear_block_diag
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(compiled: bool) -> PerceptionModel:
@@ -59,15 +66,20 @@ def test_the_compiled_trunk_matches_eager_without_graph_breaks():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("chunk", [64, 128])
-def test_the_compiled_trunk_matches_eager_at_production_size_on_cuda(chunk):
+def test_the_compiled_trunk_matches_eager_at_production_size_on_cuda(chunk, tmp_path):
     """Production widths and K (B small): each module of a compile_trunk model against its eager twin, in
-    training (output, input and parameter gradients) and in evaluation, fp32 without TF32."""
-    from benchmarks.compile_check import TOLERANCE, check
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    errors = check("model", batch=4, window=6000, features=65, chunk=chunk, modules=["vsn", "mamba0"])
+    training (output, input and parameter gradients) and in evaluation, fp32 without TF32, as the benchmark
+    benchmarks/compile_check.py measures it (run as a command, in its own process)."""
+    out = tmp_path / "compile_check.json"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check.py"), "--ways", "model",
+                           "--batch", "4", "--window", "6000", "--features", "65", "--chunk", str(chunk),
+                           "--modules", "vsn,mamba0", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    errors = result["errors"]["model"]
     report = [f"{module} {what}: max rel error {e:.2e}" for module, found in errors.items() for what, e in found.items()]
     print("\n".join(report))
-    assert len(report) > 6  # outputs and gradients of both modules were compared
-    assert all(e < TOLERANCE for found in errors.values() for e in found.values()), "\n".join(report)
+    assert set(errors) == {"vsn", "mamba0"} and len(report) > 6  # outputs and gradients of both modules compared
+    assert all(e < result["tolerance"] for found in errors.values() for e in found.values()), "\n".join(report)
+    assert result["matches_eager"] == {"model": True}
