@@ -69,10 +69,10 @@ else
   [ "${MODEL_STEP:-1}" = 0 ] || timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
-  timeout "${LOCAL_S:-180}" python3 benchmarks/precision_quality.py --experiment local --fp32-seeds 5 --parallel "${PARALLEL:-10}" \
+  timeout "${LOCAL_S:-180}" python3 studies/precision_quality.py --experiment local --fp32-seeds 5 --parallel "${PARALLEL:-10}" \
     --setting-seeds "${SETTING_SEEDS:-1}" --seed "${SEED:-0}" --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
-  [ "${PRODUCTION_S:-270}" = 0 ] || timeout "${PRODUCTION_S:-270}" python3 benchmarks/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
+  [ "${PRODUCTION_S:-270}" = 0 ] || timeout "${PRODUCTION_S:-270}" python3 studies/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
     --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \
     data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 model.mamba.chunk="${CHUNK:-64}" 2>&1 | tr '\r' '\n' | tail -12
   echo "quality production-K: ${SECONDS} s"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: per_horizon and shared_skip learning curves on one world, every setting's two
 # trainings side by side on the one GPU (fold 0), each cut at LIMIT seconds; then
-#   python benchmarks/effect_curves.py OUT --settings SETTINGS     (here, on what came back)
-#   bash benchmarks/effect_curves_device.sh OUT LIMIT SETTINGS [WORLD] [SEED]
+#   python studies/effect_curves.py OUT --settings SETTINGS     (here, on what came back)
+#   bash studies/effect_curves_device.sh OUT LIMIT SETTINGS [WORLD] [SEED]
 # SETTINGS: lines "NAME|overrides"; overrides starting with NULL train in WORLD's null twin.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -9,8 +9,8 @@
 # links device_setup.sh makes under a running sweep.
 # Everything resumes: the noise file is kept once written, validity.py skips the sweeps its runs file
 # holds. Long: start it in its own session and collect while it runs.
-#   setsid nohup bash benchmarks/extremes_device.sh WORK > WORK.log 2>&1 < /dev/null &
-#   bash benchmarks/extremes_device.sh --collect WORK OUT   # copies what is done so far to OUT
+#   setsid nohup bash studies/extremes_device.sh WORK > WORK.log 2>&1 < /dev/null &
+#   bash studies/extremes_device.sh --collect WORK OUT   # copies what is done so far to OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SCALE="data.n_snapshots=240000 model.d_model=32 model.vsn.d_var=8 model.mamba.d_state=16 model.mamba.headdim=16
@@ -35,8 +35,8 @@ if [ "$PWD" != "$work/src" ]; then
 fi
 source benchmarks/device_setup.sh || exit 1
 python3 -m perception.ops.build || exit 1
-[ -f benchmarks/results/validity_runs.jsonl ] && [ ! -f "$work"/results/validity_runs.jsonl ] \
-  && cp benchmarks/results/validity_runs.jsonl "$work"/results/
+[ -f studies/results/validity_runs.jsonl ] && [ ! -f "$work"/results/validity_runs.jsonl ] \
+  && cp studies/results/validity_runs.jsonl "$work"/results/
 export CUDA_VISIBLE_DEVICES=0 PERCEPTION_OPS_JIT=0 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PERCEPTION_VALIDITY_RESULTS=$work/results PERCEPTION_GATE_NOISE_DIR=$work/noise
 noise=$work/noise/ci_extremes.json
@@ -53,9 +53,9 @@ nproc; nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep "Model na
     perception-sweep calibrate --experiment ci --sweeps 5 --out "$noise" trainer.progress=false $world $SCALE \
       || exit 1
   fi
-  python3 benchmarks/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 10 $SCALE
+  python3 studies/validity.py extremes_null --experiment ci --n 20 --gpus 1 --parallel 10 $SCALE
 ) > "$work"/laneA.log 2>&1 &
 # the power sweeps beside the calibration: decided after it (a sweep outlasts it)
-python3 benchmarks/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 5 $SCALE > "$work"/laneB.log 2>&1 &
+python3 studies/validity.py extremes --experiment ci --n 20 --gpus 1 --parallel 5 $SCALE > "$work"/laneB.log 2>&1 &
 wait
 echo "extremes_device: done"

@@ -8,7 +8,7 @@ Kill points: `after_final_checkpoint` (latest.json names the last epoch: the res
 the loaded model for its predictions, the case the tolerance is for) and `mid_final_epoch` (a random
 moment after the first epoch's checkpoint: the last epoch is redone).
 
-    PYTHONPATH=. python3 benchmarks/resume_auc_gap.py [--trials 8] [--out benchmarks/results/resume_auc_gap.json]
+    PYTHONPATH=. python3 studies/resume_auc_gap.py [--trials 8] [--out studies/results/resume_auc_gap.json]
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=8, help="kill-and-resume trials, alternating kill points")
     parser.add_argument("--folds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/resume_auc_gap.json"))
+    parser.add_argument("--out", type=Path, default=Path("studies/results/resume_auc_gap.json"))
     args = parser.parse_args()
     rng = random.Random(args.seed)
 

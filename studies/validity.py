@@ -31,7 +31,7 @@ context path"), `extremes_null` (the same in its twin: a sweep counts when its a
 per_horizon, every such ship false). The shipped
 noise files perception/gate/noise/<experiment>.json, which one-replicate sweeps use, are written by the
 product's `perception-sweep calibrate --experiment NAME --sweeps 5` (seeds from 90000, apart from every
-test's here). Every sweep's outcome is appended to benchmarks/results/validity_runs.jsonl as it ends, so
+test's here). Every sweep's outcome is appended to studies/results/validity_runs.jsonl as it ends, so
 a re-run resumes.
 """
 

@@ -1,9 +1,11 @@
-"""The documentation keeps its promises: `benchmarks/results/` is a record, not an attic, and the
-code's design citations resolve inside the repository.
+"""The documentation keeps its promises: `benchmarks/results/` and `studies/results/` are a record, not an
+attic, and the code's design citations resolve inside the repository.
 
-- Every file in benchmarks/results/ is cited, by its path or its name, in README.md or a docs/*.md.
-- Every results file README.md or docs/ cites exists: a `benchmarks/results/…` path, or a bare file
-  name of a results family (named after a benchmark script, or one of RESULT_FAMILIES).
+- Every file in benchmarks/results/ or studies/results/ is cited, by its path or its name, in README.md or a
+  docs/*.md.
+- Every results file README.md or docs/ cites exists: a `benchmarks/results/…` or `studies/results/…` path
+  in the folder it names, or a bare file name of a results family (named after a benchmark or study script,
+  or one of RESULT_FAMILIES) in either folder.
 - Every relative link in README.md and docs/*.md points at a file of the repository.
 - Every "DESIGN §N" anywhere in the tree names a section of docs/design.md; a quoted subsection after
   it ("DESIGN §6 \"Testing on 2 cores\"") must appear in that section.
@@ -15,7 +17,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+SCRIPT_FOLDERS = ("benchmarks", "studies")
+RESULTS = {folder: ROOT / folder / "results" for folder in SCRIPT_FOLDERS}
 DESIGN = ROOT / "docs" / "design.md"
 RESULT_EXTENSIONS = ("json", "jsonl", "md", "log", "png", "csv")
 # Results not named after one script: the kernels' tables and CUDA test logs (benchmarks/gpu_check.sh),
@@ -28,7 +31,7 @@ TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".cpp", 
 NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\.(?:" + "|".join(RESULT_EXTENSIONS) + r")"
 # A whole file name: not the tail of a longer name or glob (`ops_cfc.json` does not cite `cfc.json`).
 BARE_NAME = re.compile(r"(?<![\w.*\-/])(" + NAME + r")(?![\w\-*]|\.\w)")
-RESULTS_PATH = re.compile(r"benchmarks/results/(" + NAME + r")(?![\w\-*]|\.\w)")
+RESULTS_PATH = re.compile(r"\b(benchmarks|studies)/results/(" + NAME + r")(?![\w\-*]|\.\w)")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CITATION = re.compile(r"DESIGN\b[^\n]{0,3}§")
 SECTION_NUMBER = re.compile(r"§\s*(\d+)(?:\s+\"([^\"]+)\")?")
@@ -40,41 +43,44 @@ def _docs() -> dict[Path, str]:
     return {f: f.read_text(encoding="utf-8") for f in files if f.is_file()}
 
 
-def _results_files() -> list[str]:
-    return sorted(p.name for p in RESULTS.iterdir() if p.is_file() and not p.name.startswith("."))
+def _results_files(folder: str | None = None) -> list[str]:
+    """The results files' names, of one folder or of both."""
+    folders = [RESULTS[folder]] if folder else RESULTS.values()
+    return sorted(p.name for d in folders for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
 
 
 def _families() -> tuple[str, ...]:
-    scripts = {p.stem for p in (ROOT / "benchmarks").iterdir() if p.suffix in (".py", ".sh")}
+    scripts = {p.stem for folder in SCRIPT_FOLDERS for p in (ROOT / folder).iterdir() if p.suffix in (".py", ".sh")}
     return tuple(sorted(scripts | set(RESULT_FAMILIES), key=len, reverse=True))
 
 
-def _cited_results(text: str) -> set[str]:
-    """Results file names a text cites: by path, or bare names of a results family."""
+def _cited_results(text: str) -> set[tuple[str | None, str]]:
+    """Results files a text cites, as (folder, name): by path (its folder), or bare names of a results family
+    (folder None: either)."""
     cited = set(RESULTS_PATH.findall(text))
     families, pages = _families(), {p.name for p in (ROOT / "docs").glob("*.md")}
     for name in set(BARE_NAME.findall(text)) - pages:
         stem = name.rsplit(".", 1)[0]
         if any(stem == f or stem.startswith(f + "_") for f in families):
-            cited.add(name)
+            cited.add((None, name))
     return cited
 
 
 def test_every_results_file_is_cited_in_readme_or_docs():
     docs = _docs()
     everything = "\n".join(docs.values())
-    cited_anywhere = set(BARE_NAME.findall(everything)) | set(RESULTS_PATH.findall(everything))
+    cited_anywhere = set(BARE_NAME.findall(everything)) | {name for _, name in RESULTS_PATH.findall(everything)}
     uncited = [name for name in _results_files() if name not in cited_anywhere]
     assert not uncited, (
-        f"benchmarks/results/ holds files that neither README.md nor docs/*.md cite: {uncited}; "
+        f"benchmarks/results/ or studies/results/ hold files that neither README.md nor docs/*.md cite: {uncited}; "
         "cite each where its figure is used, or delete it (git keeps it)")
 
 
 def test_every_cited_results_file_exists():
-    present = set(_results_files())
-    missing = {f"{path.relative_to(ROOT)}: {name}"
-               for path, text in _docs().items() for name in _cited_results(text) if name not in present}
-    assert not missing, f"cited results files that benchmarks/results/ does not hold: {sorted(missing)}"
+    missing = {f"{path.relative_to(ROOT)}: {folder or 'benchmarks|studies'}/results/{name}"
+               for path, text in _docs().items() for folder, name in _cited_results(text)
+               if name not in _results_files(folder)}
+    assert not missing, f"cited results files that their results folder does not hold: {sorted(missing)}"
 
 
 def test_relative_links_resolve():
@@ -102,7 +108,7 @@ def _tree_text_files():
         for path in folder.iterdir():
             if path.is_dir():
                 if path.name not in SKIP_DIRS and not path.name.startswith(".") and not path.name.endswith(
-                        ".egg-info") and path != RESULTS:
+                        ".egg-info") and path not in RESULTS.values():
                     stack.append(path)
             elif path.suffix in TEXT_SUFFIXES and path.is_file():
                 try:

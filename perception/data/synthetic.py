@@ -45,7 +45,7 @@ longest. An oracle that reads one event's side leaves the other event's horizons
 single read serves every horizon (tests/data/test_synthetic.py checks this). The argument holds for keys
 that are linear in the markers; a trunk that learns the markers' conjunction, or a recurrence that
 carries a side to the window's end, could recover what the pool loses, which is why trained arms are
-compared on this world rather than assumed to differ (benchmarks/per_horizon_effect.py). What they
+compared on this world rather than assumed to differ (studies/per_horizon_effect.py). What they
 showed, and why the known yes moved to `per_horizon_extremes`: docs/validity.md "The `per_horizon` world".
 `per_horizon_null` keeps every event, drift and label of `per_horizon` and redraws only the flagged
 sides, independently of the drifts: the books differ only at the flagged levels of the event snapshots,

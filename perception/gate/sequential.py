@@ -8,7 +8,7 @@ a·(k/K)^ρ at look k. Its nominal level at look k is the one that spends exactl
 statistics are the nested normal sums of k equal waves (corr(Z_j, Z_k) = √(j/k)), solved look by look with the
 multivariate normal; at one look it is the fixed design's α/2 and α. The looks' evidence is not normal (look 1
 between folds has 2 df, or an A/A file; later looks pool replicates with Satterthwaite's df), so the whole
-study's rate is checked by simulation on planted-effect worlds (benchmarks/gate_oc_sequential.py), where the
+study's rate is checked by simulation on planted-effect worlds (studies/gate_oc_sequential.py), where the
 free choices, ρ and the futility bound, were set on calibration worlds apart from the reported ones.
 
 Futility (non-binding): before the last look the study stops as keep_<control> when both rules' p exceed the

@@ -28,7 +28,7 @@ from perception.atomic import atomic_write_text
 from perception.errors import ConfigError, PerceptionError
 
 SEED_ARMS = ("shared", "per_horizon")
-SEED_BASE = 90_000  # apart from the seeds benchmarks/validity.py measures false-ship rates with
+SEED_BASE = 90_000  # apart from the seeds studies/validity.py measures false-ship rates with
 
 
 def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cpu_workers: int = 1,
