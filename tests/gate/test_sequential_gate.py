@@ -153,7 +153,7 @@ def test_the_workflows_look_reads_its_waves_only_and_refuses_a_lost_wave(gate_st
     exp_id = client.get_experiment_by_name("perception-ab").experiment_id
     with tempfile.TemporaryDirectory() as tmp:  # wave 1: one training of six finished
         pred = fold_predictions(spec, 0, 1)["shared"]
-        _log_run(client, exp_id, parent, "seq-looks", spec, "shared", 0, pred, Path(tmp), replicate=1)
+        log_run(client, exp_id, parent, "seq-looks", spec, "shared", 0, pred, Path(tmp), replicate=1)
     whole = gate()  # every wave read: the half-trained one refuses
     assert whole.returncode == 3 and "per_horizon fold 0 replicate 1: no FINISHED run" in whole.stdout
     half = gate("--look", "2")
