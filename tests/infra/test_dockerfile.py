@@ -138,7 +138,7 @@ def test_build_context_holds_the_package_and_nothing_secret(tmp_path):
         # must stay out:
         "perception/ops/lib/perception_ops.so", "perception/ops/lib/perception_ops.json", "perception/__pycache__/x.cpython-311.pyc",
         "infra/k8s/base/secrets/mlflow-db.env", ".git/config", "perception-home/mlflow.db",
-        "tests/conftest.py", "benchmarks/results/x.json", ".venv/bin/python",
+        "tests/conftest.py", "benchmarks/results/x.json", "studies/results/x.json", ".venv/bin/python",
     ]
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
