@@ -24,6 +24,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from scipy.stats import binomtest, norm
@@ -54,7 +55,7 @@ class Setting:
         return f"{self.kind}-R{self.replicates}-tau{self.tau:g}-d{self.delta:.4f}-N{self.windows}{folds}"
 
 
-def plan(name: str, n: int | None, rows: list[dict] = ()) -> list[Setting]:
+def plan(name: str, n: int | None, rows: Sequence[dict] = ()) -> list[Setting]:
     """The settings of a plan; the mde plan plants the median MDE of the null worlds among `rows`."""
     if name == "null":
         return [Setting(r, tau, 0.0, n or 300) for r in (1, 2, 3) for tau in (0.005, 0.015)]
@@ -66,7 +67,7 @@ def plan(name: str, n: int | None, rows: list[dict] = ()) -> list[Setting]:
     raise SystemExit(f"unknown plan {name!r}: expected null, power or mde")
 
 
-def mde_of_null(rows: list[dict], replicates: int, tau: float) -> float:
+def mde_of_null(rows: Sequence[dict], replicates: int, tau: float) -> float:
     """The median minimum detectable W over the null worlds of (R, τ) among `rows` (a world decided twice, by the
     installed gate and in process, counts once: the same world by name)."""
     unique = {(row["setting"], row["world"]): row for row in rows}
@@ -77,7 +78,7 @@ def mde_of_null(rows: list[dict], replicates: int, tau: float) -> float:
     return round(float(np.median(current_mde_W(null))), 4)
 
 
-def planned_mde(rows: list[dict], replicates: int, tau: float) -> float | None:
+def planned_mde(rows: Sequence[dict], replicates: int, tau: float) -> float | None:
     """The δ the mde plan plants now at (R, τ); None where it plants none."""
     if (replicates, tau) not in MDE_SETTINGS:
         return None
@@ -118,7 +119,7 @@ def world_cells(s: Setting, seed: int, folds: int = 3) -> dict[tuple[str, int, i
     rng = np.random.default_rng(seed)
     n, hz = s.windows, len(HORIZONS)
     planted = np.array([s.delta if h == WEIGHTED else 0.0 for h in HORIZONS])
-    cells = {}
+    cells: dict[tuple[str, int, int], dict[str, np.ndarray]] = {}
     for fold in range(folds):
         # a label looks h snapshots ahead: windows closer than h / stride share its future
         y = np.stack([_moving_average(rng, n, max(1, h // STRIDE)) > 0 for h in HORIZONS], axis=1)  # (n, H)
@@ -161,8 +162,8 @@ def run_worlds(task: tuple[Setting, list[int], str]) -> list[dict]:
     from perception.testing.sweep_store import SweepSpec, log_sweep  # runs logged exactly as trainings log them
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gate-oc-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="gate-oc-") as folder:
+        tmp = Path(folder)
         shutil.copy(template, tmp / "mlflow.db")  # a migrated empty store: no migrations per world
         uri = f"sqlite:///{tmp / 'mlflow.db'}"
         client = MlflowClient(tracking_uri=uri)

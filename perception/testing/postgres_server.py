@@ -94,8 +94,9 @@ class Postgres:
         return None if self._proc is None else self._proc.pid
 
     def _wait_ready(self) -> None:
-        import psycopg2
+        import psycopg2  # type: ignore[import-untyped]  # no stubs installed
 
+        assert self._proc is not None, "_wait_ready after start"
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

@@ -66,13 +66,13 @@ def fold_predictions(spec: SweepSpec, fold: int, replicate: int = 0) -> dict[str
     if spec.episodes is not None:
         signs = np.asarray(spec.episodes[fold], dtype=float)
         advantage = np.repeat(signs, int(np.ceil(n / len(signs))))[:n] * spec.episode_effect
-    out = {}
+    out: dict[str, dict[str, np.ndarray]] = {}
     if replicate:  # the same windows, labels and shared noise; other trained models
         rng = np.random.default_rng([spec.seed, fold, 7, replicate])
     swing = spec.replicate_effect * (1 if replicate % 2 == 0 else -1)
     for arm, mu in spec.arms().items():
-        mu = np.asarray(mu) + (swing if arm == VARIANTS[1] else 0.0)
-        score = mu * y + shared + spec.own_noise * rng.normal(size=(n, h))
+        separation = np.asarray(mu) + (swing if arm == VARIANTS[1] else 0.0)
+        score = separation * y + shared + spec.own_noise * rng.normal(size=(n, h))
         if arm == VARIANTS[1]:
             score = score + advantage[:, None] * (2.0 * y - 1.0)
         probs = (1.0 / (1.0 + np.exp(-score))).astype(np.float32)
@@ -91,9 +91,16 @@ def new_store(root: Path) -> tuple[str, MlflowClient]:
     return uri, client
 
 
+def _experiment_id(client: MlflowClient, name: str) -> str:
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        raise ValueError(f"the store has no MLflow experiment {name!r} (new_store creates perception-ab)")
+    return found.experiment_id
+
+
 def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment: str = "perception-ab") -> dict:
     """Logs the sweep; returns {(variant, fold): run_id} of the runs the gate should pick."""
-    exp_id = client.get_experiment_by_name(experiment).experiment_id
+    exp_id = _experiment_id(client, experiment)
     parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     chosen = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,7 +131,7 @@ def log_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec,
               attention: bool = True) -> None:
     """Logs a sweep of given predictions, {(variant, fold, replicate): npz fields}, as build_sweep does
     (without diagnostics/attention_by_lag.npz when `attention` is false: runs may lack it)."""
-    exp_id = client.get_experiment_by_name(experiment).experiment_id
+    exp_id = _experiment_id(client, experiment)
     parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     with tempfile.TemporaryDirectory() as tmp:
         for (variant, fold, rep), pred in sorted(cells.items()):
