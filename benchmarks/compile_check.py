@@ -40,16 +40,21 @@ def module_errors(eager: torch.nn.Module, compiled: torch.nn.Module, inp: torch.
         tensors = {"train out": out.detach(), "input grad": leaf.grad, "eval out": ev}
         tensors.update({f"grad {n}": p.grad for n, p in sorted(module.named_parameters())})
         outs[label] = tensors
-    return {what: ((outs["compiled"][what] - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-            for what, b in outs["eager"].items()}
+    return {
+        what: ((outs["compiled"][what] - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        for what, b in outs["eager"].items()
+    }
 
 
-def check(way: str, batch: int, window: int, features: int, chunk: int, modules: list[str]) -> dict[str, dict[str, float]]:
+def check(
+    way: str, batch: int, window: int, features: int, chunk: int, modules: list[str]
+) -> dict[str, dict[str, float]]:
     torch._dynamo.reset()
     cfg = dict(d_model=128, ops="ref", mamba=MambaConfig(chunk=chunk))
     eager = PerceptionModel(ModelConfig(**cfg), n_features=features, horizons=[30, 6000], seed=0).cuda()
-    twin = PerceptionModel(ModelConfig(**cfg, compile_trunk=way == "model"), n_features=features, horizons=[30, 6000],
-                           seed=0).cuda()
+    twin = PerceptionModel(
+        ModelConfig(**cfg, compile_trunk=way == "model"), n_features=features, horizons=[30, 6000], seed=0
+    ).cuda()
     if way == "whole_vsn":
         for module in (twin.vsn, *twin.mamba.layers):
             module.compile(dynamic=False)
@@ -77,8 +82,11 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     gpu = torch.cuda.get_device_name()
-    print(f"compiled vs eager trunk modules, B={args.batch} K={args.window} F={args.features} chunk {args.chunk}, "
-          f"fp32, on {gpu} (torch {torch.__version__})", flush=True)
+    print(
+        f"compiled vs eager trunk modules, B={args.batch} K={args.window} F={args.features} chunk {args.chunk}, "
+        f"fp32, on {gpu} (torch {torch.__version__})",
+        flush=True,
+    )
     ways = args.ways.split(",")
     results = {}
     for way in ways:
@@ -90,8 +98,13 @@ def main() -> None:
     verdict = {n: max(e for m in r.values() for e in m.values()) < TOLERANCE for n, r in results.items()}
     for n, ok in verdict.items():
         print(f"{n}: {'matches eager' if ok else 'WRONG'} (max relative error < {TOLERANCE:g})")
-    out = dict(machine=dict(gpu=gpu, torch=torch.__version__), config=vars(args), tolerance=TOLERANCE,
-               errors=results, matches_eager=verdict)
+    out = dict(
+        machine=dict(gpu=gpu, torch=torch.__version__),
+        config=vars(args),
+        tolerance=TOLERANCE,
+        errors=results,
+        matches_eager=verdict,
+    )
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
 

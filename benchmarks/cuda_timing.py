@@ -45,6 +45,7 @@ def graphed(fn, warm_up_with=None, warmups: int = 3):
 
 def graph_ms(step, reps: int, inner: int = 20) -> float:
     """GPU time of one `step`: `inner` steps captured in one CUDA graph, replayed, divided by `inner`."""
+
     def steps():
         for _ in range(inner):
             step()
@@ -60,13 +61,19 @@ def markdown_table(rows: list[dict], machine: dict, targets: dict[str, str]) -> 
     """Rows: op, impl, shape, fwd_ms, fwdbwd_ms, floor_fwdbwd_ms (optional), note."""
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     copy = f"device copy {machine['copy_tb_s']:.2f} TB/s; " if "copy_tb_s" in machine else ""
-    lines = [f"GPU: {machine['gpu']} (torch {machine['torch']}, CUDA {machine['cuda']}); "
-             f"{copy}fp32, TF32 off; medians of CUDA-event timings "
-             "(per call, host launch and autograd time included; 'CUDA graph' rows: GPU time of graph replays)", "",
-             "| op | impl | shape | fwd ms | fwd+bwd ms | floor fwd+bwd ms | note |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"GPU: {machine['gpu']} (torch {machine['torch']}, CUDA {machine['cuda']}); "
+        f"{copy}fp32, TF32 off; medians of CUDA-event timings "
+        "(per call, host launch and autograd time included; 'CUDA graph' rows: GPU time of graph replays)",
+        "",
+        "| op | impl | shape | fwd ms | fwd+bwd ms | floor fwd+bwd ms | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['op']} | {r['impl']} | {r['shape']} | {fmt(r.get('fwd_ms'))} | {fmt(r.get('fwdbwd_ms'))} "
-                     f"| {fmt(r.get('floor_fwdbwd_ms'))} | {r.get('note', '')} |")
+        lines.append(
+            f"| {r['op']} | {r['impl']} | {r['shape']} | {fmt(r.get('fwd_ms'))} | {fmt(r.get('fwdbwd_ms'))} "
+            f"| {fmt(r.get('floor_fwdbwd_ms'))} | {r.get('note', '')} |"
+        )
     lines += ["", "Targets: " + "; ".join(f"{k}: {v}" for k, v in targets.items())]
     return "\n".join(lines)
 

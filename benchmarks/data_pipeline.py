@@ -74,9 +74,16 @@ def bench_dbn(n_records: int, repeats: int, compress: bool, tmp: Path) -> dict:
     clock = _median_time(lambda: snapshots_from_records(records, 1.0, 60.0, Counter()), repeats)
     out = snapshots_from_records(records, 1.0, 60.0, Counter())
     feats = _median_time(lambda: compute_features(out, synthetic.TICK), repeats)
-    return {"records": len(rec), "file_mb": path.stat().st_size / 1e6, "decode_s": decode,
-            "records_per_s": len(rec) / decode, "snapshot_clock_s": clock, "features_s": feats,
-            "snapshots": len(out), "end_to_end_records_per_s": len(rec) / (decode + clock + feats)}
+    return {
+        "records": len(rec),
+        "file_mb": path.stat().st_size / 1e6,
+        "decode_s": decode,
+        "records_per_s": len(rec) / decode,
+        "snapshot_clock_s": clock,
+        "features_s": feats,
+        "snapshots": len(out),
+        "end_to_end_records_per_s": len(rec) / (decode + clock + feats),
+    }
 
 
 def bench_gather(n: int, batch: int, repeats: int, home: Path) -> dict:
@@ -96,9 +103,16 @@ def bench_gather(n: int, batch: int, repeats: int, home: Path) -> dict:
         loader.gather(c)
         times.append(time.perf_counter() - t0)
     x_mb = batch * PROD["window"] * ds.features.shape[1] * 4 / 1e6
-    return {"B": batch, "K": PROD["window"], "F": ds.features.shape[1], "batch_mb": x_mb,
-            "median_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times),
-            "memory_mapped": isinstance(ds.features, np.memmap), "torch_threads": torch.get_num_threads()}
+    return {
+        "B": batch,
+        "K": PROD["window"],
+        "F": ds.features.shape[1],
+        "batch_mb": x_mb,
+        "median_ms": 1e3 * statistics.median(times),
+        "min_ms": 1e3 * min(times),
+        "memory_mapped": isinstance(ds.features, np.memmap),
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 # ------------------------------------------------------------------ dense multi-file builds
@@ -150,8 +164,7 @@ def dense_files(folder: Path, n_files: int, n_records: int) -> list[Path]:
         if not path.exists():
             t0 = time.perf_counter()
             write_mbp10(path, dense_records(n_records, day, seed=day), dataset="GLBX.MDP3", compress=True)
-            print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s",
-                  flush=True)
+            print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - t0:.0f} s", flush=True)
     return paths
 
 
@@ -198,8 +211,14 @@ def _run_measured(argv: list[str], env: dict) -> dict:
         raise SystemExit(f"{' '.join(argv[:4])} ... failed ({proc.returncode}):\n{err[-3000:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the finished tree's CPU time
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return {"wall_s": wall, "cpu_s": cpu, "sys_cpu_s": after.ru_stime - before.ru_stime,
-            "minor_faults": after.ru_minflt - before.ru_minflt, "peak_tree_rss_mb": peak[0] / 1024, "stdout": out}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "sys_cpu_s": after.ru_stime - before.ru_stime,
+        "minor_faults": after.ru_minflt - before.ru_minflt,
+        "peak_tree_rss_mb": peak[0] / 1024,
+        "stdout": out,
+    }
 
 
 _IN_MEMORY = """
@@ -250,8 +269,7 @@ def stage_cpu(paths: list[str], workers: int, env: dict) -> dict:
     import subprocess
     import sys
 
-    argv = [sys.executable, "-c", _STAGES, "data=dbn", f"data.paths=[{','.join(paths)}]",
-            f"data.workers={workers}"]
+    argv = [sys.executable, "-c", _STAGES, "data=dbn", f"data.paths=[{','.join(paths)}]", f"data.workers={workers}"]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -275,8 +293,14 @@ def bench_files(folder: Path, sets: list[int], n_records: int, repeats: int, in_
                 home = Path(tempfile.mkdtemp(prefix="perception-bench-home-"))
                 try:
                     env = {**os.environ, "PERCEPTION_HOME": str(home)}
-                    argv = ["perception-data", "build", "data=dbn", f"data.paths=[{','.join(paths)}]",
-                            f"data.workers={workers}", "--no-progress"]
+                    argv = [
+                        "perception-data",
+                        "build",
+                        "data=dbn",
+                        f"data.paths=[{','.join(paths)}]",
+                        f"data.workers={workers}",
+                        "--no-progress",
+                    ]
                     load = os.getloadavg()[0]
                     runs[workers].append({**_run_measured(argv, env), "load_avg_1min": load})
                 finally:
@@ -284,36 +308,70 @@ def bench_files(folder: Path, sets: list[int], n_records: int, repeats: int, in_
         for workers, rs in runs.items():
             wall = statistics.median(r["wall_s"] for r in rs)
             cpu = statistics.median(r["cpu_s"] for r in rs)
-            rows.append({"path": "streaming", "files": n_files, "workers": workers, "records": n_rec,
-                         "raw_record_mb": raw_mb, "wall_s_median": wall, "wall_s": [r["wall_s"] for r in rs],
-                         "records_per_s": n_rec / wall, "records_per_s_per_core": n_rec / wall / workers,
-                         "cpu_s_median": cpu, "cpu_s": [r["cpu_s"] for r in rs], "records_per_cpu_s": n_rec / cpu,
-                         "peak_tree_rss_mb": max(r["peak_tree_rss_mb"] for r in rs),
-                         "peak_tree_rss_mb_runs": [r["peak_tree_rss_mb"] for r in rs],
-                         "load_avg_1min": [r["load_avg_1min"] for r in rs],
-                         "sys_cpu_s": [r["sys_cpu_s"] for r in rs], "minor_faults": [r["minor_faults"] for r in rs],
-                         # cores the build got: above 1 only where a second core was free for it
-                         "cores_used": [r["cpu_s"] / r["wall_s"] for r in rs],
-                         "build_summary": rs[-1]["stdout"].strip().splitlines()})
+            rows.append(
+                {
+                    "path": "streaming",
+                    "files": n_files,
+                    "workers": workers,
+                    "records": n_rec,
+                    "raw_record_mb": raw_mb,
+                    "wall_s_median": wall,
+                    "wall_s": [r["wall_s"] for r in rs],
+                    "records_per_s": n_rec / wall,
+                    "records_per_s_per_core": n_rec / wall / workers,
+                    "cpu_s_median": cpu,
+                    "cpu_s": [r["cpu_s"] for r in rs],
+                    "records_per_cpu_s": n_rec / cpu,
+                    "peak_tree_rss_mb": max(r["peak_tree_rss_mb"] for r in rs),
+                    "peak_tree_rss_mb_runs": [r["peak_tree_rss_mb"] for r in rs],
+                    "load_avg_1min": [r["load_avg_1min"] for r in rs],
+                    "sys_cpu_s": [r["sys_cpu_s"] for r in rs],
+                    "minor_faults": [r["minor_faults"] for r in rs],
+                    # cores the build got: above 1 only where a second core was free for it
+                    "cores_used": [r["cpu_s"] / r["wall_s"] for r in rs],
+                    "build_summary": rs[-1]["stdout"].strip().splitlines(),
+                }
+            )
             print(_row_text(rows[-1]), flush=True)
         if n_files <= in_memory_max:
             r = _run_measured([sys.executable, "-c", _IN_MEMORY, *paths], dict(os.environ))
-            rows.append({"path": "in-memory (before)", "files": n_files, "workers": 1, "records": n_rec,
-                         "raw_record_mb": raw_mb, "wall_s_median": r["wall_s"], "wall_s": [r["wall_s"]],
-                         "records_per_s": n_rec / r["wall_s"], "records_per_s_per_core": n_rec / r["wall_s"],
-                         "cpu_s_median": r["cpu_s"], "records_per_cpu_s": n_rec / r["cpu_s"],
-                         "peak_tree_rss_mb": r["peak_tree_rss_mb"]})
+            rows.append(
+                {
+                    "path": "in-memory (before)",
+                    "files": n_files,
+                    "workers": 1,
+                    "records": n_rec,
+                    "raw_record_mb": raw_mb,
+                    "wall_s_median": r["wall_s"],
+                    "wall_s": [r["wall_s"]],
+                    "records_per_s": n_rec / r["wall_s"],
+                    "records_per_s_per_core": n_rec / r["wall_s"],
+                    "cpu_s_median": r["cpu_s"],
+                    "records_per_cpu_s": n_rec / r["cpu_s"],
+                    "peak_tree_rss_mb": r["peak_tree_rss_mb"],
+                }
+            )
             print(_row_text(rows[-1]), flush=True)
     stages = {}
     home = Path(tempfile.mkdtemp(prefix="perception-bench-home-"))
     try:
         for workers in sorted({1, cores}):
-            stages[f"workers_{workers}"] = stage_cpu([str(p) for p in files[: max(sets)]], workers,
-                                                     {**os.environ, "PERCEPTION_HOME": str(home / str(workers))})
+            stages[f"workers_{workers}"] = stage_cpu(
+                [str(p) for p in files[: max(sets)]],
+                workers,
+                {**os.environ, "PERCEPTION_HOME": str(home / str(workers))},
+            )
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    return {"n_records_per_file": n_records, "records_per_interval": PER_INTERVAL, "repeats": repeats,
-            "cores": cores, "rows": rows, "stage_cpu_s_largest_set": stages, "targets": _targets(rows, cores)}
+    return {
+        "n_records_per_file": n_records,
+        "records_per_interval": PER_INTERVAL,
+        "repeats": repeats,
+        "cores": cores,
+        "rows": rows,
+        "stage_cpu_s_largest_set": stages,
+        "targets": _targets(rows, cores),
+    }
 
 
 def _targets(rows: list[dict], cores: int) -> dict:
@@ -328,27 +386,38 @@ def _targets(rows: list[dict], cores: int) -> dict:
         if w > 1 and len(sets) > 2:  # one file is read by one reader whatever data.workers says
             mid = sets[-2]
             ratio = by[(many, w)]["peak_tree_rss_mb"] / by[(mid, w)]["peak_tree_rss_mb"]
-            out[f"rss_{many}_over_{mid}_files_workers{w}"] = {"value": ratio, "target": "<= 1.25 (growth with files)",
-                                                              "met": ratio <= 1.25}
+            out[f"rss_{many}_over_{mid}_files_workers{w}"] = {
+                "value": ratio,
+                "target": "<= 1.25 (growth with files)",
+                "met": ratio <= 1.25,
+            }
     per_core = min(r["records_per_s_per_core"] for r in stream if r["files"] == many)
     out["records_per_s_per_core_min"] = {"value": per_core, "target": ">= 1e6 (wall)", "met": per_core >= 1e6}
     per_cpu = min(r["records_per_cpu_s"] for r in stream if r["files"] == many)
-    out["records_per_cpu_s_min"] = {"value": per_cpu, "target": ">= 1e6 (CPU time, start-up included)",
-                                    "met": per_cpu >= 1e6}
+    out["records_per_cpu_s_min"] = {
+        "value": per_cpu,
+        "target": ">= 1e6 (CPU time, start-up included)",
+        "met": per_cpu >= 1e6,
+    }
     if cores > 1:
         speedup = by[(many, 1)]["wall_s_median"] / by[(many, cores)]["wall_s_median"]
         out[f"speedup_{cores}_workers_{many}_files"] = {"value": speedup, "target": ">= 1.6", "met": speedup >= 1.6}
         used = statistics.median(by[(many, cores)]["cores_used"])
         out[f"cores_used_{cores}_workers_{many}_files"] = {
-            "value": used, "target": f"CPU-s / wall-s: up to ~{cores} on an idle machine (the speedup cannot "
-            "exceed what the machine gave)", "met": used > 1.5}
+            "value": used,
+            "target": f"CPU-s / wall-s: up to ~{cores} on an idle machine (the speedup cannot "
+            "exceed what the machine gave)",
+            "met": used > 1.5,
+        }
     return out
 
 
 def _row_text(r: dict) -> str:
-    return (f"{r['path']:20s} {r['files']:>5d} {r['workers']:>7d} {r['records'] / 1e6:>9.1f} "
-            f"{r['wall_s_median']:>8.1f} {r['records_per_s'] / 1e6:>9.2f} {r['records_per_s_per_core'] / 1e6:>9.2f} "
-            f"{r['cpu_s_median']:>7.1f} {r['records_per_cpu_s'] / 1e6:>9.2f} {r['peak_tree_rss_mb']:>9.0f}")
+    return (
+        f"{r['path']:20s} {r['files']:>5d} {r['workers']:>7d} {r['records'] / 1e6:>9.1f} "
+        f"{r['wall_s_median']:>8.1f} {r['records_per_s'] / 1e6:>9.2f} {r['records_per_s_per_core'] / 1e6:>9.2f} "
+        f"{r['cpu_s_median']:>7.1f} {r['records_per_cpu_s'] / 1e6:>9.2f} {r['peak_tree_rss_mb']:>9.0f}"
+    )
 
 
 EQUALITY_RESULTS = Path(__file__).parent / "results" / "data_pipeline_files_equality.json"
@@ -365,26 +434,39 @@ def check_equality(folder: Path, n_files: int, n_records: int) -> dict:
     out = {"files": n_files, "records": n_files * n_records, "snapshots": len(oracle)}
     for workers in sorted({1, os.cpu_count() or 1}):
         ds = _build(DataConfig(**{**cfg.__dict__, "workers": workers}), "", progress=False)
-        same = {name: np.asarray(getattr(ds, name)).tobytes() == np.asarray(getattr(oracle, name)).tobytes()
-                for name in ("features", "dt", "y", "mask", "segment")}
+        same = {
+            name: np.asarray(getattr(ds, name)).tobytes() == np.asarray(getattr(oracle, name)).tobytes()
+            for name in ("features", "dt", "y", "mask", "segment")
+        }
         same["drop_counts"] = ds.drop_counts == oracle.drop_counts
         out[f"workers_{workers}_bit_identical"] = same
-        print(f"{n_files} files, data.workers={workers}: " + ", ".join(f"{k} {'==' if v else '!='}"
-                                                                        for k, v in same.items()), flush=True)
+        print(
+            f"{n_files} files, data.workers={workers}: "
+            + ", ".join(f"{k} {'==' if v else '!='}" for k, v in same.items()),
+            flush=True,
+        )
     return out
 
 
 def main_files(args) -> None:
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
-    print(f"{'path':20s} {'files':>5s} {'workers':>7s} {'M rec':>9s} {'wall s':>8s} {'M rec/s':>9s} "
-          f"{'/core':>9s} {'cpu s':>7s} {'M/cpu-s':>9s} {'peak MB':>9s}", flush=True)
+    print(
+        f"{'path':20s} {'files':>5s} {'workers':>7s} {'M rec':>9s} {'wall s':>8s} {'M rec/s':>9s} "
+        f"{'/core':>9s} {'cpu s':>7s} {'M/cpu-s':>9s} {'peak MB':>9s}",
+        flush=True,
+    )
     res = {"machine": machine, "load_avg_1min_at_start": os.getloadavg()[0]}
-    res.update(bench_files(Path(args.dense_dir), [int(s) for s in args.sets.split(",")], args.records,
-                           args.repeats, args.in_memory_max))
+    res.update(
+        bench_files(
+            Path(args.dense_dir), [int(s) for s in args.sets.split(",")], args.records, args.repeats, args.in_memory_max
+        )
+    )
     res["load_avg_1min_at_end"] = os.getloadavg()[0]
-    print(f"\nmachine: {machine}  (medians of {args.repeats}; peak RSS is the max over repeats of the "
-          f"whole process tree; 1-min load average {res['load_avg_1min_at_start']:.1f} -> "
-          f"{res['load_avg_1min_at_end']:.1f})")
+    print(
+        f"\nmachine: {machine}  (medians of {args.repeats}; peak RSS is the max over repeats of the "
+        f"whole process tree; 1-min load average {res['load_avg_1min_at_start']:.1f} -> "
+        f"{res['load_avg_1min_at_end']:.1f})"
+    )
     for name, t in res["targets"].items():
         print(f"  {name}: {t['value']:.3g} (target {t['target']}: {'met' if t['met'] else 'NOT met'})")
     print(f"\nCPU seconds by stage, {max(r['files'] for r in res['rows'])} files (one build each):")
@@ -405,19 +487,30 @@ def main() -> None:
     ap.add_argument("--sets", default="1,4,16", help="numbers of files per build")
     ap.add_argument("--records", type=int, default=1_600_000, help="records per dense file")
     ap.add_argument("--in-memory-max", type=int, default=1, help="largest set also built whole in memory")
-    ap.add_argument("--equality", type=int, default=0, metavar="N",
-                    help="compare the streamed and whole-array builds of N dense files, byte for byte")
+    ap.add_argument(
+        "--equality",
+        type=int,
+        default=0,
+        metavar="N",
+        help="compare the streamed and whole-array builds of N dense files, byte for byte",
+    )
     args = ap.parse_args()
     if args.equality:
-        res = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-               **check_equality(Path(args.dense_dir), args.equality, args.records)}
+        res = {
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+            **check_equality(Path(args.dense_dir), args.equality, args.records),
+        }
         EQUALITY_RESULTS.write_text(json.dumps(res, indent=1) + "\n")
         return print(f"wrote {EQUALITY_RESULTS}")
     if args.files:
         return main_files(args)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.system()}"
-    res: dict = {"machine": machine, "numpy": np.__version__, "torch": torch.__version__,
-                 "load_avg_1min_at_start": os.getloadavg()[0]}  # a shared machine inflates times
+    res: dict = {
+        "machine": machine,
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "load_avg_1min_at_start": os.getloadavg()[0],
+    }  # a shared machine inflates times
     with tempfile.TemporaryDirectory(prefix="perception-bench-") as tmp:
         tmp = Path(tmp)
         torch.set_num_threads(1)
@@ -432,15 +525,32 @@ def main() -> None:
     s1, s2 = res["synthetic_1M_1core"], res["synthetic_2M_1core"]
     d, z, g = res["dbn_1M_records"], res["dbn_zst_1M_records"], res["gather_B64_K6000"]
     rows = [
-        ("synthetic 1M snapshots, 1 core", f"{s1['seconds']:.2f} s", f"{s1['snapshots_per_s'] / 1e6:.2f} M snap/s", "< 10 s"),
-        ("synthetic 2M snapshots, 1 core", f"{s2['seconds']:.2f} s", f"{s2['snapshots_per_s'] / 1e6:.2f} M snap/s", "< 30 s"),
+        (
+            "synthetic 1M snapshots, 1 core",
+            f"{s1['seconds']:.2f} s",
+            f"{s1['snapshots_per_s'] / 1e6:.2f} M snap/s",
+            "< 10 s",
+        ),
+        (
+            "synthetic 2M snapshots, 1 core",
+            f"{s2['seconds']:.2f} s",
+            f"{s2['snapshots_per_s'] / 1e6:.2f} M snap/s",
+            "< 30 s",
+        ),
         ("DBN decode, 1M records (.dbn)", f"{d['decode_s']:.3f} s", f"{d['records_per_s'] / 1e6:.1f} M rec/s", ""),
-        ("  + 1 s clock + features", f"{d['snapshot_clock_s'] + d['features_s']:.2f} s", f"{d['end_to_end_records_per_s'] / 1e6:.2f} M rec/s", ""),
+        (
+            "  + 1 s clock + features",
+            f"{d['snapshot_clock_s'] + d['features_s']:.2f} s",
+            f"{d['end_to_end_records_per_s'] / 1e6:.2f} M rec/s",
+            "",
+        ),
         ("DBN decode, 1M records (.dbn.zst)", f"{z['decode_s']:.3f} s", f"{z['records_per_s'] / 1e6:.1f} M rec/s", ""),
         ("gather B=64 K=6000 F=65, 2 threads", f"{g['median_ms']:.1f} ms", f"{g['batch_mb']:.0f} MB/batch", "< 50 ms"),
     ]
-    print(f"\nmachine: {machine}  (medians; 1-min load average {res['load_avg_1min_at_start']:.1f} "
-          f"-> {res['load_avg_1min_at_end']:.1f})")
+    print(
+        f"\nmachine: {machine}  (medians; 1-min load average {res['load_avg_1min_at_start']:.1f} "
+        f"-> {res['load_avg_1min_at_end']:.1f})"
+    )
     print(f"{'measurement':38s} {'time':>10s} {'rate':>16s} {'target':>8s}")
     for r in rows:
         print(f"{r[0]:38s} {r[1]:>10s} {r[2]:>16s} {r[3]:>8s}")

@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perception.atomic import atomic_write_text  # noqa: E402
 
 
-def train_and_hash(setting: str, ops: str, batch: int, window: int, features: int, steps: int, autotune: bool,
-                   grads_to: Path | None) -> str:
+def train_and_hash(
+    setting: str, ops: str, batch: int, window: int, features: int, steps: int, autotune: bool, grads_to: Path | None
+) -> str:
     """One process's work: `steps` of train_step.py's training step on its one fixed batch (shared pool,
     chunk 64); sha256 over every parameter's bytes. `grads_to`: the gradients after the first step, saved."""
     from benchmarks.train_step import build
@@ -61,8 +62,15 @@ def gradient_differences(files: list[Path]) -> list[dict]:
             differ = g != other[name]
             if differ.any():
                 scale = g.abs().max().item() or 1.0
-                found.append(dict(process=i, tensor=name, elements=int(differ.sum()), of=g.numel(),
-                                  max_rel=(g - other[name]).abs().max().item() / scale))
+                found.append(
+                    dict(
+                        process=i,
+                        tensor=name,
+                        elements=int(differ.sum()),
+                        of=g.numel(),
+                        max_rel=(g - other[name]).abs().max().item() / scale,
+                    )
+                )
     return found
 
 
@@ -75,10 +83,17 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=65)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--ops", default="auto", choices=["auto", "ref", "cuda"])
-    parser.add_argument("--cfc-path", default="auto", choices=["auto", "portable"],
-                        help="PERCEPTION_CFC_PATH of the processes: portable is the L40S's CfC scan")
-    parser.add_argument("--autotune", action="store_true",
-                        help="Inductor's autotuning on, as before the trunk's deterministic compile: shows what differs")
+    parser.add_argument(
+        "--cfc-path",
+        default="auto",
+        choices=["auto", "portable"],
+        help="PERCEPTION_CFC_PATH of the processes: portable is the L40S's CfC scan",
+    )
+    parser.add_argument(
+        "--autotune",
+        action="store_true",
+        help="Inductor's autotuning on, as before the trunk's deterministic compile: shows what differs",
+    )
     parser.add_argument("--parallel", type=int, default=0, help="processes at once (0: all)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process: one setting
     parser.add_argument("--grads-to", default=None, help=argparse.SUPPRESS)
@@ -86,45 +101,82 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         grads = Path(args.grads_to) if args.grads_to else None
-        print(train_and_hash(args.one, args.ops, args.batch, args.window, args.features, args.steps, args.autotune, grads))
+        print(
+            train_and_hash(args.one, args.ops, args.batch, args.window, args.features, args.steps, args.autotune, grads)
+        )
         return
-    common = ["--ops", args.ops, "--batch", str(args.batch), "--window", str(args.window), "--features", str(args.features),
-              "--steps", str(args.steps)] + (["--autotune"] if args.autotune else [])
+    common = [
+        "--ops",
+        args.ops,
+        "--batch",
+        str(args.batch),
+        "--window",
+        str(args.window),
+        "--features",
+        str(args.features),
+        "--steps",
+        str(args.steps),
+    ] + (["--autotune"] if args.autotune else [])
 
     def run_one(setting: str, i: int, work: Path) -> str:
         # its own Inductor cache (graphs, autotuning choices); Triton's binaries, pure functions of a kernel's
         # source and configuration, are shared to save compile time
-        env = dict(os.environ, PERCEPTION_CFC_PATH=args.cfc_path, TORCHINDUCTOR_CACHE_DIR=str(work / f"{setting}-{i}"),
-                   TRITON_CACHE_DIR=str(work / "triton"), TORCHINDUCTOR_COMPILE_THREADS="1")
-        done = subprocess.run([sys.executable, __file__, "--one", setting, "--grads-to", str(work / f"{setting}-{i}.pt"),
-                               *common], stdout=subprocess.PIPE, text=True, env=env)
+        env = dict(
+            os.environ,
+            PERCEPTION_CFC_PATH=args.cfc_path,
+            TORCHINDUCTOR_CACHE_DIR=str(work / f"{setting}-{i}"),
+            TRITON_CACHE_DIR=str(work / "triton"),
+            TORCHINDUCTOR_COMPILE_THREADS="1",
+        )
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", setting, "--grads-to", str(work / f"{setting}-{i}.pt"), *common],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         if done.returncode:
             raise SystemExit(f"{setting}: training process {i} failed (exit {done.returncode})")
         print(f"  {setting} process {i}: {done.stdout.strip().splitlines()[-1][:12]}", flush=True)
         return done.stdout.strip().splitlines()[-1]
 
     jobs = [(s, i) for s in args.settings for i in range(args.processes)]
-    with tempfile.TemporaryDirectory(prefix="determinism-") as tmp, \
-            ThreadPoolExecutor(max_workers=args.parallel or len(jobs)) as pool:  # side by side on the one GPU
+    with (
+        tempfile.TemporaryDirectory(prefix="determinism-") as tmp,
+        ThreadPoolExecutor(max_workers=args.parallel or len(jobs)) as pool,
+    ):  # side by side on the one GPU
         work = Path(tmp)
         found = list(pool.map(lambda job: run_one(*job, work), jobs))
         hashes: dict[str, list[str]] = {s: [h for (js, _), h in zip(jobs, found) if js == s] for s in args.settings}
-        differences = {s: gradient_differences([work / f"{s}-{i}.pt" for i in range(args.processes)])
-                       for s in args.settings if len(set(hashes[s])) > 1}
+        differences = {
+            s: gradient_differences([work / f"{s}-{i}.pt" for i in range(args.processes)])
+            for s in args.settings
+            if len(set(hashes[s])) > 1
+        }
     gpu = torch.cuda.get_device_name()
-    print(f"{args.steps} training steps, B={args.batch} K={args.window} F={args.features}, CfC path {args.cfc_path}, "
-          f"Inductor autotuning {'on' if args.autotune else 'off'}, {args.processes} fresh processes per setting, on {gpu}")
+    print(
+        f"{args.steps} training steps, B={args.batch} K={args.window} F={args.features}, CfC path {args.cfc_path}, "
+        f"Inductor autotuning {'on' if args.autotune else 'off'}, {args.processes} fresh processes per setting, on "
+        f"{gpu}"
+    )
     for setting, found in hashes.items():
         same = len(set(found)) == 1
-        print(f"  {setting:16} {'bitwise identical' if same else 'DIFFERENT'}: {len(set(found))} distinct hash(es) in "
-              f"{len(found)} ({', '.join(h[:12] for h in found)})")
+        print(
+            f"  {setting:16} {'bitwise identical' if same else 'DIFFERENT'}: {len(set(found))} distinct hash(es) in "
+            f"{len(found)} ({', '.join(h[:12] for h in found)})"
+        )
         for d in differences.get(setting, [])[:20]:
-            print(f"    first-step gradient, process {d['process']}: {d['tensor']} differs in {d['elements']} of {d['of']} "
-                  f"(max {d['max_rel']:.1e} of the tensor's max)")
-    result = dict(machine=dict(gpu=gpu, torch=torch.__version__), config={k: v for k, v in vars(args).items()
-                                                                          if k not in ("one", "grads_to")},
-                  hashes=hashes, reproducible={s: len(set(h)) == 1 for s, h in hashes.items()},
-                  first_step_gradient_differences=differences)
+            print(
+                f"    first-step gradient, process {d['process']}: {d['tensor']} differs in {d['elements']} of "
+                f"{d['of']} "
+                f"(max {d['max_rel']:.1e} of the tensor's max)"
+            )
+    result = dict(
+        machine=dict(gpu=gpu, torch=torch.__version__),
+        config={k: v for k, v in vars(args).items() if k not in ("one", "grads_to")},
+        hashes=hashes,
+        reproducible={s: len(set(h)) == 1 for s, h in hashes.items()},
+        first_step_gradient_differences=differences,
+    )
     atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -37,33 +37,55 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as tmp:
         uri, client = new_store(Path(tmp) / "store")
-        spec = SweepSpec(mu_a=[0.3] * 5, mu_b=[0.3, 0.3, 0.32, 0.33, 0.35], horizons=HORIZONS,
-                         n_windows=args.windows, window=6000, stride=50, epochs=3)
+        spec = SweepSpec(
+            mu_a=[0.3] * 5,
+            mu_b=[0.3, 0.3, 0.32, 0.33, 0.35],
+            horizons=HORIZONS,
+            n_windows=args.windows,
+            window=6000,
+            stride=50,
+            epochs=3,
+        )
         t0 = time.perf_counter()
         build_sweep(client, "bench", spec)
         build_s = time.perf_counter() - t0
         times, outcome = [], None
         for r in range(args.repeats):
             t0 = time.perf_counter()
-            outcome = run_gate("bench", tracking_uri=uri, config_name="default",
-                               out_dir=Path(tmp) / f"out{r}", progress=True)
+            outcome = run_gate(
+                "bench", tracking_uri=uri, config_name="default", out_dir=Path(tmp) / f"out{r}", progress=True
+            )
             times.append(time.perf_counter() - t0)
 
     s = outcome.summary
     result = {
         "what": "run_gate end to end: 6 runs, production params (K 6000, stride 50, horizons 30..6000)",
-        "windows_per_run": args.windows, "n_bootstrap": s["config"]["n_bootstrap"],
-        "block_len_windows": s["block_len_windows"], "bootstraps": 3 * len(HORIZONS),
-        "seconds": times, "median_s": statistics.median(times), "target_s": 60.0,
-        "decision": outcome.decision, "W": s["W"], "p": s["p"], "store_build_s": build_s,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "processor": platform.processor(),
-                    "python": platform.python_version(), "loadavg_at_end": os.getloadavg()},
+        "windows_per_run": args.windows,
+        "n_bootstrap": s["config"]["n_bootstrap"],
+        "block_len_windows": s["block_len_windows"],
+        "bootstraps": 3 * len(HORIZONS),
+        "seconds": times,
+        "median_s": statistics.median(times),
+        "target_s": 60.0,
+        "decision": outcome.decision,
+        "W": s["W"],
+        "p": s["p"],
+        "store_build_s": build_s,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "python": platform.python_version(),
+            "loadavg_at_end": os.getloadavg(),
+        },
     }
     print()
     print("| windows/run | resamples | block (windows) | runs of run_gate (s) | median (s) | target (s) |")
     print("|---|---|---|---|---|---|")
-    print(f"| {args.windows} | {result['n_bootstrap']} | {result['block_len_windows']} | "
-          f"{', '.join(f'{t:.1f}' for t in times)} | {result['median_s']:.1f} | 60 |")
+    print(
+        f"| {args.windows} | {result['n_bootstrap']} | {result['block_len_windows']} | "
+        f"{', '.join(f'{t:.1f}' for t in times)} | {result['median_s']:.1f} | 60 |"
+    )
     print(f"machine: {os.cpu_count()} CPUs, {platform.platform()}, load average at end {os.getloadavg()[0]:.1f}")
     out = REPO / "benchmarks" / "results" / "gate.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -2,7 +2,8 @@
 file reads it whole for its sha256; every later one (a training pod, a re-run) is a stat and a memo
 lookup. Medians over repeats, on a file of random bytes.
 
-    PYTHONPATH=. python3 benchmarks/input_digests.py [--mb 256] [--repeats 5] [--out benchmarks/results/input_digests.json]
+    PYTHONPATH=. python3 benchmarks/input_digests.py [--mb 256] [--repeats 5] [--out
+    benchmarks/results/input_digests.json]
 """
 
 from __future__ import annotations
@@ -56,17 +57,28 @@ def main() -> None:
         hit = timed(lambda: DigestMemo(memo_file).digest(data), max(args.repeats, 50))
 
     size = args.mb * (1 << 20)
-    rows = {"first sight (sha256 of every byte)": statistics.median(cold),
-            "memo hit (stat + lookup)": statistics.median(hit)}
+    rows = {
+        "first sight (sha256 of every byte)": statistics.median(cold),
+        "memo hit (stat + lookup)": statistics.median(hit),
+    }
     print(f"{'case':<38} {'median s':>10} {'MB/s':>10}")
     for name, s in rows.items():
         print(f"{name:<38} {s:>10.4f} {size / 1e6 / s:>10.0f}")
-    result = {"machine": {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count(),
-                          "load_1min": os.getloadavg()[0]},
-              "file_mb": args.mb, "repeats": args.repeats, "first_sight_s": cold, "memo_hit_s": hit,
-              "median_first_sight_s": rows["first sight (sha256 of every byte)"],
-              "median_memo_hit_s": rows["memo hit (stat + lookup)"],
-              "first_sight_mb_per_s": size / 1e6 / rows["first sight (sha256 of every byte)"]}
+    result = {
+        "machine": {
+            "host": platform.node(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_1min": os.getloadavg()[0],
+        },
+        "file_mb": args.mb,
+        "repeats": args.repeats,
+        "first_sight_s": cold,
+        "memo_hit_s": hit,
+        "median_first_sight_s": rows["first sight (sha256 of every byte)"],
+        "median_memo_hit_s": rows["memo hit (stat + lookup)"],
+        "first_sight_mb_per_s": size / 1e6 / rows["first sight (sha256 of every byte)"],
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"wrote {args.out}")

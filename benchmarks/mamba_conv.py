@@ -33,7 +33,7 @@ def shifted_path(xbc: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) ->
     """The same convolution as d shifted multiply-adds in (B, K, C) layout."""
     k, d = xbc.shape[1], weight.shape[-1]
     padded = F.pad(xbc, (0, 0, d - 1, 0))  # (B, K + d - 1, C), zeros before t = 0
-    y = bias + sum(padded[:, j:j + k] * weight[:, 0, j] for j in range(d))
+    y = bias + sum(padded[:, j : j + k] * weight[:, 0, j] for j in range(d))
     return F.silu(y)
 
 
@@ -54,8 +54,11 @@ def main() -> None:
     b = torch.randn(args.channels, generator=g).cuda().requires_grad_()
     grad_out = torch.randn(args.batch, args.window, args.channels, generator=g).to("cuda", dtype)
     rows, results = [], {}
-    for name, fn in (("conv1d eager", conv1d_path), ("conv1d compiled", torch.compile(conv1d_path, dynamic=False)),
-                     ("shifted compiled", torch.compile(shifted_path, dynamic=False))):
+    for name, fn in (
+        ("conv1d eager", conv1d_path),
+        ("conv1d compiled", torch.compile(conv1d_path, dynamic=False)),
+        ("shifted compiled", torch.compile(shifted_path, dynamic=False)),
+    ):
         leaf = x.clone().requires_grad_()
 
         def step():
@@ -69,8 +72,10 @@ def main() -> None:
     for row in rows:
         got = results[row["path"]]
         row["max_rel_error"] = max(((a - r).abs().max() / r.abs().max()).item() for a, r in zip(got, ref))
-    print(f"causal depthwise conv + SiLU, B={args.batch} K={args.window} C={args.channels} d={args.d_conv}, "
-          f"{args.precision}, on {torch.cuda.get_device_name()}; medians of {args.reps}")
+    print(
+        f"causal depthwise conv + SiLU, B={args.batch} K={args.window} C={args.channels} d={args.d_conv}, "
+        f"{args.precision}, on {torch.cuda.get_device_name()}; medians of {args.reps}"
+    )
     print(f"{'path':18} {'fwd+bwd ms':>11} {'max rel err':>12}")
     for row in rows:
         print(f"{row['path']:18} {row['fwd_bwd_ms']:11.2f} {row['max_rel_error']:12.2e}")

@@ -31,8 +31,9 @@ from perception.train.precision import configure as configure_precision, forward
 
 def make_block(d_model: int, chunk: int) -> Mamba2Block:
     cfg = MambaConfig(chunk=chunk)
-    block = Mamba2Block(d_model, d_state=cfg.d_state, headdim=cfg.headdim, expand=cfg.expand, d_conv=cfg.d_conv,
-                        chunk=chunk)
+    block = Mamba2Block(
+        d_model, d_state=cfg.d_state, headdim=cfg.headdim, expand=cfg.expand, d_conv=cfg.d_conv, chunk=chunk
+    )
     block.reset_parameters(module_generator(0, "mamba"))
     return block.cuda()
 
@@ -65,8 +66,10 @@ def top_aten_ops(fn, top: int) -> list[dict]:
         torch.cuda.synchronize()
     events = [e for e in prof.key_averages(group_by_input_shape=True) if e.key.startswith("aten::")]
     events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    return [dict(op=e.key, shapes=str(e.input_shapes)[:120], ms=e.self_device_time_total / 1e3, calls=e.count)
-            for e in events[:top]]
+    return [
+        dict(op=e.key, shapes=str(e.input_shapes)[:120], ms=e.self_device_time_total / 1e3, calls=e.count)
+        for e in events[:top]
+    ]
 
 
 def max_rel_error(got, ref) -> float:
@@ -97,7 +100,8 @@ def main() -> None:
         ref = fwd_bwd(make_block(args.d_model, chunk), u, grad, "fp32")  # eager, masked sums
         for precision in args.precisions.split(","):
             for from_cumsum, padding in itertools.product(
-                    [form == "cumsum" for form in args.forms.split(",")], [p == "on" for p in args.shape_padding.split(",")]):
+                [form == "cumsum" for form in args.forms.split(",")], [p == "on" for p in args.shape_padding.split(",")]
+            ):
                 torch._dynamo.reset()
                 configure_precision(precision, u.device)
                 block = make_block(args.d_model, chunk)
@@ -105,32 +109,54 @@ def main() -> None:
                 got = fwd_bwd(block, u, grad, precision)  # compiles
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-                ms = cuda_median_ms(lambda: fwd_bwd(block, u, grad, precision), args.reps)
+                ms = cuda_median_ms(lambda: fwd_bwd(block, u, grad, precision), args.reps)  # noqa: F821 (deleted after use; the lambda runs first)
                 peak = torch.cuda.max_memory_allocated() / 2**30
                 with SavedBytes() as saved:
                     leaf = u.detach().requires_grad_()
                     with forward_context(precision, u.device):
                         block(leaf)
-                kernels, _, gpu_ms = kernel_times(lambda: fwd_bwd(block, u, grad, precision), args.top)
-                aten = top_aten_ops(lambda: fwd_bwd(block, u, grad, precision), args.top) if args.aten else []
-                row = dict(aten=aten, chunk=chunk, precision=precision, decay="from cumsum" if from_cumsum else "masked sums",
-                           shape_padding=padding,
-                           fwd_bwd_ms=ms, gpu_ms=gpu_ms, peak_gib=peak, saved_gib=saved.total / 2**30,
-                           max_rel_error=max_rel_error(got, ref), kernels=kernels)
+                kernels, _, gpu_ms = kernel_times(lambda: fwd_bwd(block, u, grad, precision), args.top)  # noqa: F821 (deleted after use; the lambda runs first)
+                aten = top_aten_ops(lambda: fwd_bwd(block, u, grad, precision), args.top) if args.aten else []  # noqa: F821 (deleted after use; the lambda runs first)
+                row = dict(
+                    aten=aten,
+                    chunk=chunk,
+                    precision=precision,
+                    decay="from cumsum" if from_cumsum else "masked sums",
+                    shape_padding=padding,
+                    fwd_bwd_ms=ms,
+                    gpu_ms=gpu_ms,
+                    peak_gib=peak,
+                    saved_gib=saved.total / 2**30,
+                    max_rel_error=max_rel_error(got, ref),
+                    kernels=kernels,
+                )
                 rows.append(row)
-                print(f"chunk {chunk:4} {precision:5} {row['decay']:12} pad {'on ' if padding else 'off'} fwd+bwd {ms:7.2f} ms  (kernels {gpu_ms:6.2f})  "
-                      f"peak {peak:5.2f} GiB  saved {row['saved_gib']:5.2f} GiB  max rel err {row['max_rel_error']:.2e}",
-                      flush=True)
+                print(
+                    f"chunk {chunk:4} {precision:5} {row['decay']:12} pad {'on ' if padding else 'off'} fwd+bwd "
+                    f"{ms:7.2f} ms  (kernels {gpu_ms:6.2f})  "
+                    f"peak {peak:5.2f} GiB  saved {row['saved_gib']:5.2f} GiB  max rel err {row['max_rel_error']:.2e}",
+                    flush=True,
+                )
                 del block
                 torch.cuda.empty_cache()
-    print(f"\none Mamba2 block, B={args.batch} K={args.window} D={args.d_model}, compiled, on "
-          f"{torch.cuda.get_device_name()}; medians of {args.reps}; error against eager fp32 with masked sums")
-    print(f"{'chunk':>5} {'precision':9} {'decay':12} {'pad':3} {'fwd+bwd ms':>10} {'saved GiB':>9} {'max rel err':>11}")
+    print(
+        f"\none Mamba2 block, B={args.batch} K={args.window} D={args.d_model}, compiled, on "
+        f"{torch.cuda.get_device_name()}; medians of {args.reps}; error against eager fp32 with masked sums"
+    )
+    print(
+        f"{'chunk':>5} {'precision':9} {'decay':12} {'pad':3} {'fwd+bwd ms':>10} {'saved GiB':>9} {'max rel err':>11}"
+    )
     for r in rows:
-        print(f"{r['chunk']:5} {r['precision']:9} {r['decay']:12} {'on ' if r['shape_padding'] else 'off'} {r['fwd_bwd_ms']:10.2f} {r['saved_gib']:9.2f} "
-              f"{r['max_rel_error']:11.2e}")
+        print(
+            f"{r['chunk']:5} {r['precision']:9} {r['decay']:12} {'on ' if r['shape_padding'] else 'off'} "
+            f"{r['fwd_bwd_ms']:10.2f} {r['saved_gib']:9.2f} "
+            f"{r['max_rel_error']:11.2e}"
+        )
     for r in rows:
-        print(f"\n{r['chunk']} {r['precision']} {r['decay']} padding {'on' if r['shape_padding'] else 'off'}: top kernels of {r['gpu_ms']:.2f} ms")
+        print(
+            f"\n{r['chunk']} {r['precision']} {r['decay']} padding {'on' if r['shape_padding'] else 'off'}: top "
+            f"kernels of {r['gpu_ms']:.2f} ms"
+        )
         for k in r["kernels"]:
             print(f"  {k['ms']:7.2f} ms  {k['name']}")
         for op in r["aten"]:

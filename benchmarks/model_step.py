@@ -62,8 +62,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--features", type=int, default=None, help="F (default: the synthetic data's)")
     p.add_argument("--variants", nargs="+", default=["shared", "per_horizon"], choices=["shared", "per_horizon"])
     p.add_argument("--inverted-pool", action="store_true")
-    p.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute VSN and Mamba2 in backward (the full step and its peak; the per-module rows run without)")
+    p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute VSN and Mamba2 in backward (the full step and its peak; the per-module rows run without)",
+    )
     p.add_argument("--ops", default="auto", choices=["auto", "ref", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="trainer.precision")
     p.add_argument("--compile-trunk", action="store_true", help="model.compile_trunk (the first repeat compiles)")
@@ -71,7 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=MambaConfig().chunk, help="model.mamba.chunk")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 3 on cuda, 5 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.add_argument("--out", type=Path, default=None, help="JSON path (default: benchmarks/results/model_step_<device>.json)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default: benchmarks/results/model_step_<device>.json)"
+    )
     args = p.parse_args(argv)
     b, k = SIZES[args.device]
     args.batch, args.window = args.batch or b, args.window or k
@@ -85,8 +90,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build(args, variant: str, device: torch.device):
     cfg = ModelConfig(
-        attention_pool=variant, d_model=args.d_model, vsn=VSNConfig(), mamba=MambaConfig(),
-        inverted_pool=args.inverted_pool, ops=args.ops, activation_checkpointing=args.activation_checkpointing,
+        attention_pool=variant,
+        d_model=args.d_model,
+        vsn=VSNConfig(),
+        mamba=MambaConfig(),
+        inverted_pool=args.inverted_pool,
+        ops=args.ops,
+        activation_checkpointing=args.activation_checkpointing,
         compile_trunk=args.compile_trunk,
     )
     cfg.mamba.ssd, cfg.mamba.chunk = args.ssd, args.chunk
@@ -96,7 +106,11 @@ def build(args, variant: str, device: torch.device):
     if device.type == "meta":
         x, dt, y = torch.empty(b, k, f), torch.empty(b, k), torch.empty(b, h)
     else:
-        x, dt, y = torch.randn(b, k, f, generator=g), torch.rand(b, k, generator=g) + 0.5, (torch.rand(b, h, generator=g) > 0.5).float()
+        x, dt, y = (
+            torch.randn(b, k, f, generator=g),
+            torch.rand(b, k, generator=g) + 0.5,
+            (torch.rand(b, h, generator=g) > 0.5).float(),
+        )
     mask = torch.ones(b, h, dtype=torch.bool)
     return model, x.to(device), dt.to(device), y.to(device), mask.to(device)
 
@@ -238,15 +252,20 @@ def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{platform.processor() or platform.machine()} x{os.cpu_count()}, {torch.get_num_threads()} torch threads, "
-            f"load average {load:.1f} at start (torch {torch.__version__})")
+    return (
+        f"{platform.processor() or platform.machine()} x{os.cpu_count()}, {torch.get_num_threads()} torch threads, "
+        f"load average {load:.1f} at start (torch {torch.__version__})"
+    )
 
 
 def print_table(report: dict) -> None:
-    print(f"\nmodel step, {report['machine']}: B={report['batch']} K={report['window']} D={report['d_model']} "
-          f"F={report['features']} H={len(HORIZONS)} ops={report['ops']} "
-          f"checkpointing={report['activation_checkpointing']} precision={report.get('precision', 'fp32')} "
-          f"compiled={report.get('compile_trunk', False)} ssd={report.get('ssd', 'chunked')} chunk={report.get('chunk', 128)}; medians of {report['repeats']}")
+    print(
+        f"\nmodel step, {report['machine']}: B={report['batch']} K={report['window']} D={report['d_model']} "
+        f"F={report['features']} H={len(HORIZONS)} ops={report['ops']} "
+        f"checkpointing={report['activation_checkpointing']} precision={report.get('precision', 'fp32')} "
+        f"compiled={report.get('compile_trunk', False)} ssd={report.get('ssd', 'chunked')} "
+        f"chunk={report.get('chunk', 128)}; medians of {report['repeats']}"
+    )
     for r in report["results"]:
         print(f"\n{r['variant']} ({r['params']:,} parameters)")
         print(f"  {'module':<8} {'fwd ms':>10} {'bwd ms':>10} {'saved MiB':>11}")
@@ -255,9 +274,15 @@ def print_table(report: dict) -> None:
             print(f"  {name:<8} {times[0]} {times[1]} {m['saved_mib']:>11.1f}")
         line = f"  saved for backward: {r['saved_total_gib']:.2f} GiB"
         if "step_ms_median" in r:
-            line += f"; full step {r['step_ms_median']:.1f} ms (forward {r['forward_ms_median']:.1f}), {r['samples_per_s']:.1f} samples/s"
+            line += (
+                f"; full step {r['step_ms_median']:.1f} ms (forward {r['forward_ms_median']:.1f}), "
+                f"{r['samples_per_s']:.1f} samples/s"
+            )
         if "peak_gib" in r:
-            line += f"; peak {r['peak_gib']:.2f} GiB ({'fits' if r['fits_44_gib'] else 'EXCEEDS'} {MEMORY_LIMIT_GIB:.0f} GiB)"
+            line += (
+                f"; peak {r['peak_gib']:.2f} GiB ({'fits' if r['fits_44_gib'] else 'EXCEEDS'} "
+                f"{MEMORY_LIMIT_GIB:.0f} GiB)"
+            )
         print(line)
 
 
@@ -289,7 +314,10 @@ def plot(report: dict, path: Path) -> None:
     for ax in axes[0]:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names)
         ax.legend()
-    fig.suptitle(f"model step on {report['device']}: B={report['batch']} K={report['window']} D={report['d_model']} F={report['features']}")
+    fig.suptitle(
+        f"model step on {report['device']}: B={report['batch']} K={report['window']} D={report['d_model']} "
+        f"F={report['features']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -304,7 +332,11 @@ def main(argv=None) -> int:
     try:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(args.variants) * repeats_run(args) * (6 if args.device == "meta" else 7), unit="stage", file=sys.stderr)
+        bar = tqdm(
+            total=len(args.variants) * repeats_run(args) * (6 if args.device == "meta" else 7),
+            unit="stage",
+            file=sys.stderr,
+        )
     except ImportError:
         bar = None
 
@@ -316,17 +348,35 @@ def main(argv=None) -> int:
             print(what, file=sys.stderr, flush=True)
 
     report = {
-        "benchmark": "model_step", "device": args.device, "machine": machine(device), "batch": args.batch,
-        "window": args.window, "d_model": args.d_model, "features": args.features, "horizons": HORIZONS,
-        "inverted_pool": args.inverted_pool, "activation_checkpointing": args.activation_checkpointing, "ops": args.ops, "repeats": args.repeats,
-        "precision": args.precision, "compile_trunk": args.compile_trunk, "ssd": args.ssd, "chunk": args.chunk, "results": [],
+        "benchmark": "model_step",
+        "device": args.device,
+        "machine": machine(device),
+        "batch": args.batch,
+        "window": args.window,
+        "d_model": args.d_model,
+        "features": args.features,
+        "horizons": HORIZONS,
+        "inverted_pool": args.inverted_pool,
+        "activation_checkpointing": args.activation_checkpointing,
+        "ops": args.ops,
+        "repeats": args.repeats,
+        "precision": args.precision,
+        "compile_trunk": args.compile_trunk,
+        "ssd": args.ssd,
+        "chunk": args.chunk,
+        "results": [],
     }
     for variant in args.variants:
         try:
             report["results"].append(bench_variant(args, variant, device, progress))
         except torch.cuda.OutOfMemoryError as exc:  # record it, keep what was measured
-            report["results"].append({"variant": variant, "error": f"CUDA out of memory: {exc}".splitlines()[0],
-                                      "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30})
+            report["results"].append(
+                {
+                    "variant": variant,
+                    "error": f"CUDA out of memory: {exc}".splitlines()[0],
+                    "peak_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+                }
+            )
             torch.cuda.empty_cache()
     if bar is not None:
         bar.close()

@@ -79,17 +79,38 @@ def run(args) -> list[dict]:
             fwd = time_ms(_fwd(op, inputs), reps)
             fwdbwd = time_ms(_fwd_bwd(op, inputs, cot), reps)
             verdict = "meets" if fwdbwd <= TARGET_MS else f"misses by {fwdbwd - TARGET_MS:.1f} ms"
-            note = {"cluster": "sm_90 2-block clusters, fp32 weights on chip", "portable": "1 block/row, W_out from L2 (sm_89 path)"}[path]
-            rows.append(dict(op="cfc_scan", impl=f"cuda {path}", shape=shape, fwd_ms=fwd, fwdbwd_ms=fwdbwd,
-                             note=f"{note}; target <= {TARGET_MS:.0f} ms: {verdict}"))
+            note = {
+                "cluster": "sm_90 2-block clusters, fp32 weights on chip",
+                "portable": "1 block/row, W_out from L2 (sm_89 path)",
+            }[path]
+            rows.append(
+                dict(
+                    op="cfc_scan",
+                    impl=f"cuda {path}",
+                    shape=shape,
+                    fwd_ms=fwd,
+                    fwdbwd_ms=fwdbwd,
+                    note=f"{note}; target <= {TARGET_MS:.0f} ms: {verdict}",
+                )
+            )
             with torch.no_grad():  # the backward-through-time kernel alone, on recomputed activations
                 from perception.ops.cfc_autograd import recompute
 
                 h_seq = op(*inputs)
                 _, z, gates = recompute(inputs[0], inputs[2], h_seq, inputs[3], inputs[4], inputs[5])
-                bwd_only = time_ms(lambda: torch.ops.perception.cfc_scan_bwd(cot, gates, z, inputs[1], inputs[3], inputs[4]), reps)
-            rows.append(dict(op="cfc_scan_bwd", impl=f"cuda {path}", shape=shape, fwd_ms=None, fwdbwd_ms=bwd_only,
-                             note="backward-through-time kernel alone (no recompute GEMMs, no weight-grad GEMMs)"))
+                bwd_only = time_ms(
+                    lambda: torch.ops.perception.cfc_scan_bwd(cot, gates, z, inputs[1], inputs[3], inputs[4]), reps
+                )
+            rows.append(
+                dict(
+                    op="cfc_scan_bwd",
+                    impl=f"cuda {path}",
+                    shape=shape,
+                    fwd_ms=None,
+                    fwdbwd_ms=bwd_only,
+                    note="backward-through-time kernel alone (no recompute GEMMs, no weight-grad GEMMs)",
+                )
+            )
     finally:
         if previous is None:
             os.environ.pop("PERCEPTION_CFC_PATH", None)
@@ -98,11 +119,21 @@ def run(args) -> list[dict]:
 
     fwd = time_ms(_fwd(cfc_scan_ref, inputs), eager_reps)
     fwdbwd = time_ms(_fwd_bwd(cfc_scan_ref, inputs, cot), eager_reps)
-    rows.append(dict(op="cfc_scan", impl="eager", shape=shape, fwd_ms=fwd, fwdbwd_ms=fwdbwd, note="reference loop, real cell"))
+    rows.append(
+        dict(op="cfc_scan", impl="eager", shape=shape, fwd_ms=fwd, fwdbwd_ms=fwdbwd, note="reference loop, real cell")
+    )
     fwd_g = time_ms(graphed(_fwd(cfc_scan_ref, inputs), warmups=1), eager_reps)
     fwdbwd_g = time_ms(graphed(_fwd_bwd(cfc_scan_ref, inputs, cot), warmups=1), eager_reps)
-    rows.append(dict(op="cfc_scan", impl="eager + CUDA graph", shape=shape, fwd_ms=fwd_g, fwdbwd_ms=fwdbwd_g,
-                     note="reference loop captured once, replayed"))
+    rows.append(
+        dict(
+            op="cfc_scan",
+            impl="eager + CUDA graph",
+            shape=shape,
+            fwd_ms=fwd_g,
+            fwdbwd_ms=fwdbwd_g,
+            note="reference loop captured once, replayed",
+        )
+    )
     return rows
 
 

@@ -37,9 +37,11 @@ from perception.ops import (  # noqa: E402
 MERGE_TARGET_MS = 0.010
 POOL_TARGET_X_FLOOR = 1.5
 INVERTED_TARGET_SPEEDUP = 3.0
-TARGETS = {"attention_pool": f"fwd+bwd <= {POOL_TARGET_X_FLOOR}x floor",
-           "inverted_pool": f">= {INVERTED_TARGET_SPEEDUP:.0f}x faster than eager fwd+bwd",
-           "inv_pool_merge": f"fwd+bwd <= {MERGE_TARGET_MS:.3f} ms GPU time"}
+TARGETS = {
+    "attention_pool": f"fwd+bwd <= {POOL_TARGET_X_FLOOR}x floor",
+    "inverted_pool": f">= {INVERTED_TARGET_SPEEDUP:.0f}x faster than eager fwd+bwd",
+    "inv_pool_merge": f"fwd+bwd <= {MERGE_TARGET_MS:.3f} ms GPU time",
+}
 
 
 def time_ms(fn, reps: int, warmup: int = 3) -> float:
@@ -50,7 +52,7 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     """Bytes/ms of a device-to-device copy (read + write counted)."""
     src = torch.empty(nbytes // 4, device="cuda")
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), 20)
+    ms = time_ms(lambda: dst.copy_(src), 20)  # noqa: F821 (deleted after use; the lambda runs first)
     del src, dst
     return 2 * nbytes / ms
 
@@ -87,17 +89,29 @@ def run_pool(args, bw: float) -> list[dict]:
     for nq in args.queries:
         q = torch.randn(nq, d, device="cuda", generator=gen) / d**0.5
         cot = torch.randn(b, nq, d, device="cuda", generator=gen)
-        impls = {"cuda": lambda x, w: attention_pool(x, w, backend="cuda"), "eager": attention_pool_ref,
-                 "sdpa": sdpa_pool}
+        impls = {
+            "cuda": lambda x, w: attention_pool(x, w, backend="cuda"),
+            "eager": attention_pool_ref,
+            "sdpa": sdpa_pool,
+        }
         if not args.no_compile:
             impls["torch.compile"] = torch.compile(attention_pool_ref, dynamic=False)
         floor_f, floor_fb = lnb_bytes / bw, 3 * lnb_bytes / bw  # read LNb | read it twice, write d_LNb
         for impl, fn in impls.items():
             f = time_ms(fwd(fn, [lnb, q]), args.reps)
             fb = time_ms(fwd_bwd(fn, [lnb, q], cot), args.reps)
-            rows.append(dict(op="attention_pool", impl=impl, shape=f"B={b} K={k} D={d} Q={nq}", fwd_ms=f,
-                             fwdbwd_ms=fb, floor_fwd_ms=floor_f, floor_fwdbwd_ms=floor_fb,
-                             note=f"{fb / floor_fb:.2f}x floor fwd+bwd (event-timed, host included)"))
+            rows.append(
+                dict(
+                    op="attention_pool",
+                    impl=impl,
+                    shape=f"B={b} K={k} D={d} Q={nq}",
+                    fwd_ms=f,
+                    fwdbwd_ms=fb,
+                    floor_fwd_ms=floor_f,
+                    floor_fwdbwd_ms=floor_fb,
+                    note=f"{fb / floor_fb:.2f}x floor fwd+bwd (event-timed, host included)",
+                )
+            )
         rows += pool_graph_rows(lnb, q, cot, args.reps, f"B={b} K={k} D={d} Q={nq}", floor_f, floor_fb)
     return rows
 
@@ -114,8 +128,10 @@ def autograd_graph_ms(fn, inputs, cot, reps: int) -> float:
     try:
         return graph_ms(lambda: torch.autograd.grad(fn(*leaves), leaves, cot), reps, inner=10)
     except RuntimeError as exc:
-        print(f"autograd capture of {getattr(fn, '__name__', fn)} failed: {str(exc).splitlines()[0][:120]}",
-              file=sys.stderr)
+        print(
+            f"autograd capture of {getattr(fn, '__name__', fn)} failed: {str(exc).splitlines()[0][:120]}",
+            file=sys.stderr,
+        )
         return float("nan")
 
 
@@ -132,13 +148,29 @@ def pool_graph_rows(lnb, q, cot, reps: int, shape: str, floor_f: float, floor_fb
     f, fb = graph_ms(lambda: ops.attention_pool(lnb, q), reps, inner=10), graph_ms(both, reps, inner=10)
     eager_fb = autograd_graph_ms(attention_pool_ref, [lnb, q], cot, reps)
     x = fb / floor_fb
-    return [dict(op="attention_pool", impl="cuda kernels, CUDA graph", shape=shape, fwd_ms=f, fwdbwd_ms=fb,
-                 floor_fwd_ms=floor_f, floor_fwdbwd_ms=floor_fb,
-                 note=f"{x:.2f}x floor fwd+bwd (target {POOL_TARGET_X_FLOOR}x: {verdict(x, POOL_TARGET_X_FLOOR)}); "
-                      f"fwd {f / floor_f:.2f}x its floor; GPU time"),
-            dict(op="attention_pool", impl="eager, CUDA graph", shape=shape, fwd_ms=None, fwdbwd_ms=eager_fb,
-                 floor_fwd_ms=floor_f, floor_fwdbwd_ms=floor_fb,
-                 note=f"{eager_fb / floor_fb:.2f}x floor fwd+bwd; GPU time")]
+    return [
+        dict(
+            op="attention_pool",
+            impl="cuda kernels, CUDA graph",
+            shape=shape,
+            fwd_ms=f,
+            fwdbwd_ms=fb,
+            floor_fwd_ms=floor_f,
+            floor_fwdbwd_ms=floor_fb,
+            note=f"{x:.2f}x floor fwd+bwd (target {POOL_TARGET_X_FLOOR}x: {verdict(x, POOL_TARGET_X_FLOOR)}); "
+            f"fwd {f / floor_f:.2f}x its floor; GPU time",
+        ),
+        dict(
+            op="attention_pool",
+            impl="eager, CUDA graph",
+            shape=shape,
+            fwd_ms=None,
+            fwdbwd_ms=eager_fb,
+            floor_fwd_ms=floor_f,
+            floor_fwdbwd_ms=floor_fb,
+            note=f"{eager_fb / floor_fb:.2f}x floor fwd+bwd; GPU time",
+        ),
+    ]
 
 
 def run_inverted(args, bw: float) -> list[dict]:
@@ -160,21 +192,49 @@ def run_inverted(args, bw: float) -> list[dict]:
         f = time_ms(fwd(fn, [lnb]), args.reps)
         fb = time_ms(fwd_bwd(fn, [lnb], cot), args.reps)
         eager_fb = fb if impl == "eager" else eager_fb
-        rows.append(dict(op="inverted_pool", impl=impl, shape=f"B={b} K={k} D={d}", fwd_ms=f, fwdbwd_ms=fb,
-                         floor_fwd_ms=lnb.numel() * 4 / bw, floor_fwdbwd_ms=floor_fb, note=""))
+        rows.append(
+            dict(
+                op="inverted_pool",
+                impl=impl,
+                shape=f"B={b} K={k} D={d}",
+                fwd_ms=f,
+                fwdbwd_ms=fb,
+                floor_fwd_ms=lnb.numel() * 4 / bw,
+                floor_fwdbwd_ms=floor_fb,
+                note="",
+            )
+        )
     for r in rows:
         r["note"] = f"{eager_fb / r['fwdbwd_ms']:.2f}x faster than eager fwd+bwd (event-timed, host included)"
     f, fb = graph_ms(lambda: ops.inverted_pool(lnb), args.reps, inner=10), graph_ms(both, args.reps, inner=10)
     eager_graph = autograd_graph_ms(inverted_pool_ref, [lnb], cot, args.reps)
     speedup = eager_graph / fb
-    rows.append(dict(op="inverted_pool", impl="cuda kernels, CUDA graph", shape=f"B={b} K={k} D={d}", fwd_ms=f,
-                     fwdbwd_ms=fb, floor_fwd_ms=lnb.numel() * 4 / bw, floor_fwdbwd_ms=floor_fb,
-                     note=f"{speedup:.2f}x faster than eager fwd+bwd, both GPU time (target {INVERTED_TARGET_SPEEDUP:.0f}x: "
-                          f"{verdict(speedup, INVERTED_TARGET_SPEEDUP, higher_is_better=True)}); "
-                          f"{2 * 2 * k * d * d * b / 1e9:.1f} GFLOP"))
-    rows.append(dict(op="inverted_pool", impl="eager, CUDA graph", shape=f"B={b} K={k} D={d}", fwd_ms=None,
-                     fwdbwd_ms=eager_graph, floor_fwd_ms=lnb.numel() * 4 / bw, floor_fwdbwd_ms=floor_fb,
-                     note="forward + autograd backward; GPU time"))
+    rows.append(
+        dict(
+            op="inverted_pool",
+            impl="cuda kernels, CUDA graph",
+            shape=f"B={b} K={k} D={d}",
+            fwd_ms=f,
+            fwdbwd_ms=fb,
+            floor_fwd_ms=lnb.numel() * 4 / bw,
+            floor_fwdbwd_ms=floor_fb,
+            note=f"{speedup:.2f}x faster than eager fwd+bwd, both GPU time (target {INVERTED_TARGET_SPEEDUP:.0f}x: "
+            f"{verdict(speedup, INVERTED_TARGET_SPEEDUP, higher_is_better=True)}); "
+            f"{2 * 2 * k * d * d * b / 1e9:.1f} GFLOP",
+        )
+    )
+    rows.append(
+        dict(
+            op="inverted_pool",
+            impl="eager, CUDA graph",
+            shape=f"B={b} K={k} D={d}",
+            fwd_ms=None,
+            fwdbwd_ms=eager_graph,
+            floor_fwd_ms=lnb.numel() * 4 / bw,
+            floor_fwdbwd_ms=floor_fb,
+            note="forward + autograd backward; GPU time",
+        )
+    )
     return rows
 
 
@@ -184,11 +244,24 @@ def run_merge(args, bw: float) -> list[dict]:
     for nq in args.queries:
         ctx, inv = torch.randn(b, nq, d, device="cuda"), torch.randn(b, d, device="cuda")
         cot = torch.randn(b, nq, d, device="cuda")
-        for impl, fn in {"cuda": lambda c, i: inv_pool_merge(c, i, backend="cuda"), "eager": inv_pool_merge_ref}.items():
+        for impl, fn in {
+            "cuda": lambda c, i: inv_pool_merge(c, i, backend="cuda"),
+            "eager": inv_pool_merge_ref,
+        }.items():
             f = time_ms(fwd(fn, [ctx, inv]), args.reps * 5)
             fb = time_ms(fwd_bwd(fn, [ctx, inv], cot), args.reps * 5)
-            rows.append(dict(op="inv_pool_merge", impl=impl, shape=f"B={b} Q={nq} D={d}", fwd_ms=f, fwdbwd_ms=fb,
-                             floor_fwd_ms=None, floor_fwdbwd_ms=None, note="launch-bound; event-timed incl. autograd"))
+            rows.append(
+                dict(
+                    op="inv_pool_merge",
+                    impl=impl,
+                    shape=f"B={b} Q={nq} D={d}",
+                    fwd_ms=f,
+                    fwdbwd_ms=fb,
+                    floor_fwd_ms=None,
+                    floor_fwdbwd_ms=None,
+                    note="launch-bound; event-timed incl. autograd",
+                )
+            )
         rows += merge_graph_rows(ctx, inv, cot, args.reps, f"B={b} Q={nq} D={d}")
     return rows
 
@@ -197,24 +270,48 @@ def merge_graph_rows(ctx, inv, cot, reps: int, shape: str) -> list[dict]:
     """GPU time of the merge: its two kernels (forward; backward d_inv = sum_q grad, d_ctx = grad is free)
     and the same through autograd, each from a CUDA graph; eager's two kernels likewise."""
     ops = torch.ops.perception
-    kernels = {"fwd": lambda: ops.inv_pool_merge(ctx, inv),
-               "fwd+bwd": lambda: (ops.inv_pool_merge(ctx, inv), ops.inv_pool_merge_bwd(cot))}
-    eager = {"fwd": lambda: inv_pool_merge_ref(ctx, inv),
-             "fwd+bwd": lambda: (inv_pool_merge_ref(ctx, inv), cot.sum(dim=1))}
+    kernels = {
+        "fwd": lambda: ops.inv_pool_merge(ctx, inv),
+        "fwd+bwd": lambda: (ops.inv_pool_merge(ctx, inv), ops.inv_pool_merge_bwd(cot)),
+    }
+    eager = {
+        "fwd": lambda: inv_pool_merge_ref(ctx, inv),
+        "fwd+bwd": lambda: (inv_pool_merge_ref(ctx, inv), cot.sum(dim=1)),
+    }
     rows = []
     for impl, steps in {"cuda kernels, CUDA graph": kernels, "eager kernels, CUDA graph": eager}.items():
         f, fb = graph_ms(steps["fwd"], reps), graph_ms(steps["fwd+bwd"], reps)
         verdict = "meets" if fb <= MERGE_TARGET_MS else f"misses by {(fb - MERGE_TARGET_MS) * 1e3:.1f} us"
-        rows.append(dict(op="inv_pool_merge", impl=impl, shape=shape, fwd_ms=f, fwdbwd_ms=fb, floor_fwd_ms=None,
-                         floor_fwdbwd_ms=None, note=f"GPU time per iteration; <= 10 us: {verdict}"))
+        rows.append(
+            dict(
+                op="inv_pool_merge",
+                impl=impl,
+                shape=shape,
+                fwd_ms=f,
+                fwdbwd_ms=fb,
+                floor_fwd_ms=None,
+                floor_fwdbwd_ms=None,
+                note=f"GPU time per iteration; <= 10 us: {verdict}",
+            )
+        )
     leaves = [ctx.detach().requires_grad_(True), inv.detach().requires_grad_(True)]
     try:
         fb = graph_ms(lambda: torch.autograd.grad(inv_pool_merge(*leaves, backend="cuda"), leaves, cot), reps)
         note = "autograd fwd+bwd captured whole; GPU time per iteration"
     except RuntimeError as exc:  # capture of this autograd graph unsupported: say so in the table
         fb, note = None, f"autograd capture failed: {str(exc).splitlines()[0][:80]}"
-    rows.append(dict(op="inv_pool_merge", impl="cuda autograd, CUDA graph", shape=shape, fwd_ms=None, fwdbwd_ms=fb,
-                     floor_fwd_ms=None, floor_fwdbwd_ms=None, note=note))
+    rows.append(
+        dict(
+            op="inv_pool_merge",
+            impl="cuda autograd, CUDA graph",
+            shape=shape,
+            fwd_ms=None,
+            fwdbwd_ms=fb,
+            floor_fwd_ms=None,
+            floor_fwdbwd_ms=None,
+            note=note,
+        )
+    )
     return rows
 
 

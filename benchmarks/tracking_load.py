@@ -1,7 +1,8 @@
 """The tracking path under a study's load (DESIGN §6): N writer processes log what a training logs,
 through the product's own tracking code (perception.tracking's ledger, perception.train's system
 metrics and run record), to an `mlflow server` on a real PostgreSQL run as the cluster runs it
-(--serve-artifacts, basic auth, 2 workers; perception/testing/postgres_server.py, perception/testing/mlflow_server.py). Then
+(--serve-artifacts, basic auth, 2 workers; perception/testing/postgres_server.py,
+perception/testing/mlflow_server.py). Then
 `perception-sweep sync`'s replay sends anything kept, the gate decides each study, and the UI's runs
 view is queried.
 
@@ -34,7 +35,6 @@ import multiprocessing
 import os
 import platform
 import secrets
-import statistics
 import sys
 import tempfile
 import time
@@ -43,8 +43,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 # The table and the bar, not 81 processes' run URLs, download bars and monitor notices
-os.environ.update(MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true", MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false",
-                  MLFLOW_LOGGING_LEVEL="WARNING")  # perception.testing's PostgreSQL and MLflow server, and its sweep predictions
+os.environ.update(
+    MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT="true",
+    MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false",
+    MLFLOW_LOGGING_LEVEL="WARNING",
+)  # perception.testing's PostgreSQL and MLflow server, and its sweep predictions
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
@@ -60,15 +63,20 @@ from perception.train.config import apply_arm  # noqa: E402
 from perception.train.params import flatten_config  # noqa: E402
 from perception.train.run_record import RunRecord, write_config  # noqa: E402
 from perception.testing.sweep_store import SweepSpec, fold_predictions  # noqa: E402
-from perception.testing.mlflow_server import USERNAME, MlflowServer# noqa: E402
+from perception.testing.mlflow_server import USERNAME, MlflowServer  # noqa: E402
 from perception.testing.postgres_server import postgres  # noqa: E402
 
 ARMS = ("shared", "per_horizon", "shared_skip")
 FOLDS, REPLICATES = 3, 3
 HORIZONS = [2, 5, 10, 20, 40]  # experiment=ci's
 # Gaussian scores whose AUCs give the gate something to decide: per_horizon ahead at the long horizons
-SPEC = SweepSpec(mu_a=[0.6] * 5, mu_b=[0.6, 0.6, 0.6, 0.7, 0.8], n_windows=1400, replicates=REPLICATES,
-                 extra_arms={"shared_skip": [0.6] * 5})
+SPEC = SweepSpec(
+    mu_a=[0.6] * 5,
+    mu_b=[0.6, 0.6, 0.6, 0.7, 0.8],
+    n_windows=1400,
+    replicates=REPLICATES,
+    extra_arms={"shared_skip": [0.6] * 5},
+)
 RESULTS = REPO / "benchmarks" / "results" / "tracking_load.json"
 
 
@@ -81,16 +89,31 @@ def cells(study: str) -> list[dict]:
     for arm in ARMS:
         for fold in range(FOLDS):
             for rep in range(REPLICATES):
-                overrides = ["experiment=ci", f"arm={arm}", f"data.fold={fold}", f"replicate={rep}",
-                             f"sweep_id={study}"]
+                overrides = [
+                    "experiment=ci",
+                    f"arm={arm}",
+                    f"data.fold={fold}",
+                    f"replicate={rep}",
+                    f"sweep_id={study}",
+                ]
                 cfg = composed(overrides)
                 apply_arm(cfg)
                 cfg.seed = int(cfg.seed) + rep  # as place_of applies the replicate
                 params = flatten_config(cfg)
-                params.update(git_sha=git_sha(), data_hash="tracking-load", sweep_id=study,
-                              experiment=str(cfg.experiment_name))
-                out.append({"study": study, "arm": arm, "fold": fold, "rep": rep, "cfg": cfg,
-                            "overrides": overrides, "params": params})
+                params.update(
+                    git_sha=git_sha(), data_hash="tracking-load", sweep_id=study, experiment=str(cfg.experiment_name)
+                )
+                out.append(
+                    {
+                        "study": study,
+                        "arm": arm,
+                        "fold": fold,
+                        "rep": rep,
+                        "cfg": cfg,
+                        "overrides": overrides,
+                        "params": params,
+                    }
+                )
     return out
 
 
@@ -136,8 +159,13 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
             tags["mlflow.parentRunId"] = ensure_parent_run(cell["study"], uri, MLFLOW_EXPERIMENT)
         except Exception as exc:  # as loop.py: the ledger nests the run once it can
             log.write(f"no parent run yet: {exc}\n")
-        ledger.record("start", tags=tags, params=cell["params"], run_name=run_name(cell["arm"], cell["fold"], cell["rep"]),
-                      experiment=MLFLOW_EXPERIMENT)
+        ledger.record(
+            "start",
+            tags=tags,
+            params=cell["params"],
+            run_name=run_name(cell["arm"], cell["fold"], cell["rep"]),
+            experiment=MLFLOW_EXPERIMENT,
+        )
         ledger.flush(force=True)
         record.monitoring()
         preds = fold_predictions(SPEC, cell["fold"], cell["rep"])[cell["arm"]]
@@ -153,24 +181,32 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
             record.monitoring()
             log.write(f"epoch {epoch + 1}/{args.epochs}\n")
             log.flush()
-        for rel, payload in (("predictions/val_final.npz", preds), ("diagnostics/attention_by_lag.npz", None),
-                             ("diagnostics/attention_by_lag.png", png)):
+        for rel, payload in (
+            ("predictions/val_final.npz", preds),
+            ("diagnostics/attention_by_lag.npz", None),
+            ("diagnostics/attention_by_lag.png", png),
+        ):
             (place / rel).parent.mkdir(exist_ok=True)
             if rel.endswith(".png"):
                 (place / rel).write_bytes(payload)
             elif payload is not None:
                 np.savez(place / rel, **payload)
             else:
-                np.savez(place / rel, lag_edges=np.array([0, 1, 2, 4, 8, 16, 32]),
-                         mass=np.full((1, 6), 1 / 6, np.float32), query_names=np.asarray(["shared"]))
+                np.savez(
+                    place / rel,
+                    lag_edges=np.array([0, 1, 2, 4, 8, 16, 32]),
+                    mass=np.full((1, 6), 1 / 6, np.float32),
+                    query_names=np.asarray(["shared"]),
+                )
             ledger.record("artifact", path=rel, artifact_path=str(Path(rel).parent))
         log.close()
         ok = record.end("FINISHED")
     except BaseException as exc:
         out.write_text(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}))
         raise
-    out.write_text(json.dumps({"failed": None, "sends": sends, "stalls": stalls, "all_sent": ok,
-                               "failures": ledger.failures()}))
+    out.write_text(
+        json.dumps({"failed": None, "sends": sends, "stalls": stalls, "all_sent": ok, "failures": ledger.failures()})
+    )
 
 
 # ---------------------------------------------------------------- the check: what the store kept
@@ -218,7 +254,8 @@ def check_run(place: Path, store: dict[str, dict]) -> dict:
         op = e["op"]
         if op == "start":
             ok = all(got["params"].get(k) == str(v) for k, v in e["params"].items()) and all(
-                got["tags"].get(k) == v for k, v in e["tags"].items() if k != "mlflow.parentRunId")
+                got["tags"].get(k) == v for k, v in e["tags"].items() if k != "mlflow.parentRunId"
+            )
         elif op == "metrics":
             ok = all(got["metrics"].get((k, e["step"])) == [float(v)] for k, v in e["values"].items())
         elif op == "artifact":
@@ -234,16 +271,24 @@ def check_run(place: Path, store: dict[str, dict]) -> dict:
             lost.append(f"{op} #{e['id']}")
     history = None
     if got is not None:
-        history = {"status": got["status"], "params": got["params"],
-                   "tags": {k: v for k, v in got["tags"].items() if not k.startswith("mlflow.")},
-                   "metrics": sorted((k, s, v) for (k, s), vs in got["metrics"].items() for v in vs),
-                   "artifacts": sorted(got["artifacts"])}
+        history = {
+            "status": got["status"],
+            "params": got["params"],
+            "tags": {k: v for k, v in got["tags"].items() if not k.startswith("mlflow.")},
+            "metrics": sorted((k, s, v) for (k, s), vs in got["metrics"].items() for v in vs),
+            "artifacts": sorted(got["artifacts"]),
+        }
     study = place.parent.name  # the sweep id: compared across runs as a placeholder
     text = json.dumps(history, sort_keys=True).replace(study, "<study>")
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    return {"recorded": len(entries), "kept": kept, "lost": lost, "digest": digest,
-            "system_points": got["system"] if got else 0,
-            "nested": bool(got and got["tags"].get("mlflow.parentRunId"))}
+    return {
+        "recorded": len(entries),
+        "kept": kept,
+        "lost": lost,
+        "digest": digest,
+        "system_points": got["system"] if got else 0,
+        "nested": bool(got and got["tags"].get("mlflow.parentRunId")),
+    }
 
 
 # ---------------------------------------------------------------- one load run
@@ -287,8 +332,14 @@ def load_run(n_writers: int, args: argparse.Namespace) -> dict:
         tmp = Path(tmp)
         home = tmp / "home"
         password = secrets.token_hex(12)
-        server = MlflowServer(tmp / "server", backend_store_uri=pg.uri("mlflow"), auth_database_uri=pg.uri("mlflow_auth"),
-                              password=password, workers=2, auth_cache_s=args.auth_cache_s)
+        server = MlflowServer(
+            tmp / "server",
+            backend_store_uri=pg.uri("mlflow"),
+            auth_database_uri=pg.uri("mlflow_auth"),
+            password=password,
+            workers=2,
+            auth_cache_s=args.auth_cache_s,
+        )
         server.start()
         try:
             return _load(server, pg, tmp, home, password, studies, all_cells, png, args)
@@ -296,8 +347,17 @@ def load_run(n_writers: int, args: argparse.Namespace) -> dict:
             server.stop()
 
 
-def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], all_cells: list[dict], png: bytes,
-          args: argparse.Namespace) -> dict:
+def _load(
+    server,
+    pg,
+    tmp: Path,
+    home: Path,
+    password: str,
+    studies: list[str],
+    all_cells: list[dict],
+    png: bytes,
+    args: argparse.Namespace,
+) -> dict:
     """Writers, the fault, replay, the check, the gate and the UI's view against a started server."""
     from mlflow.tracking import MlflowClient
 
@@ -311,8 +371,10 @@ def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], 
         ensure_parent_run(s, server.uri, MLFLOW_EXPERIMENT)
     ctx = multiprocessing.get_context("fork")  # imported once; each writer its own process, as pods are
     outs = [tmp / f"writer-{i}.json" for i in range(len(all_cells))]
-    procs = [ctx.Process(target=write_run, args=(c, home, server.uri, args, png, o), daemon=True)  # end with this one
-             for c, o in zip(all_cells, outs)]
+    procs = [
+        ctx.Process(target=write_run, args=(c, home, server.uri, args, png, o), daemon=True)  # end with this one
+        for c, o in zip(all_cells, outs)
+    ]
     server_use, db_use = Usage(), Usage()
     started = time.monotonic()
     for p in procs:
@@ -324,7 +386,9 @@ def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], 
     while any(p.is_alive() for p in procs):
         server_use.sample(server.pid())
         db_use.sample(pg.pid())
-        done = sum(1 for c in all_cells for _ in _metrics_lines(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"])))
+        done = sum(
+            1 for c in all_cells for _ in _metrics_lines(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]))
+        )
         bar.update(done - bar.n)
         if not fault_done and time.monotonic() >= fault_at:
             t = time.monotonic()
@@ -349,8 +413,12 @@ def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], 
     replayed = sum(replay_unsent(s, home, server.uri) for s in studies)  # `perception-sweep sync`
     replay_s = time.monotonic() - t
     store = stored(pg.dsn("mlflow"), tmp / "server" / "artifacts")
-    checks = {f"{c['study'].split('-s')[-1]}/{run_name(c['arm'], c['fold'], c['rep'])}":
-              check_run(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]), store) for c in all_cells}
+    checks = {
+        f"{c['study'].split('-s')[-1]}/{run_name(c['arm'], c['fold'], c['rep'])}": check_run(
+            run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]), store
+        )
+        for c in all_cells
+    }
 
     client = MlflowClient(server.uri)
     gate_read_s: dict[int, list[float]] = {}
@@ -381,7 +449,10 @@ def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], 
     sends = sorted(s for xs in by_op.values() for s in xs)
     stalls = sorted(s for w in writers for s in w.get("stalls", []))
     return {
-        "writers": len(procs), "fault": args.fault, "down_s": down, "wall_s": round(wall, 1),
+        "writers": len(procs),
+        "fault": args.fault,
+        "down_s": down,
+        "wall_s": round(wall, 1),
         "failed_runs": sum(1 for w in writers if w.get("failed")),
         "failures": sorted({w["failed"] for w in writers if w.get("failed")})[:5],
         "send_errors_during_run": sum(len(w.get("failures", [])) for w in writers),
@@ -389,19 +460,29 @@ def _load(server, pg, tmp: Path, home: Path, password: str, studies: list[str], 
         "ops_kept": sum(c["kept"] for c in checks.values()),
         "ops_lost": sum(len(c["lost"]) for c in checks.values()),
         "lost_examples": [f"{k}: {c['lost'][:3]}" for k, c in checks.items() if c["lost"]][:5],
-        "ops_replayed_after": replayed, "replay_s": round(replay_s, 2),
+        "ops_replayed_after": replayed,
+        "replay_s": round(replay_s, 2),
         "runs_nested": sum(c["nested"] for c in checks.values()),
         "system_metric_points": sum(c["system_points"] for c in checks.values()),
         "ops_sent_timed": len(sends),
-        "send_p50_s": round(_pct(sends, 50), 4), "send_p99_s": round(_pct(sends, 99), 4),
+        "send_p50_s": round(_pct(sends, 50), 4),
+        "send_p99_s": round(_pct(sends, 99), 4),
         "send_max_s": round(sends[-1], 4) if sends else None,
-        "send_by_op": {op: {"n": len(xs), "p50_s": round(_pct(xs, 50), 4), "p99_s": round(_pct(xs, 99), 4)}
-                       for op, xs in sorted(by_op.items())},
+        "send_by_op": {
+            op: {"n": len(xs), "p50_s": round(_pct(xs, 50), 4), "p99_s": round(_pct(xs, 99), 4)}
+            for op, xs in sorted(by_op.items())
+        },
         "epoch_flush_p99_s": round(_pct(stalls, 99), 4),
-        "server_cpu_cores": round(server_use.cpu_s / wall, 2), "server_peak_rss_mb": server_use.peak_rss // 2**20,
-        "db_cpu_cores": round(db_use.cpu_s / wall, 2), "db_peak_rss_mb": db_use.peak_rss // 2**20,
-        "gate_read_sweep_s": min(gate_read_s[max(gate_read_s)]), "gate_read_sweep_by_readers_s": gate_read_s, "gate_s": [round(g, 2) for g in gate_s],
-        "decisions": decisions, "ui_runs_view_s": round(ui_s, 2), "ui_runs_shown": len(shown),
+        "server_cpu_cores": round(server_use.cpu_s / wall, 2),
+        "server_peak_rss_mb": server_use.peak_rss // 2**20,
+        "db_cpu_cores": round(db_use.cpu_s / wall, 2),
+        "db_peak_rss_mb": db_use.peak_rss // 2**20,
+        "gate_read_sweep_s": min(gate_read_s[max(gate_read_s)]),
+        "gate_read_sweep_by_readers_s": gate_read_s,
+        "gate_s": [round(g, 2) for g in gate_s],
+        "decisions": decisions,
+        "ui_runs_view_s": round(ui_s, 2),
+        "ui_runs_shown": len(shown),
         "digests": {k: c["digest"] for k, c in checks.items()},
     }
 
@@ -428,14 +509,28 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--epoch-s", type=float, default=15.0, help="seconds of 'training' per epoch")
     ap.add_argument("--step-s", type=float, default=0.05, help="seconds per training step (a flush after each)")
-    ap.add_argument("--system-interval-s", type=float, default=sysmetrics.SAMPLING_INTERVAL_S,
-                    help="system metrics sampling (default: the trainer's)")
-    ap.add_argument("--fault-at", type=float, default=0.4, help="when the fault hits, as a fraction of the epochs' time")
+    ap.add_argument(
+        "--system-interval-s",
+        type=float,
+        default=sysmetrics.SAMPLING_INTERVAL_S,
+        help="system metrics sampling (default: the trainer's)",
+    )
+    ap.add_argument(
+        "--fault-at", type=float, default=0.4, help="when the fault hits, as a fraction of the epochs' time"
+    )
     ap.add_argument("--down-s", type=float, default=5.0, help="how long the killed server stays down")
-    ap.add_argument("--auth-cache-s", type=int, default=60,
-                    help="the auth app's credential cache, auth_cache_ttl_seconds (the cluster's: 60; 0: none)")
-    ap.add_argument("--stagger-s", type=float, default=0.0,
-                    help="writers start spread over this many seconds (0: all at once, the worst case)")
+    ap.add_argument(
+        "--auth-cache-s",
+        type=int,
+        default=60,
+        help="the auth app's credential cache, auth_cache_ttl_seconds (the cluster's: 60; 0: none)",
+    )
+    ap.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="writers start spread over this many seconds (0: all at once, the worst case)",
+    )
     ap.add_argument("--label", default="", help="a name for this configuration in the results file")
     args = ap.parse_args()
 
@@ -452,18 +547,44 @@ def main() -> None:
             r["decisions_equal_no_fault"] = r["decisions"] == baseline["decisions"]
         results["runs"][key] = r
         rows.append((key, r))
-    results["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                          "load_avg_at_end": os.getloadavg(), "shared": "2 cores shared with other work"}
+    results["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg_at_end": os.getloadavg(),
+        "shared": "2 cores shared with other work",
+    }
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
-    cols = ("writers", "failed_runs", "ops_recorded", "ops_kept", "ops_lost", "ops_replayed_after", "send_p50_s",
-            "send_p99_s", "server_cpu_cores", "server_peak_rss_mb", "db_cpu_cores", "db_peak_rss_mb",
-            "gate_read_sweep_s", "ui_runs_view_s", "wall_s")
+    cols = (
+        "writers",
+        "failed_runs",
+        "ops_recorded",
+        "ops_kept",
+        "ops_lost",
+        "ops_replayed_after",
+        "send_p50_s",
+        "send_p99_s",
+        "server_cpu_cores",
+        "server_peak_rss_mb",
+        "db_cpu_cores",
+        "db_peak_rss_mb",
+        "gate_read_sweep_s",
+        "ui_runs_view_s",
+        "wall_s",
+    )
     print("| run | " + " | ".join(cols) + " | decisions |")
     print("|---" * (len(cols) + 2) + "|")
     for key, r in rows:
         print(f"| {key} | " + " | ".join(str(r[c]) for c in cols) + f" | {', '.join(r['decisions'])} |")
-        for extra in ("send_by_op", "histories_equal_no_fault", "decisions_equal_no_fault", "lost_examples", "failures", "down_s"):
+        for extra in (
+            "send_by_op",
+            "histories_equal_no_fault",
+            "decisions_equal_no_fault",
+            "lost_examples",
+            "failures",
+            "down_s",
+        ):
             if r.get(extra):
                 print(f"  {extra}: {r[extra]}")
     print(f"machine: {results['machine']}; written {RESULTS.relative_to(REPO)}")

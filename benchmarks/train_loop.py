@@ -63,8 +63,12 @@ def measure(args, data, precision: str, compiled: bool, feeds: tuple[bool, ...])
     torch._dynamo.reset()
     configure_precision(precision, device)
     ops = "cuda" if device.type == "cuda" else "ref"
-    model = PerceptionModel(ModelConfig(attention_pool="per_horizon", d_model=args.d_model, ops=ops, compile_trunk=compiled),
-                            n_features=ds.features.shape[1], horizons=HORIZONS, seed=0).to(device)
+    model = PerceptionModel(
+        ModelConfig(attention_pool="per_horizon", d_model=args.d_model, ops=ops, compile_trunk=compiled),
+        n_features=ds.features.shape[1],
+        horizons=HORIZONS,
+        seed=0,
+    ).to(device)
     model.set_dt_scale(1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
@@ -76,28 +80,48 @@ def measure(args, data, precision: str, compiled: bool, feeds: tuple[bool, ...])
 
         def epoch(e: int, steps: int) -> float:
             with prefetched(islice(train.batches(e), steps), device, ahead=ahead) as batches:
-                totals = train_epoch(model, batches, opt, sched, masked_bce, precision=precision, device=device,
-                                     grad_clip=1.0, epoch=e, grad_norms=GradNorms(model))  # as the trainer logs
+                totals = train_epoch(
+                    model,  # noqa: F821 (deleted after use; the lambda runs first)
+                    batches,
+                    opt,  # noqa: F821 (deleted after use; the lambda runs first)
+                    sched,
+                    masked_bce,
+                    precision=precision,
+                    device=device,
+                    grad_clip=1.0,
+                    epoch=e,
+                    grad_norms=GradNorms(model),  # noqa: F821 (deleted after use; the lambda runs first)
+                )  # as the trainer logs
             return totals.seconds / totals.steps
 
         def validation() -> float:
             t0 = time.perf_counter()
-            evaluate(model, val, masked_bce, HORIZONS, args.window, device, precision)
+            evaluate(model, val, masked_bce, HORIZONS, args.window, device, precision)  # noqa: F821 (deleted after use; the lambda runs first)
             return (time.perf_counter() - t0) / len(val)
 
         epoch(0, 3)  # compilation, autotuning, the allocator, the pinned buffers
         validation()
         step_s = [epoch(1 + r, args.steps) for r in range(args.repeats)]
         eval_s = [validation() for _ in range(args.repeats)]
-        rows.append(dict(precision=precision, compiled=compiled, feed="ahead" if ahead else "inline",
-                         step_ms=1e3 * statistics.median(step_s), eval_ms=1e3 * statistics.median(eval_s),
-                         step_ms_all=[1e3 * v for v in step_s], eval_ms_all=[1e3 * v for v in eval_s]))
+        rows.append(
+            dict(
+                precision=precision,
+                compiled=compiled,
+                feed="ahead" if ahead else "inline",
+                step_ms=1e3 * statistics.median(step_s),
+                eval_ms=1e3 * statistics.median(eval_s),
+                step_ms_all=[1e3 * v for v in step_s],
+                eval_ms_all=[1e3 * v for v in eval_s],
+            )
+        )
     bare_step_ms, bare_eval_ms = bare(model, opt, ds.features.shape[1], precision, args)
     for row in rows:
         row.update(bare_step_ms=bare_step_ms, bare_eval_ms=bare_eval_ms)
-        print(f"  {precision:5} {'compiled' if compiled else 'eager':8} {row['feed']:6}  step {row['step_ms']:7.1f} ms "
-              f"(bare {bare_step_ms:6.1f})  eval {row['eval_ms']:7.1f} ms per batch (bare {bare_eval_ms:6.1f})",
-              flush=True)
+        print(
+            f"  {precision:5} {'compiled' if compiled else 'eager':8} {row['feed']:6}  step {row['step_ms']:7.1f} ms "
+            f"(bare {bare_step_ms:6.1f})  eval {row['eval_ms']:7.1f} ms per batch (bare {bare_eval_ms:6.1f})",
+            flush=True,
+        )
     configure_precision("fp32", device)
     del model, opt
     if device.type == "cuda":
@@ -164,18 +188,26 @@ def main() -> None:
         raise SystemExit(f"--feeds {args.feeds}: expected a comma-separated list of inline, ahead")
     t0 = time.perf_counter()
     data = dataset(args)
-    print(f"synthetic book: {len(data[0].dt)} snapshots, F={data[0].features.shape[1]}, "
-          f"{len(data[1].train_ends)} training windows ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"synthetic book: {len(data[0].dt)} snapshots, F={data[0].features.shape[1]}, "
+        f"{len(data[1].train_ends)} training windows ({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     feeds = tuple(f == "ahead" for f in args.feeds.split(",") if f) if args.device == "cuda" else (False,)
     rows = [row for p, c in settings for row in measure(args, data, p, c, feeds)]
-    print(f"\n| setting | feed | step ms | bare step ms | step overhead | eval ms/batch | bare eval ms |")
+    print("\n| setting | feed | step ms | bare step ms | step overhead | eval ms/batch | bare eval ms |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         setting = r["precision"] + (" compiled" if r["compiled"] else "")
-        print(f"| {setting} | {r['feed']} | {r['step_ms']:.1f} | {r['bare_step_ms']:.1f} | "
-              f"{r['step_ms'] - r['bare_step_ms']:+.1f} | {r['eval_ms']:.1f} | {r['bare_eval_ms']:.1f} |")
-    machine = machine_info() if args.device == "cuda" else dict(cpu=platform.processor() or platform.machine(),
-                                                                torch=torch.__version__)
+        print(
+            f"| {setting} | {r['feed']} | {r['step_ms']:.1f} | {r['bare_step_ms']:.1f} | "
+            f"{r['step_ms'] - r['bare_step_ms']:+.1f} | {r['eval_ms']:.1f} | {r['bare_eval_ms']:.1f} |"
+        )
+    machine = (
+        machine_info()
+        if args.device == "cuda"
+        else dict(cpu=platform.processor() or platform.machine(), torch=torch.__version__)
+    )
     result = dict(machine=machine, config=vars(args), features=int(data[0].features.shape[1]), rows=rows)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -51,18 +51,26 @@ def measure_ceilings() -> dict:
     """Device-to-device copy bandwidth (bytes read + written) and fp32 GEMM rate (no TF32)."""
     src = torch.empty(1 << 29, device="cuda")  # 2 GiB
     dst = torch.empty_like(src)
-    copy_ms = median_ms(lambda: dst.copy_(src), 10)
+    copy_ms = median_ms(lambda: dst.copy_(src), 10)  # noqa: F821 (deleted after use; the lambda runs first)
     prev = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     a, b = torch.randn(8192, 8192, device="cuda"), torch.randn(8192, 8192, device="cuda")
-    mm_ms = median_ms(lambda: a @ b, 5)
+    mm_ms = median_ms(lambda: a @ b, 5)  # noqa: F821 (deleted after use; the lambda runs first)
     torch.backends.cuda.matmul.allow_tf32 = prev
     del src, dst, a, b
     return dict(copy_gbps=2 * (1 << 29) * 4 / copy_ms / 1e6, fp32_tflops=2 * 8192**3 / mm_ms / 1e9)
 
 
-def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool = False, ssd: str = "chunked",
-          chunk: int | None = None, graph: bool = False):
+def build(
+    args,
+    ops: str,
+    variant: str,
+    precision: str = "fp32",
+    compiled: bool = False,
+    ssd: str = "chunked",
+    chunk: int | None = None,
+    graph: bool = False,
+):
     mamba = MambaConfig(ssd=ssd) if chunk is None else MambaConfig(ssd=ssd, chunk=chunk)
     cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled, mamba=mamba)
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
@@ -109,16 +117,31 @@ def build(args, ops: str, variant: str, precision: str = "fp32", compiled: bool 
 
 
 def label(row: dict) -> str:
-    return (row["ops"] + (f" ({row['cfc_path']})" if row["cfc_path"] else "")
-            + (f" {row['precision']}" if row["precision"] != "fp32" else "") + (" compiled" if row["compiled"] else "")
-            + (" fla" if row["ssd"] == "fla" else "") + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
-            + (" CUDA graph" if row.get("graph") else "")
-            + (" [profiled]" if "kernels" in row else ""))
+    return (
+        row["ops"]
+        + (f" ({row['cfc_path']})" if row["cfc_path"] else "")
+        + (f" {row['precision']}" if row["precision"] != "fp32" else "")
+        + (" compiled" if row["compiled"] else "")
+        + (" fla" if row["ssd"] == "fla" else "")
+        + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
+        + (" CUDA graph" if row.get("graph") else "")
+        + (" [profiled]" if "kernels" in row else "")
+    )
 
 
-def measure(args, ops: str, variant: str, reps: int, path: str | None = None, precision: str = "fp32",
-            compiled: bool = False, ssd: str = "chunked", profile: bool = False, chunk: int | None = None,
-            graph: bool = False) -> dict:
+def measure(
+    args,
+    ops: str,
+    variant: str,
+    reps: int,
+    path: str | None = None,
+    precision: str = "fp32",
+    compiled: bool = False,
+    ssd: str = "chunked",
+    profile: bool = False,
+    chunk: int | None = None,
+    graph: bool = False,
+) -> dict:
     """Median step and eval time and peak memory; with `profile`, also the CUDA time of every kernel
     over one step and one eval, the CfC scan's share of each, and the step's GPU time in kernels (the
     rest of the step the GPU waits for the host). `graph`: the step and the eval replayed as CUDA graphs."""
@@ -138,8 +161,19 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None, pr
     model.eval()
     eval_ms = median_ms(eval_step, reps)
     model.train()
-    row = dict(variant=variant, ops=ops, cfc_path=path, precision=precision, compiled=compiled, ssd=ssd, chunk=chunk,
-               graph=graph, step_ms=step_ms, eval_ms=eval_ms, peak_gib=peak)
+    row = dict(
+        variant=variant,
+        ops=ops,
+        cfc_path=path,
+        precision=precision,
+        compiled=compiled,
+        ssd=ssd,
+        chunk=chunk,
+        graph=graph,
+        step_ms=step_ms,
+        eval_ms=eval_ms,
+        peak_gib=peak,
+    )
     if profile:
         row["kernels"], row["cfc_step_ms"], row["gpu_step_ms"] = kernel_times(train_step)
         model.eval()
@@ -149,7 +183,10 @@ def measure(args, ops: str, variant: str, reps: int, path: str | None = None, pr
     configure_precision("fp32", torch.device("cuda"))  # the next row starts from plain fp32
     del model
     torch.cuda.empty_cache()
-    print(f"  {variant:12} {label(row):32} step {step_ms:10.2f} ms  eval {eval_ms:9.2f} ms  peak {peak:6.2f} GiB", flush=True)
+    print(
+        f"  {variant:12} {label(row):32} step {step_ms:10.2f} ms  eval {eval_ms:9.2f} ms  peak {peak:6.2f} GiB",
+        flush=True,
+    )
     return row
 
 
@@ -162,8 +199,11 @@ def kernel_times(fn, top: int = 10) -> tuple[list[dict], float, float]:
     events = sorted(prof.key_averages(), key=lambda e: e.device_time_total, reverse=True)
     total = sum(e.device_time_total for e in events) or 1.0
     cfc_ms = sum(e.device_time_total for e in events if "cfc_scan" in e.key) / 1e3
-    return [dict(name=e.key[:90], ms=e.device_time_total / 1e3, share=e.device_time_total / total)
-            for e in events[:top]], cfc_ms, total / 1e3
+    return (
+        [dict(name=e.key[:90], ms=e.device_time_total / 1e3, share=e.device_time_total / total) for e in events[:top]],
+        cfc_ms,
+        total / 1e3,
+    )
 
 
 def project(step_ms: float, eval_ms: float, batch: int, window: int) -> dict:
@@ -174,8 +214,14 @@ def project(step_ms: float, eval_ms: float, batch: int, window: int) -> dict:
     val_w = n_windows - train_w
     run_s = s["epochs"] * (math.ceil(train_w / batch) * step_ms + math.ceil(val_w / s["eval_batch"]) * eval_ms) / 1e3
     runs = s["variants"] * s["n_folds"]
-    return dict(n_windows=n_windows, run_hours=run_s / 3600, gpu_hours=runs * run_s / 3600, runs=runs,
-                step_ms=step_ms, eval_ms=eval_ms)
+    return dict(
+        n_windows=n_windows,
+        run_hours=run_s / 3600,
+        gpu_hours=runs * run_s / 3600,
+        runs=runs,
+        step_ms=step_ms,
+        eval_ms=eval_ms,
+    )
 
 
 def l40s_projection(portable: dict, scale: float, cfc_factor: float, batch: int, window: int) -> dict:
@@ -194,15 +240,30 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--ref-reps", type=int, default=2)
     parser.add_argument("--precisions", default="tf32,bf16", help="eager kernel-path rows beyond fp32")
-    parser.add_argument("--compiled", default="tf32,bf16", help="precisions of the model.compile_trunk rows ('' for none)")
-    parser.add_argument("--chunks", default=str(DEFAULT_CHUNK), help="model.mamba.chunk values of the compiled rows, e.g. 128,64")
-    parser.add_argument("--fla", default="tf32,bf16",
-                        help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)")
-    parser.add_argument("--project", default="", help="profile and project the fastest row at each of these "
-                        "precisions, e.g. tf32,bf16 (default: the fastest row of all)")
-    parser.add_argument("--graph", default="", help="precisions of compiled rows replayed as one CUDA graph per "
-                        "step ('' for none): how much of the step is host launch time; the trainer does not capture "
-                        "graphs, so these rows are never the headline or projected")
+    parser.add_argument(
+        "--compiled", default="tf32,bf16", help="precisions of the model.compile_trunk rows ('' for none)"
+    )
+    parser.add_argument(
+        "--chunks", default=str(DEFAULT_CHUNK), help="model.mamba.chunk values of the compiled rows, e.g. 128,64"
+    )
+    parser.add_argument(
+        "--fla",
+        default="tf32,bf16",
+        help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)",
+    )
+    parser.add_argument(
+        "--project",
+        default="",
+        help="profile and project the fastest row at each of these "
+        "precisions, e.g. tf32,bf16 (default: the fastest row of all)",
+    )
+    parser.add_argument(
+        "--graph",
+        default="",
+        help="precisions of compiled rows replayed as one CUDA graph per "
+        "step ('' for none): how much of the step is host launch time; the trainer does not capture "
+        "graphs, so these rows are never the headline or projected",
+    )
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
     listed = lambda text: [p for p in text.split(",") if p]  # noqa: E731
@@ -219,11 +280,16 @@ def main() -> None:
         rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision))
     for precision in listed(args.compiled):
         for chunk in map(int, listed(args.chunks)):
-            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk))
+            rows.append(
+                measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk)
+            )
     for precision in listed(args.graph):
         for chunk in map(int, listed(args.chunks)):
-            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk,
-                                graph=True))
+            rows.append(
+                measure(
+                    args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk, graph=True
+                )
+            )
     refusal = fla_refusal() if listed(args.fla) else None
     if refusal is None:
         for precision in listed(args.fla):
@@ -241,9 +307,13 @@ def main() -> None:
         portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", profile=True, **setting)
         rows += [fast, portable]
         by_precision[best["precision"]] = dict(
-            best=best, fast=fast, portable=portable, this_gpu=project(best["step_ms"], best["eval_ms"], args.batch, args.window),
+            best=best,
+            fast=fast,
+            portable=portable,
+            this_gpu=project(best["step_ms"], best["eval_ms"], args.batch, args.window),
             six_l40s=l40s_projection(portable, scale, CFC_L40S_FACTOR, args.batch, args.window),
-            six_l40s_pessimistic_cfc=l40s_projection(portable, scale, CFC_L40S_PESSIMISTIC, args.batch, args.window))
+            six_l40s_pessimistic_cfc=l40s_projection(portable, scale, CFC_L40S_PESSIMISTIC, args.batch, args.window),
+        )
     # the headline is the fastest of the projected settings
     head = min(by_precision.values(), key=lambda p: p["best"]["step_ms"])
     best, fast, portable, here = head["best"], head["fast"], head["portable"], head["this_gpu"]
@@ -257,42 +327,72 @@ def main() -> None:
     print(f"\n{'variant':12} {'ops':34} {'step ms':>10} {'eval ms':>10} {'peak GiB':>9}")
     for r in rows:
         print(f"{r['variant']:12} {label(r):34} {r['step_ms']:10.2f} {r['eval_ms']:10.2f} {r['peak_gib']:9.2f}")
-    print(f"\nspeed-up fp32 kernels vs reference ops: {speedup:.1f}x (target >= {TARGET_SPEEDUP:.0f}x: "
-          f"{'met' if speedup >= TARGET_SPEEDUP else 'missed'}); peak memory {peak:.2f} GiB "
-          f"(limit {MEMORY_LIMIT_GIB:.0f} GiB: {'fits' if peak <= MEMORY_LIMIT_GIB else 'exceeds'})")
-    print(f"fastest kernel-path step: {best['step_ms']:.1f} ms ({label(best)}), {fp32['step_ms'] / best['step_ms']:.1f}x "
-          f"the fp32 kernel step, peak {best['peak_gib']:.2f} GiB (target <= {TARGET_STEP_MS:.0f} ms: "
-          f"{'met' if best['step_ms'] <= TARGET_STEP_MS else 'missed'})")
-    print(f"what dominates that step (CUDA time {fast['gpu_step_ms']:.1f} ms of {fast['step_ms']:.1f}, the rest the GPU "
-          f"waits for the host; the CfC scan {fast['cfc_step_ms']:.1f} ms):")
+    print(
+        f"\nspeed-up fp32 kernels vs reference ops: {speedup:.1f}x (target >= {TARGET_SPEEDUP:.0f}x: "
+        f"{'met' if speedup >= TARGET_SPEEDUP else 'missed'}); peak memory {peak:.2f} GiB "
+        f"(limit {MEMORY_LIMIT_GIB:.0f} GiB: {'fits' if peak <= MEMORY_LIMIT_GIB else 'exceeds'})"
+    )
+    print(
+        f"fastest kernel-path step: {best['step_ms']:.1f} ms ({label(best)}), {fp32['step_ms'] / best['step_ms']:.1f}x "
+        f"the fp32 kernel step, peak {best['peak_gib']:.2f} GiB (target <= {TARGET_STEP_MS:.0f} ms: "
+        f"{'met' if best['step_ms'] <= TARGET_STEP_MS else 'missed'})"
+    )
+    print(
+        f"what dominates that step (CUDA time {fast['gpu_step_ms']:.1f} ms of {fast['step_ms']:.1f}, the rest the GPU "
+        f"waits for the host; the CfC scan {fast['cfc_step_ms']:.1f} ms):"
+    )
     for k in fast["kernels"]:
         print(f"  {k['ms']:9.2f} ms {100 * k['share']:5.1f}%  {k['name']}")
-    print(f"\nceilings here: copy {ceilings['copy_gbps']:.0f} GB/s, fp32 GEMM {ceilings['fp32_tflops']:.1f} TFLOP/s; "
-          f"L40S/this-GPU time factor {scale:.2f} (all but the CfC scan), CfC scan factor {CFC_L40S_FACTOR:.1f}")
-    print(f"portable path at that setting: step {portable['step_ms']:.1f} ms of which CfC {portable['cfc_step_ms']:.1f} ms; "
-          f"eval {portable['eval_ms']:.1f} ms of which CfC {portable['cfc_eval_ms']:.1f} ms")
+    print(
+        f"\nceilings here: copy {ceilings['copy_gbps']:.0f} GB/s, fp32 GEMM {ceilings['fp32_tflops']:.1f} TFLOP/s; "
+        f"L40S/this-GPU time factor {scale:.2f} (all but the CfC scan), CfC scan factor {CFC_L40S_FACTOR:.1f}"
+    )
+    print(
+        f"portable path at that setting: step {portable['step_ms']:.1f} ms of which CfC "
+        f"{portable['cfc_step_ms']:.1f} ms; "
+        f"eval {portable['eval_ms']:.1f} ms of which CfC {portable['cfc_eval_ms']:.1f} ms"
+    )
     print(f"production study ({here['runs']} runs x {STUDY['epochs']} epochs, {here['n_windows']} windows):")
     print(f"  one {gpu}, fastest setting: {here['gpu_hours']:8.1f} GPU-h")
     print(f"  one {gpu}, fp32 kernels:    {here_fp32['gpu_hours']:8.1f} GPU-h")
-    print(f"  six L40S (portable path):   step {l40s['step_ms']:.0f} ms, eval {l40s['eval_ms']:.0f} ms: "
-          f"{l40s['gpu_hours']:6.1f} GPU-h, wall {l40s['run_hours']:5.2f} h (one run per GPU)")
-    print(f"  six L40S, CfC at {CFC_L40S_PESSIMISTIC:.0f}x:        step {l40s_pessimistic['step_ms']:.0f} ms: "
-          f"wall {l40s_pessimistic['run_hours']:5.2f} h")
+    print(
+        f"  six L40S (portable path):   step {l40s['step_ms']:.0f} ms, eval {l40s['eval_ms']:.0f} ms: "
+        f"{l40s['gpu_hours']:6.1f} GPU-h, wall {l40s['run_hours']:5.2f} h (one run per GPU)"
+    )
+    print(
+        f"  six L40S, CfC at {CFC_L40S_PESSIMISTIC:.0f}x:        step {l40s_pessimistic['step_ms']:.0f} ms: "
+        f"wall {l40s_pessimistic['run_hours']:5.2f} h"
+    )
     for precision, p in by_precision.items():
-        print(f"  at {precision} ({label(p['best'])}): step {p['best']['step_ms']:.1f} ms here; six L40S step "
-              f"{p['six_l40s']['step_ms']:.0f} ms, wall {p['six_l40s']['run_hours']:.2f} h "
-              f"({p['six_l40s_pessimistic_cfc']['run_hours']:.2f} h at CfC x{CFC_L40S_PESSIMISTIC:.0f})")
+        print(
+            f"  at {precision} ({label(p['best'])}): step {p['best']['step_ms']:.1f} ms here; six L40S step "
+            f"{p['six_l40s']['step_ms']:.0f} ms, wall {p['six_l40s']['run_hours']:.2f} h "
+            f"({p['six_l40s_pessimistic_cfc']['run_hours']:.2f} h at CfC x{CFC_L40S_PESSIMISTIC:.0f})"
+        )
 
     result = dict(
         machine=dict(gpu=gpu, torch=torch.__version__, cuda=torch.version.cuda),
-        config=dict(batch=args.batch, window=args.window, d_model=args.d_model, features=args.features, horizons=HORIZONS),
-        rows=rows, speedup=speedup, target_speedup=TARGET_SPEEDUP, fastest=best, target_step_ms=TARGET_STEP_MS,
-        peak_gib=peak, memory_limit_gib=MEMORY_LIMIT_GIB, dominant_kernels=fast["kernels"], ceilings=ceilings,
-        l40s_datasheet=L40S, l40s_time_factor=scale, study=STUDY,
-        projection=dict(this_gpu_fastest=here, this_gpu_fp32=here_fp32, six_l40s=l40s,
-                        six_l40s_pessimistic_cfc=l40s_pessimistic),
-        projection_by_precision={k: {n: v for n, v in p.items() if n not in ("fast", "portable")}
-                                 for k, p in by_precision.items()},
+        config=dict(
+            batch=args.batch, window=args.window, d_model=args.d_model, features=args.features, horizons=HORIZONS
+        ),
+        rows=rows,
+        speedup=speedup,
+        target_speedup=TARGET_SPEEDUP,
+        fastest=best,
+        target_step_ms=TARGET_STEP_MS,
+        peak_gib=peak,
+        memory_limit_gib=MEMORY_LIMIT_GIB,
+        dominant_kernels=fast["kernels"],
+        ceilings=ceilings,
+        l40s_datasheet=L40S,
+        l40s_time_factor=scale,
+        study=STUDY,
+        projection=dict(
+            this_gpu_fastest=here, this_gpu_fp32=here_fp32, six_l40s=l40s, six_l40s_pessimistic_cfc=l40s_pessimistic
+        ),
+        projection_by_precision={
+            k: {n: v for n, v in p.items() if n not in ("fast", "portable")} for k, p in by_precision.items()
+        },
     )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

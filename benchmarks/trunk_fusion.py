@@ -7,7 +7,8 @@ pointwise multiply-adds (`grouped_linear_pointwise` below, measured slower).
 Forward + backward GPU time (medians), peak memory, and the largest relative error of outputs and
 gradients against eager fp32.
 
-    PYTHONPATH=. python3 benchmarks/trunk_fusion.py [--precisions tf32,bf16] [--out benchmarks/results/trunk_fusion.json]
+    PYTHONPATH=. python3 benchmarks/trunk_fusion.py [--precisions tf32,bf16] [--out
+    benchmarks/results/trunk_fusion.json]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def grouped_linear_pointwise(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor) 
     """GroupedGRN's per-variable linear as i broadcast multiply-adds: a (..., F, i), w (F, o, i), b (F, o)."""
     out = b + a[..., 0:1] * w[..., 0]  # (..., F, o)
     for i in range(1, a.shape[-1]):
-        out = out + a[..., i:i + 1] * w[..., i]
+        out = out + a[..., i : i + 1] * w[..., i]
     return out
 
 
@@ -100,7 +101,9 @@ def main() -> None:
     parser.add_argument("--precisions", default="tf32,bf16")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--modules", default="vsn,mamba2", help="of vsn, mamba2")
-    parser.add_argument("--vsn-forms", default="after,pointwise", help="VSN forms beside 'before': after (the model's), pointwise")
+    parser.add_argument(
+        "--vsn-forms", default="after,pointwise", help="VSN forms beside 'before': after (the model's), pointwise"
+    )
     parser.add_argument("--out", default="benchmarks/results/trunk_fusion.json")
     args = parser.parse_args()
     g = torch.Generator().manual_seed(1)
@@ -108,30 +111,48 @@ def main() -> None:
     x = torch.randn(b, k, args.features, generator=g).cuda()
     h = torch.randn(b, k, d, generator=g).cuda()
     grad = (torch.randn(b, k, d, generator=g) / (b * k) ** 0.5).cuda()
-    modules = {"vsn": (lambda form: vsn_module(args.features, d, form), x, ["before", *args.vsn_forms.split(",")]),
-               "mamba2 block": (lambda form: mamba_module(d, args.chunk, form), h, ["before", "after"])}
+    modules = {
+        "vsn": (lambda form: vsn_module(args.features, d, form), x, ["before", *args.vsn_forms.split(",")]),
+        "mamba2 block": (lambda form: mamba_module(d, args.chunk, form), h, ["before", "after"]),
+    }
     modules = {name: m for name, m in modules.items() if name.split()[0] in args.modules.split(",")}
     gpu = torch.cuda.get_device_name()
-    print(f"compiled trunk forms, B={b} K={k} F={args.features} D={d} chunk {args.chunk}, fwd+bwd, on {gpu} "
-          f"(torch {torch.__version__}); medians of {args.reps}", flush=True)
+    print(
+        f"compiled trunk forms, B={b} K={k} F={args.features} D={d} chunk {args.chunk}, fwd+bwd, on {gpu} "
+        f"(torch {torch.__version__}); medians of {args.reps}",
+        flush=True,
+    )
     rows = []
     for name, (make, inp, forms) in modules.items():
         _, _, ref = run(make("eager"), inp, grad, "fp32", 1)
         for precision in [p for p in args.precisions.split(",") if p]:
             for form in forms:
                 ms, peak, got = run(make(form), inp, grad, precision, args.reps)
-                row = dict(module=name, precision=precision, form=form, fwd_bwd_ms=ms, peak_gib=peak,
-                           max_rel_error_vs_eager_fp32=max_rel(got, ref))
+                row = dict(
+                    module=name,
+                    precision=precision,
+                    form=form,
+                    fwd_bwd_ms=ms,
+                    peak_gib=peak,
+                    max_rel_error_vs_eager_fp32=max_rel(got, ref),
+                )
                 rows.append(row)
-                print(f"  {name:13} {precision:5} {form:7} {ms:8.2f} ms  peak {peak:6.2f} GiB  "
-                      f"max rel err {row['max_rel_error_vs_eager_fp32']:.2e}", flush=True)
+                print(
+                    f"  {name:13} {precision:5} {form:7} {ms:8.2f} ms  peak {peak:6.2f} GiB  "
+                    f"max rel err {row['max_rel_error_vs_eager_fp32']:.2e}",
+                    flush=True,
+                )
                 torch.cuda.empty_cache()
     print(f"\n{'module':13} {'precision':9} {'form':11} {'ms':>8} {'saved':>7}")
     for r in rows:
-        before = next(b for b in rows if (b["module"], b["precision"], b["form"]) == (r["module"], r["precision"], "before"))
+        before = next(
+            b for b in rows if (b["module"], b["precision"], b["form"]) == (r["module"], r["precision"], "before")
+        )
         if r is not before:
-            print(f"{r['module']:13} {r['precision']:9} {r['form']:11} {r['fwd_bwd_ms']:8.2f} "
-                  f"{before['fwd_bwd_ms'] - r['fwd_bwd_ms']:7.2f}")
+            print(
+                f"{r['module']:13} {r['precision']:9} {r['form']:11} {r['fwd_bwd_ms']:8.2f} "
+                f"{before['fwd_bwd_ms'] - r['fwd_bwd_ms']:7.2f}"
+            )
     out = dict(machine=dict(gpu=gpu, torch=torch.__version__), config=vars(args), rows=rows)
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -6,7 +6,8 @@
 
 Starts `perception-sweep ui` on the current PERCEPTION_HOME (its local store), opens the link it prints
 first (or the `--grouping` one) in headless Chromium through Playwright, waits for the grouped runs and
-saves a PNG of the page as the link opens it, the UI's assistant panel and shared-view banner included. Playwright's own browser download needs the internet, so the
+saves a PNG of the page as the link opens it, the UI's assistant panel and shared-view banner included. Playwright's
+own browser download needs the internet, so the
 browser is a system one (`--browser`, default: the first Chromium on PATH).
 """
 
@@ -27,8 +28,13 @@ URL_LINE = re.compile(r"^grouped by (variant|fold)\b.*?(http\S+)$")
 
 
 def start_ui(sweep_id: str, port: int) -> tuple[subprocess.Popen, dict[str, str]]:
-    proc = subprocess.Popen(["perception-sweep", "ui", "--sweep-id", sweep_id, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        ["perception-sweep", "ui", "--sweep-id", sweep_id, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     urls: dict[str, str] = {}
     for line in proc.stdout:
         print(line, end="")

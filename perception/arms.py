@@ -29,16 +29,21 @@ class Arm:
 
     def model_fields(self) -> dict[str, object]:
         """The model config fields this arm sets."""
-        return {"attention_pool": self.attention_pool,
-                "shared_context_to_heads": self.context_to_heads and self.attention_pool == "shared",
-                "twin": self.twin}
+        return {
+            "attention_pool": self.attention_pool,
+            "shared_context_to_heads": self.context_to_heads and self.attention_pool == "shared",
+            "twin": self.twin,
+        }
 
 
-BASE_ARMS = {a.name: a for a in (
-    Arm("shared", "shared", context_to_heads=False),
-    Arm("per_horizon", "per_horizon", context_to_heads=True),
-    Arm("shared_skip", "shared", context_to_heads=True),
-)}
+BASE_ARMS = {
+    a.name: a
+    for a in (
+        Arm("shared", "shared", context_to_heads=False),
+        Arm("per_horizon", "per_horizon", context_to_heads=True),
+        Arm("shared_skip", "shared", context_to_heads=True),
+    )
+}
 TWIN_SUFFIX = "_twin"
 RESEED_SUFFIX = "_reseed"
 RESEED_OFFSET = 7_919_000  # far from seed + replicate of any real sweep, so a reseeded run shares no seed
@@ -48,6 +53,7 @@ RESEED_OFFSET = 7_919_000  # far from seed + replicate of any real sweep, so a r
 class Attribution:
     """The study's three arms: does the treatment's lift over the control come from a query per horizon,
     or only from pooled context reaching the heads, which the context-path control has as well?"""
+
     control: str
     context_control: str
     treatment: str
@@ -88,18 +94,22 @@ def get_arm(name: str) -> Arm:
     if base not in BASE_ARMS:
         raise ConfigError(f"arm {name!r} is not an arm of the study: expected one of {arm_names()}")
     arm = BASE_ARMS[base]
-    return Arm(name, arm.attention_pool, arm.context_to_heads, twin=suffix == TWIN_SUFFIX,
-               reseed=suffix == RESEED_SUFFIX)
+    return Arm(
+        name, arm.attention_pool, arm.context_to_heads, twin=suffix == TWIN_SUFFIX, reseed=suffix == RESEED_SUFFIX
+    )
 
 
 def arm_of_model(attention_pool: str, shared_context_to_heads: bool = False, twin: bool = False) -> str:
     """The arm a model configuration is (runs set up with `model.*` alone, or made before arms)."""
     for arm in BASE_ARMS.values():
         if arm.attention_pool == attention_pool and (
-                attention_pool != "shared" or arm.context_to_heads == bool(shared_context_to_heads)):
+            attention_pool != "shared" or arm.context_to_heads == bool(shared_context_to_heads)
+        ):
             return arm.name + (TWIN_SUFFIX if twin else "")
-    raise ConfigError(f"model.attention_pool={attention_pool!r}: expected one of "
-                      f"{sorted({a.attention_pool for a in BASE_ARMS.values()})}")
+    raise ConfigError(
+        f"model.attention_pool={attention_pool!r}: expected one of "
+        f"{sorted({a.attention_pool for a in BASE_ARMS.values()})}"
+    )
 
 
 def parse_arms(text: str, where: str = "--arms") -> tuple[str, ...]:

@@ -25,8 +25,15 @@ def val_auc(horizon: int) -> str:
 
 # Params every run must carry and all runs must agree on (DESIGN §4 "Config keys"); `seed` must agree
 # between the arms of a replicate only (replicate r trains with seed + r).
-AGREED_PARAMS = ("data_hash", "git_sha", "trainer.epochs", "data.n_folds",
-                 "data.window", "data.window_stride", "data.horizons")
+AGREED_PARAMS = (
+    "data_hash",
+    "git_sha",
+    "trainer.epochs",
+    "data.n_folds",
+    "data.window",
+    "data.window_stride",
+    "data.horizons",
+)
 SEED = "seed"
 
 # Optional fields with the value a run made before the field existed reads as.
@@ -34,12 +41,20 @@ TAG_DEFAULTS = {REPLICATE: "0"}
 PARAM_DEFAULTS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
 # Per-epoch learning-signal diagnostics (the final epoch's value counts); a run without one: NOT_MEASURED.
 QUERY_DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")  # what the pool's queries did
-DIAGNOSTICS = ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
-               *QUERY_DIAGNOSTICS)
+DIAGNOSTICS = (
+    "grad_norm_pool_query",
+    "grad_norm_vsn",
+    "grad_norm_mamba",
+    "grad_norm_cfc",
+    "grad_norm_heads",
+    *QUERY_DIAGNOSTICS,
+)
 NOT_MEASURED = "not measured"
 
 # Artifacts (path in the run, as the training writes them under its run directory).
-PREDICTIONS = "predictions/val_final.npz"  # probs (N, H) float32, labels (N, H) uint8, mask (N, H) bool, index (N,) int64
+PREDICTIONS = (
+    "predictions/val_final.npz"  # probs (N, H) float32, labels (N, H) uint8, mask (N, H) bool, index (N,) int64
+)
 ATTENTION = "diagnostics/attention_by_lag.npz"  # optional: lag_edges, mass (Q, n_buckets), query_names
 ATTENTION_PLOT = "diagnostics/attention_by_lag.png"
 

@@ -44,15 +44,18 @@ def _on_sigterm(signum, frame) -> None:
     raise Terminated(f"signal {signum} (SIGTERM)")
 
 
-def exit_code(exc: PerceptionError | KeyboardInterrupt, prog: str, labels: Optional[Mapping[type, str]] = None,
-              stopped: str = "") -> int:
+def exit_code(
+    exc: PerceptionError | KeyboardInterrupt, prog: str, labels: Optional[Mapping[type, str]] = None, stopped: str = ""
+) -> int:
     """The exit code of `prog` ending by `exc`, its reason said on stderr in one line first: a config error
     or a held lock 2, any other PerceptionError 1, SIGTERM 143 and Ctrl-C 130 (followed by `stopped`: what
     becomes of the work)."""
     if isinstance(exc, KeyboardInterrupt):
         terminated = isinstance(exc, Terminated)
-        print(f"{prog}: {'terminated (SIGTERM)' if terminated else 'interrupted'}" + (f"; {stopped}" if stopped else ""),
-              file=sys.stderr)
+        print(
+            f"{prog}: {'terminated (SIGTERM)' if terminated else 'interrupted'}" + (f"; {stopped}" if stopped else ""),
+            file=sys.stderr,
+        )
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     label = next((text for kind, text in {**LABELS, **(labels or {})}.items() if isinstance(exc, kind)), "")
     print(f"{prog}: " + (f"{label}: " if label else "") + str(exc), file=sys.stderr)

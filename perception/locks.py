@@ -55,8 +55,15 @@ class Holder:
     @classmethod
     def me(cls) -> "Holder":
         argv = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["python"]
-        return cls(os.getpid(), socket.gethostname(), f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
-                   shlex.join(argv), uuid.uuid4().hex, _machine(), _pid_start(os.getpid()))
+        return cls(
+            os.getpid(),
+            socket.gethostname(),
+            f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC",
+            shlex.join(argv),
+            uuid.uuid4().hex,
+            _machine(),
+            _pid_start(os.getpid()),
+        )
 
 
 class LockHeld(PerceptionError):
@@ -79,8 +86,9 @@ def _exit_lost(message: str) -> None:
 class Lock:
     """`with Lock(path, "sweep x"):` holds `path` for the block, or raises LockHeld naming the holder."""
 
-    def __init__(self, path: Path, what: str, say: Callable[[str], None] = _say,
-                 on_lost: Callable[[str], None] = _exit_lost):
+    def __init__(
+        self, path: Path, what: str, say: Callable[[str], None] = _say, on_lost: Callable[[str], None] = _exit_lost
+    ):
         self.path, self.what, self.say, self.on_lost = Path(path), what, say, on_lost
         self.heartbeat_s = _seconds(HEARTBEAT_ENV, DEFAULT_HEARTBEAT_S)
         self.stale_s = max(_seconds(STALE_ENV, DEFAULT_STALE_S), 2 * self.heartbeat_s)
@@ -118,12 +126,13 @@ class Lock:
                 if verdict == _ALIVE:
                     raise LockHeld(self.what, self.path, holder)
                 if verdict != _CHANGED and self._remove(holder, st):
-                    self.say(f"[perception] taking over the lock of {self.what} from {holder.describe()}: "
-                             f"{verdict}")
+                    self.say(f"[perception] taking over the lock of {self.what} from {holder.describe()}: {verdict}")
             else:
                 if holder is None:
-                    raise PerceptionError(f"{self.path}: could not take the lock of {self.what} in {_ATTEMPTS} "
-                                          f"attempts (other processes kept taking and releasing it)")
+                    raise PerceptionError(
+                        f"{self.path}: could not take the lock of {self.what} in {_ATTEMPTS} "
+                        f"attempts (other processes kept taking and releasing it)"
+                    )
                 raise LockHeld(self.what, self.path, holder)
         except BaseException:
             if self._fd is None:
@@ -190,7 +199,11 @@ class Lock:
             return False
         try:
             seen = _read(self.path)
-            if seen is None or seen[0].token != holder.token or (seen[1].st_ino, seen[1].st_dev) != (st.st_ino, st.st_dev):
+            if (
+                seen is None
+                or seen[0].token != holder.token
+                or (seen[1].st_ino, seen[1].st_dev) != (st.st_ino, st.st_dev)
+            ):
                 return False  # released, or taken over meanwhile
             self.path.unlink()
             return True
@@ -222,8 +235,10 @@ class Lock:
             except FileNotFoundError:
                 seen = _read(self.path)
                 by = f" by {seen[0].describe()}" if seen else ""
-                self.on_lost(f"[perception] lost the lock of {self.what} ({self.path}): taken over{by}; "
-                             f"stopping without writing more")
+                self.on_lost(
+                    f"[perception] lost the lock of {self.what} ({self.path}): taken over{by}; "
+                    f"stopping without writing more"
+                )
                 return
             except OSError:  # a passing error of the volume: beat again next time
                 continue

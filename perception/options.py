@@ -23,15 +23,28 @@ class _DeprecatedSpelling(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"{parser.prog}: {option_string} is deprecated here (it names the MLflow experiment); "
-              f"use {self.replacement} {values}", file=sys.stderr)
+        print(
+            f"{parser.prog}: {option_string} is deprecated here (it names the MLflow experiment); "
+            f"use {self.replacement} {values}",
+            file=sys.stderr,
+        )
         setattr(namespace, self.dest, values)
 
 
 def add_mlflow_experiment(parser: argparse.ArgumentParser) -> None:
     """`--mlflow-experiment NAME` (args.mlflow_experiment), and the hidden, deprecated `--experiment NAME`
     of the same meaning."""
-    parser.add_argument(MLFLOW_EXPERIMENT_FLAG, dest="mlflow_experiment", default=MLFLOW_EXPERIMENT, metavar="NAME",
-                        help=f"the MLflow experiment the sweep's runs are tracked in (default: {MLFLOW_EXPERIMENT})")
-    parser.add_argument("--experiment", dest="mlflow_experiment", action=_DeprecatedSpelling,
-                        replacement=MLFLOW_EXPERIMENT_FLAG, help=argparse.SUPPRESS)
+    parser.add_argument(
+        MLFLOW_EXPERIMENT_FLAG,
+        dest="mlflow_experiment",
+        default=MLFLOW_EXPERIMENT,
+        metavar="NAME",
+        help=f"the MLflow experiment the sweep's runs are tracked in (default: {MLFLOW_EXPERIMENT})",
+    )
+    parser.add_argument(
+        "--experiment",
+        dest="mlflow_experiment",
+        action=_DeprecatedSpelling,
+        replacement=MLFLOW_EXPERIMENT_FLAG,
+        help=argparse.SUPPRESS,
+    )

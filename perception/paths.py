@@ -21,8 +21,10 @@ MLFLOW_EXPERIMENT = "perception-ab"  # every command's default MLflow experiment
 DONE_FILE = "done.json"  # in a run directory once its training finished: a re-run skips it
 # A directory name, an MLflow tag value that needs no quoting and an Argo label value (at most 63).
 SWEEP_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-SWEEP_ID_RULE = ("expected letters, digits, '.', '_' or '-', at most 63 characters, starting with a letter or "
-                 "digit (no path separators, spaces, quotes or dot segments)")
+SWEEP_ID_RULE = (
+    "expected letters, digits, '.', '_' or '-', at most 63 characters, starting with a letter or "
+    "digit (no path separators, spaces, quotes or dot segments)"
+)
 
 
 def perception_home() -> Path:
@@ -75,8 +77,11 @@ def check_sweep_id(sweep_id: Optional[str], where: str = "sweep_id") -> str:
     (a long one cut, with its length) and the rule otherwise."""
     if isinstance(sweep_id, str) and SWEEP_ID_RE.fullmatch(sweep_id):
         return sweep_id
-    shown = repr(sweep_id) if not isinstance(sweep_id, str) or len(sweep_id) <= 70 else \
-        f"{sweep_id[:60]!r}… ({len(sweep_id)} characters)"
+    shown = (
+        repr(sweep_id)
+        if not isinstance(sweep_id, str) or len(sweep_id) <= 70
+        else f"{sweep_id[:60]!r}… ({len(sweep_id)} characters)"
+    )
     raise ConfigError(f"{where} {shown}: {SWEEP_ID_RULE}".lstrip())
 
 

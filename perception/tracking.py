@@ -55,7 +55,7 @@ def _create_store_once(uri: str) -> None:
 
     from mlflow.tracking import MlflowClient
 
-    db = Path(uri[len("sqlite:///"):])
+    db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{db}.create-lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -88,8 +88,12 @@ def get_or_create_experiment(name: str, uri: Optional[str] = None) -> str:
         return exp.experiment_id
 
 
-def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
-                      experiment: str = DEFAULT_EXPERIMENT, first_tags: Optional[dict[str, str]] = None) -> str:
+def ensure_parent_run(
+    sweep_id: str,
+    tracking_uri: Optional[str] = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+    first_tags: Optional[dict[str, str]] = None,
+) -> str:
     """Finds or creates the sweep's parent run (tags role=sweep, sweep_id); returns its run id.
     `first_tags` are set only where the parent lacks them: a pre-registered plan is never rewritten."""
     uri = resolve_tracking_uri(tracking_uri)
@@ -112,15 +116,20 @@ def ensure_parent_run(sweep_id: str, tracking_uri: Optional[str] = None,
     return run.info.run_id
 
 
-def parent_run_tags(sweep_id: str, tracking_uri: Optional[str] = None,
-                    experiment: str = DEFAULT_EXPERIMENT) -> dict[str, str]:
+def parent_run_tags(
+    sweep_id: str, tracking_uri: Optional[str] = None, experiment: str = DEFAULT_EXPERIMENT
+) -> dict[str, str]:
     """The tags of the sweep's parent run, {} while it has none; creates and changes nothing."""
     c = client(resolve_tracking_uri(tracking_uri))
     exp = c.get_experiment_by_name(experiment)
     if exp is None:
         return {}
-    found = c.search_runs([exp.experiment_id], max_results=1, order_by=["attributes.start_time DESC"],
-                          filter_string=f"tags.{SWEEP_ID} = '{sweep_id}' and tags.{ROLE} = '{ROLE_SWEEP}'")
+    found = c.search_runs(
+        [exp.experiment_id],
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+        filter_string=f"tags.{SWEEP_ID} = '{sweep_id}' and tags.{ROLE} = '{ROLE_SWEEP}'",
+    )
     return dict(found[0].data.tags) if found else {}
 
 
@@ -140,8 +149,12 @@ def settle_parent(c, run_id: str) -> Optional[str]:
         raise
     children, token = [], None
     while True:  # every training nested under it, paged
-        page = c.search_runs([run.info.experiment_id], max_results=1000, page_token=token,
-                             filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.{ROLE} = '{ROLE_TRAIN}'")
+        page = c.search_runs(
+            [run.info.experiment_id],
+            max_results=1000,
+            page_token=token,
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent}' and tags.{ROLE} = '{ROLE_TRAIN}'",
+        )
         children += page
         token = page.token
         if not token:
@@ -249,8 +262,7 @@ class RunLedger:
                 exp_id = get_or_create_experiment(self.experiment, self.tracking_uri)
                 tags = dict(entry["tags"])
                 if "mlflow.parentRunId" not in tags:  # started during an outage: nest it now
-                    tags["mlflow.parentRunId"] = ensure_parent_run(tags[SWEEP_ID], self.tracking_uri,
-                                                                   self.experiment)
+                    tags["mlflow.parentRunId"] = ensure_parent_run(tags[SWEEP_ID], self.tracking_uri, self.experiment)
                 run = c.create_run(exp_id, tags=tags, run_name=entry.get("run_name"))
                 _write_json(self.run_dir / RUN_ID_FILE, {"run_id": run.info.run_id})
             else:
@@ -285,8 +297,9 @@ class RunLedger:
         try:
             return inside(self.run_dir / str(entry["path"]), self.run_dir, "")
         except ConfigError:
-            raise ConfigError(f"{LEDGER} #{entry['id']}: artifact path {entry['path']!r} lies outside the run "
-                              "directory; not uploaded") from None
+            raise ConfigError(
+                f"{LEDGER} #{entry['id']}: artifact path {entry['path']!r} lies outside the run directory; not uploaded"
+            ) from None
 
     def _next_id(self) -> int:
         entries = self.entries()
@@ -302,8 +315,9 @@ class Recovery:
     stuck: list[str] = field(default_factory=list)
 
 
-def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None,
-                  any_store: bool = False) -> Recovery:
+def recover_sweep(
+    sweep_id: str, home: Optional[Path] = None, tracking_uri: Optional[str] = None, any_store: bool = False
+) -> Recovery:
     """Makes MLflow hold what the sweep's run directories hold, before anything decides on it: every
     run's kept operations are sent in order, and a finished run (done.json) whose MLflow run is missing
     or not ended as its ledger says is completed from its ledger. A run training now (its lock held)
@@ -325,9 +339,11 @@ def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
         ledger = RunLedger(run_dir, uri, _experiment_of(run_dir))
         recorded = _start_of(run_dir).get("store")
         if not any_store and recorded is not None and recorded != store_identity(uri):  # never copied unasked
-            out.stuck.append(f"{run_dir.name}: trained against the tracking store {recorded}, not "
-                             f"{store_identity(uri)}; left alone (`perception-sweep sync --tracking-uri` sends "
-                             f"it to a store named explicitly)")
+            out.stuck.append(
+                f"{run_dir.name}: trained against the tracking store {recorded}, not "
+                f"{store_identity(uri)}; left alone (`perception-sweep sync --tracking-uri` sends "
+                f"it to a store named explicitly)"
+            )
             continue
         try:
             with run_lock(run_dir, sweep_id):  # a run training now sends its own: never twice
@@ -340,8 +356,10 @@ def recover_sweep(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
             out.stuck.append(f"{run_dir.name}: {exc}")
             continue
         if not ok:
-            out.stuck.append(f"{run_dir.name}: {len(ledger.unsent())} operation(s) kept "
-                             f"({(ledger.failures() or ['unreachable'])[-1]})")
+            out.stuck.append(
+                f"{run_dir.name}: {len(ledger.unsent())} operation(s) kept "
+                f"({(ledger.failures() or ['unreachable'])[-1]})"
+            )
     return out
 
 
@@ -365,13 +383,16 @@ def _complete_finished(ledger: RunLedger, out: Recovery) -> bool:
             ok = ledger.flush(force=True)
             if ok:
                 out.sent += len(ledger.entries())
-                out.completed.append(f"{ledger.run_dir.name}: its MLflow run {run_id} is missing; recreated from its "
-                                     f"ledger as run {ledger.run_id()}")
+                out.completed.append(
+                    f"{ledger.run_dir.name}: its MLflow run {run_id} is missing; recreated from its "
+                    f"ledger as run {ledger.run_id()}"
+                )
             return ok
         if ended and run.info.status != ended[-1]:
             ledger.resend_all()
-            out.completed.append(f"{ledger.run_dir.name}: run {run_id} was {run.info.status}; completed from its "
-                                 f"ledger ({ended[-1]})")
+            out.completed.append(
+                f"{ledger.run_dir.name}: run {run_id} was {run.info.status}; completed from its ledger ({ended[-1]})"
+            )
     except Exception as exc:  # any transport or server error: the next attempt does it again
         ledger.failed(f"completing run {run_id}", exc)
         return False
@@ -404,8 +425,11 @@ def kept_operations(sweep_id: str, home: Optional[Path] = None) -> dict[str, int
     root = sweep_dir(sweep_id, home)
     if not root.is_dir():
         return {}
-    counts = {p.name: len(RunLedger(p, "").unsent()) for p in sorted(root.iterdir())
-              if (p / LEDGER).exists() and _inside_sweep(p, root)}
+    counts = {
+        p.name: len(RunLedger(p, "").unsent())
+        for p in sorted(root.iterdir())
+        if (p / LEDGER).exists() and _inside_sweep(p, root)
+    }
     return {name: n for name, n in counts.items() if n}
 
 

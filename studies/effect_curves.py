@@ -24,8 +24,10 @@ OUT = RESULTS / "per_horizon_extremes_curves"
 
 def read_log(path: Path) -> list[dict]:
     """Each line "<unix time> <trainer epoch line>" -> {epoch, t (s since the first), metrics}."""
-    stamped = [(int(stamp), epoch_line(rest)) for stamp, _, rest in
-               (line.partition(" ") for line in path.read_text().splitlines())]
+    stamped = [
+        (int(stamp), epoch_line(rest))
+        for stamp, _, rest in (line.partition(" ") for line in path.read_text().splitlines())
+    ]
     stamped = [(t, parsed) for t, parsed in stamped if parsed is not None]
     return [{"epoch": e, "t": t - stamped[0][0], **metrics} for t, (e, _, metrics) in stamped]
 
@@ -50,8 +52,13 @@ def plot(curves: dict, path: Path) -> None:
         for arm, color in (("per_horizon", "tab:blue"), ("shared_skip", "tab:orange")):
             rows = curves[name]["arms"].get(arm) or []
             for h, style in (("20", ":"), ("40", "-")):
-                ax.plot([r["epoch"] for r in rows], [r[f"val_auc_h{h}"] for r in rows], style, color=color,
-                        label=f"{arm} h{h}")
+                ax.plot(
+                    [r["epoch"] for r in rows],
+                    [r[f"val_auc_h{h}"] for r in rows],
+                    style,
+                    color=color,
+                    label=f"{arm} h{h}",
+                )
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("epoch")
     axes[0][0].set_ylabel("validation AUC")
@@ -78,8 +85,10 @@ def main() -> None:
         for arm, rows in sorted(c["arms"].items()):
             at8 = next((r for r in rows if r["epoch"] == 8), rows[-1] if rows else None)
             if at8:
-                print(f"{name:4s} {arm:12s} epochs {len(rows):3d}  epoch {at8['epoch']}: h20 {at8['val_auc_h20']:.3f} "
-                      f"h40 {at8['val_auc_h40']:.3f}  {c['overrides']}")
+                print(
+                    f"{name:4s} {arm:12s} epochs {len(rows):3d}  epoch {at8['epoch']}: h20 {at8['val_auc_h20']:.3f} "
+                    f"h40 {at8['val_auc_h40']:.3f}  {c['overrides']}"
+                )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,22 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from perception.studies.gate_oc import (HORIZONS, MDE_BAND, TARGET_FALSE_SHIP, WEIGHTED, Setting, cell_lifts,
-                                        decide_in_process, decided_rows, interleaved_batches, migrated_store, plan,
-                                        run_worlds, summarize, wilson)
+from perception.studies.gate_oc import (
+    HORIZONS,
+    MDE_BAND,
+    TARGET_FALSE_SHIP,
+    WEIGHTED,
+    Setting,
+    cell_lifts,
+    decide_in_process,
+    decided_rows,
+    interleaved_batches,
+    migrated_store,
+    plan,
+    run_worlds,
+    summarize,
+    wilson,
+)
 
 RESULTS = Path(os.environ.get("PERCEPTION_GATE_OC_RESULTS", Path(__file__).resolve().parent / "results"))
 IN_PROCESS = {"on": False}  # `--in-process`: rows, summary and plot under their own names, never mixed
@@ -98,19 +111,27 @@ def report() -> list[dict]:
     """The summary of what ran: a table, the JSON and the plot."""
     out = summarize(done_rows(), all_rows())
     RESULTS.mkdir(parents=True, exist_ok=True)
-    gate = ("the gate's functions in process (perception.gate.decision resample + decide, conf/gate/local.yaml)"
-            if IN_PROCESS["on"] else "installed perception-gate --config local (subprocess)")
-    doc = {"what": __doc__.split("\n\n")[0], "gate": gate,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()},
-           "rows": out}
+    gate = (
+        "the gate's functions in process (perception.gate.decision resample + decide, conf/gate/local.yaml)"
+        if IN_PROCESS["on"]
+        else "installed perception-gate --config local (subprocess)"
+    )
+    doc = {
+        "what": __doc__.split("\n\n")[0],
+        "gate": gate,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()},
+        "rows": out,
+    }
     _out_name("json").write_text(json.dumps(doc, indent=2) + "\n")
     print("| kind | R | τ | δ | n | ships | rate | Wilson 95 % | sd(W−δ)/se | median MDE_W | target met |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in out:
         ratio = "–" if r["sd_W_over_se"] is None else f"{r['sd_W_over_se']:.2f}"
-        print(f"| {r['kind']} | {r['replicates']} | {r['tau']:g} | {r['delta']:g} | {r['n']} | {r['ships']} | "
-              f"{r['rate']:.3f} | [{r['wilson95'][0]:.3f}, {r['wilson95'][1]:.3f}] | {ratio} | "
-              f"{r['median_mde_W']:.4f} | {r.get('met', '–')} |")
+        print(
+            f"| {r['kind']} | {r['replicates']} | {r['tau']:g} | {r['delta']:g} | {r['n']} | {r['ships']} | "
+            f"{r['rate']:.3f} | [{r['wilson95'][0]:.3f}, {r['wilson95'][1]:.3f}] | {ratio} | "
+            f"{r['median_mde_W']:.4f} | {r.get('met', '–')} |"
+        )
     _plot(out)
     return out
 
@@ -127,27 +148,42 @@ def cells_check(replicates: int, tau: float, n: int, workers: int) -> dict:
     s = Setting(replicates, tau, 0.0, n)  # the null plan's worlds, seed for seed
     chunks = [(s, list(range(k, min(k + 50, n)))) for k in range(0, n, 50)]
     with Pool(workers) as pool:
-        lifts = np.array([w for part in tqdm(pool.imap(cell_lifts, chunks), total=len(chunks), desc="cells",
-                                             unit="50 worlds") for w in part])  # (n, F, R, H)
+        lifts = np.array(
+            [
+                w
+                for part in tqdm(pool.imap(cell_lifts, chunks), total=len(chunks), desc="cells", unit="50 worlds")
+                for w in part
+            ]
+        )  # (n, F, R, H)
     df = 3 * (replicates - 1)
     crit = float(student_t.isf(0.025, df))
     out = {"setting": s.name, "worlds": n, "df": df, "critical_t": crit, "rules": {}}
     # the same worlds as the gate decided them, where their rows carry each rule's p
-    decided = {r["world"]: r for r in all_rows() if r["setting"] == s.name and r.get("p_W") is not None and r["world"] < n}
+    decided = {
+        r["world"]: r for r in all_rows() if r["setting"] == s.name and r.get("p_W") is not None and r["world"] < n
+    }
     for name, horizons in (("W", [WEIGHTED]), ("G", [10, 30])):
         w = np.array([1.0 if h in horizons else 0.0 for h in HORIZONS]) / len(horizons)
         cell = lifts @ w  # (n, F, R)
         mean, s2 = cell.mean(axis=(1, 2)), cell.var(axis=2, ddof=1).mean(axis=1)
         t = mean / np.sqrt(s2 / (3 * replicates))
         upper = int((t > crit).sum())
-        out["rules"][name] = {"upper_tail": upper / n, "upper_wilson95": wilson(upper, n),
-                              "lower_tail": float((t < -crit).mean()),
-                              "sd_lift_over_rms_se": float(mean.std(ddof=1) / math.sqrt(np.mean(s2 / (3 * replicates)))),
-                              "kurtosis_within": float(np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 4)
-                                                       / np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 2) ** 2)}
+        out["rules"][name] = {
+            "upper_tail": upper / n,
+            "upper_wilson95": wilson(upper, n),
+            "lower_tail": float((t < -crit).mean()),
+            "sd_lift_over_rms_se": float(mean.std(ddof=1) / math.sqrt(np.mean(s2 / (3 * replicates)))),
+            "kurtosis_within": float(
+                np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 4)
+                / np.mean((cell - cell.mean(axis=2, keepdims=True)) ** 2) ** 2
+            ),
+        }
         rejected = [i for i, r in decided.items() if r[f"p_{name}"] < 0.025]  # the gate's test at α/2
-        out["rules"][name]["gate"] = {"worlds": len(decided), "rejected_at_alpha_2": len(rejected),
-                                      "of_them_rejected_by_this_t": int(sum(t[i] > crit for i in rejected))}
+        out["rules"][name]["gate"] = {
+            "worlds": len(decided),
+            "rejected_at_alpha_2": len(rejected),
+            "of_them_rejected_by_this_t": int(sum(t[i] > crit for i in rejected)),
+        }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / "gate_oc_cells.json"
     doc = json.loads(path.read_text()) if path.is_file() else {"what": cells_check.__doc__.split("\n")[0], "rows": []}
@@ -156,10 +192,13 @@ def cells_check(replicates: int, tau: float, n: int, workers: int) -> dict:
     path.write_text(json.dumps(doc, indent=2) + "\n")
     for name, r in out["rules"].items():
         g = r["gate"]
-        print(f"{name}: P(t > t_{df}) = {r['upper_tail']:.4f} [{r['upper_wilson95'][0]:.4f}, {r['upper_wilson95'][1]:.4f}], "
-              f"P(t < -t_{df}) = {r['lower_tail']:.4f}, sd/se {r['sd_lift_over_rms_se']:.3f} (n = {n}, nominal 0.025); "
-              f"the gate rejected {g['rejected_at_alpha_2']} of {g['worlds']} of these worlds, "
-              f"{g['of_them_rejected_by_this_t']} of them rejected here too")
+        print(
+            f"{name}: P(t > t_{df}) = {r['upper_tail']:.4f} [{r['upper_wilson95'][0]:.4f}, "
+            f"{r['upper_wilson95'][1]:.4f}], "
+            f"P(t < -t_{df}) = {r['lower_tail']:.4f}, sd/se {r['sd_lift_over_rms_se']:.3f} (n = {n}, nominal 0.025); "
+            f"the gate rejected {g['rejected_at_alpha_2']} of {g['worlds']} of these worlds, "
+            f"{g['of_them_rejected_by_this_t']} of them rejected here too"
+        )
     return out
 
 
@@ -207,8 +246,11 @@ def main() -> None:
     p.add_argument("--match", default="", help="only the plan's settings whose name contains this, e.g. R3-tau0.005")
     p.add_argument("--replicates", type=int, default=3, help="cells: R")
     p.add_argument("--tau", type=float, default=0.005, help="cells: τ")
-    p.add_argument("--in-process", action="store_true",
-                   help="decide with the gate's functions in this process (fast simulation; its own result files)")
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="decide with the gate's functions in this process (fast simulation; its own result files)",
+    )
     args = p.parse_args()
     IN_PROCESS["on"] = args.in_process
     if args.what == "report":

@@ -39,8 +39,17 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from perception.studies.gate_oc import (HORIZONS, STRIDE, WINDOW, Setting, gate_command, interleaved_batches, wilson,
-                                        world_cells, world_seed)
+from perception.studies.gate_oc import (
+    HORIZONS,
+    STRIDE,
+    WINDOW,
+    Setting,
+    gate_command,
+    interleaved_batches,
+    wilson,
+    world_cells,
+    world_seed,
+)
 
 RESULTS = Path(os.environ.get("PERCEPTION_GATE_OC_RESULTS", Path(__file__).resolve().parent / "results"))
 
@@ -56,8 +65,15 @@ TARGETS = {"false_ship": 0.05, "upper": 0.075, "power_gap": 0.05, "saving": 0.30
 
 # Worlds per reported setting: the targets ask for n >= 300 at δ = 0, more at τ = 0.015 where the rate sits
 # nearer α; the power points are cheaper to read.
-EVAL_N = {("null", 0.005): 300, ("null", 0.015): 450, ("mde", 0.005): 150, ("2mde", 0.005): 150,
-          ("mde", 0.015): 150, ("2mde", 0.015): 150, ("null-folds", 0.005): 300}
+EVAL_N = {
+    ("null", 0.005): 300,
+    ("null", 0.015): 450,
+    ("mde", 0.005): 150,
+    ("2mde", 0.005): 150,
+    ("mde", 0.015): 150,
+    ("2mde", 0.015): 150,
+    ("null-folds", 0.005): 300,
+}
 FOLD_SD = 0.01  # the null-folds worlds: a fold-by-arm difference of this sd per horizon, mean zero
 
 
@@ -69,8 +85,16 @@ def settings(split: str, n: int | None) -> list[Setting]:
         for kind, delta in (("null", 0.0), ("mde", mde), ("2mde", 2 * mde), ("null-folds", 0.0)):
             default = EVAL_N.get((kind, tau), 0) if split != "cal" else 100
             if n or default:
-                out.append(Setting(MAX_LOOKS, tau, delta, n or default, kind=f"seq-{split}-{kind}",
-                                   fold_sd=FOLD_SD if kind == "null-folds" else 0.0))
+                out.append(
+                    Setting(
+                        MAX_LOOKS,
+                        tau,
+                        delta,
+                        n or default,
+                        kind=f"seq-{split}-{kind}",
+                        fold_sd=FOLD_SD if kind == "null-folds" else 0.0,
+                    )
+                )
     return out
 
 
@@ -78,9 +102,25 @@ def settings(split: str, n: int | None) -> list[Setting]:
 
 
 def _rule_fields(r) -> dict:
-    return {k: getattr(r, k) for k in ("name", "statement", "lift_name", "lift", "horizons", "weights", "fired",
-                                       "p_bootstrap", "p_delong_thinned", "se", "se_windows", "se_training", "df",
-                                       "variance")}
+    return {
+        k: getattr(r, k)
+        for k in (
+            "name",
+            "statement",
+            "lift_name",
+            "lift",
+            "horizons",
+            "weights",
+            "fired",
+            "p_bootstrap",
+            "p_delong_thinned",
+            "se",
+            "se_windows",
+            "se_training",
+            "df",
+            "variance",
+        )
+    }
 
 
 def world_looks(task: tuple[Setting, list[int]]) -> list[dict]:
@@ -97,26 +137,75 @@ def world_looks(task: tuple[Setting, list[int]]) -> list[dict]:
         t0 = time.perf_counter()
         runs = {}
         for (arm, fold, rep), c in world_cells(s, world_seed(s, i)).items():
-            final = np.array([stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
-                              for j in range(len(HORIZONS))])  # (H,) what a training logs
-            runs[(arm, fold, rep)] = ArmRun(f"{arm}-{fold}-{rep}", arm, fold, rep, final, None,
-                                            Predictions(c["probs"], c["labels"], c["mask"], c["index"]), None, {})
-        full = SweepInputs(f"seq-{i}", "", "", None, list(HORIZONS), WINDOW, STRIDE, FOLDS, {}, runs, list(ARMS),
-                           list(range(MAX_LOOKS)))
+            final = np.array(
+                [
+                    stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
+                    for j in range(len(HORIZONS))
+                ]
+            )  # (H,) what a training logs
+            runs[(arm, fold, rep)] = ArmRun(
+                f"{arm}-{fold}-{rep}",
+                arm,
+                fold,
+                rep,
+                final,
+                None,
+                Predictions(c["probs"], c["labels"], c["mask"], c["index"]),
+                None,
+                {},
+            )
+        full = SweepInputs(
+            f"seq-{i}",
+            "",
+            "",
+            None,
+            list(HORIZONS),
+            WINDOW,
+            STRIDE,
+            FOLDS,
+            {},
+            runs,
+            list(ARMS),
+            list(range(MAX_LOOKS)),
+        )
         boot = resample(full, cfg, progress=False)
-        noise = TrainingNoise("worlds' known training noise", list(HORIZONS),
-                              {"shared": 2 * s.tau ** 2 * np.eye(len(HORIZONS))}, {"shared": NOISE_CELLS})
+        noise = TrainingNoise(
+            "worlds' known training noise",
+            list(HORIZONS),
+            {"shared": 2 * s.tau**2 * np.eye(len(HORIZONS))},
+            {"shared": NOISE_CELLS},
+        )
         looks = {}
         for k in range(1, MAX_LOOKS + 1):
-            part = SweepInputs(full.sweep_id, "", "", None, full.horizons, WINDOW, STRIDE, FOLDS, {},
-                               {key: r for key, r in runs.items() if key[2] < k}, list(ARMS), list(range(k)))
+            part = SweepInputs(
+                full.sweep_id,
+                "",
+                "",
+                None,
+                full.horizons,
+                WINDOW,
+                STRIDE,
+                FOLDS,
+                {},
+                {key: r for key, r in runs.items() if key[2] < k},
+                list(ARMS),
+                list(range(k)),
+            )
             g = decide(part, cfg, *ARMS, boot)
             looks[str(k)] = {"W": g.W, "G": g.G, "decision": g.decision, "rules": [_rule_fields(r) for r in g.rules]}
             if k == 1:
                 g = decide(part, cfg, *ARMS, boot, noise)
                 looks["1n"] = {"W": g.W, "G": g.G, "decision": g.decision, "rules": [_rule_fields(r) for r in g.rules]}
-        rows.append({"setting": s.name, **asdict(s), "world": i, "seed": world_seed(s, i), "looks": looks,
-                     "seconds": round(time.perf_counter() - t0, 2)})
+        rows.append(
+            {
+                "setting": s.name,
+                **asdict(s),
+                "world": i,
+                "seed": world_seed(s, i),
+                "looks": looks,
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
     return rows
 
 
@@ -170,8 +259,17 @@ def installed_world(s: Setting, i: int) -> dict:
     from perception.testing.sweep_store import SweepSpec, log_run
 
     cells = world_cells(s, world_seed(s, i))
-    spec = SweepSpec(mu_a=[0.0] * 5, mu_b=[0.0] * 5, horizons=list(HORIZONS), n_windows=s.windows, window=WINDOW,
-                     stride=STRIDE, epochs=2, seed=world_seed(s, i), replicates=MAX_LOOKS)
+    spec = SweepSpec(
+        mu_a=[0.0] * 5,
+        mu_b=[0.0] * 5,
+        horizons=list(HORIZONS),
+        n_windows=s.windows,
+        window=WINDOW,
+        stride=STRIDE,
+        epochs=2,
+        seed=world_seed(s, i),
+        replicates=MAX_LOOKS,
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
     with tempfile.TemporaryDirectory(prefix="gate-oc-seq-") as tmp:
         tmp = Path(tmp)
@@ -179,17 +277,40 @@ def installed_world(s: Setting, i: int) -> dict:
         client = MlflowClient(tracking_uri=uri)
         exp = client.create_experiment("perception-ab", artifact_location=(tmp / "artifacts").as_uri())
         plan = gate_plan(load_gate_config("local"), *ARMS, list(ARMS), MAX_LOOKS, "sequential")
-        parent = client.create_run(exp, tags={"role": "sweep", "sweep_id": f"w{i}", PLAN_TAG: json.dumps(plan)}).info.run_id
+        parent = client.create_run(
+            exp, tags={"role": "sweep", "sweep_id": f"w{i}", PLAN_TAG: json.dumps(plan)}
+        ).info.run_id
         for k in range(1, MAX_LOOKS + 1):
             for (arm, fold, rep), pred in sorted(cells.items()):
                 if rep == k - 1:
                     log_run(client, exp, parent, f"w{i}", spec, arm, fold, pred, tmp, replicate=rep, attention=False)
-            done = subprocess.run([gate_command(), "--sweep-id", f"w{i}", "--tracking-uri", uri, "--config", "local",
-                                   "--out", str(tmp / f"look{k}"), "--no-progress"], capture_output=True, text=True, env=env)
+            done = subprocess.run(
+                [
+                    gate_command(),
+                    "--sweep-id",
+                    f"w{i}",
+                    "--tracking-uri",
+                    uri,
+                    "--config",
+                    "local",
+                    "--out",
+                    str(tmp / f"look{k}"),
+                    "--no-progress",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             line = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else {}
             if line.get("decision") != "continue":
-                return {"setting": s.name, "world": i, "decision": line.get("decision"), "look": line.get("look"),
-                        "returncode": done.returncode, "error": None if line else done.stderr[-800:]}
+                return {
+                    "setting": s.name,
+                    "world": i,
+                    "decision": line.get("decision"),
+                    "look": line.get("look"),
+                    "returncode": done.returncode,
+                    "error": None if line else done.stderr[-800:],
+                }
     return {"setting": s.name, "world": i, "decision": "continue", "look": MAX_LOOKS, "returncode": done.returncode}
 
 
@@ -201,7 +322,11 @@ def installed_check(n: int, split: str) -> dict:
 
     cfg = load_gate_config("local")
     b = boundaries(MAX_LOOKS, cfg.alpha)
-    rows = {(r["setting"], r["world"]): r for r in done_rows() if r["kind"].startswith(f"seq-{split}-") and r["tau"] == 0.005}
+    rows = {
+        (r["setting"], r["world"]): r
+        for r in done_rows()
+        if r["kind"].startswith(f"seq-{split}-") and r["tau"] == 0.005
+    }
     todo = [s for s in settings(split, None) if s.tau == 0.005]
     out = []
     for s in todo:
@@ -210,13 +335,25 @@ def installed_check(n: int, split: str) -> dict:
             got = installed_world(s, i)
             want = sequential_outcome(rows[(s.name, i)], b, cfg.noise_floor, "1")
             word = {"ship": "ship_per_horizon", "keep": "keep_shared", "inconclusive": "inconclusive"}[want["verdict"]]
-            out.append({**got, "in_process": word, "in_process_look": want["looks"],
-                        "agree": got["decision"] == word and got["look"] == want["looks"]})
-    doc = {"what": "the installed perception-gate, wave by wave, against the in-process decisions of the same worlds",
-           "n": len(out), "agree": sum(r["agree"] for r in out), "rows": out,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()}}
+            out.append(
+                {
+                    **got,
+                    "in_process": word,
+                    "in_process_look": want["looks"],
+                    "agree": got["decision"] == word and got["look"] == want["looks"],
+                }
+            )
+    doc = {
+        "what": "the installed perception-gate, wave by wave, against the in-process decisions of the same worlds",
+        "n": len(out),
+        "agree": sum(r["agree"] for r in out),
+        "rows": out,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()},
+    }
     (RESULTS / "gate_oc_sequential_installed.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"installed gate agrees with the in-process decision (and stopping look) on {doc['agree']} of {doc['n']} worlds")
+    print(
+        f"installed gate agrees with the in-process decision (and stopping look) on {doc['agree']} of {doc['n']} worlds"
+    )
     return doc
 
 
@@ -262,17 +399,28 @@ def summarize_rows(rows: list[dict], bounds, noise_floor: float) -> list[dict]:
             ships = sum(o["verdict"] == "ship" for o in seq)
             looks = np.array([o["looks"] for o in seq])
             early = [o["W"] - delta for o in seq if o["verdict"] == "ship" and o["looks"] < MAX_LOOKS]
-            row = {"kind": kind.split("-", 2)[2], "tau": tau, "delta": delta, "look1": "between folds" if look1 == "1" else "noise file",
-                   "n": len(rs), "ships": ships, "rate": ships / len(rs), "wilson95": wilson(ships, len(rs)),
-                   "fixed_ships": f_ships, "fixed_rate": f_ships / len(rs), "fixed_wilson95": wilson(f_ships, len(rs)),
-                   "stops_by_look": {str(k): int((looks == k).sum()) for k in range(1, MAX_LOOKS + 1)},
-                   "verdicts": {v: sum(o["verdict"] == v for o in seq) for v in ("ship", "keep", "inconclusive")},
-                   "expected_trainings": float(TRAININGS_PER_LOOK * looks.mean()),
-                   "expected_trainings_se": float(TRAININGS_PER_LOOK * looks.std(ddof=1) / math.sqrt(len(looks))),
-                   "fixed_trainings": TRAININGS_PER_LOOK * MAX_LOOKS,
-                   "expected_rounds": float(np.mean([math.ceil(TRAININGS_PER_LOOK / GPUS) * k for k in looks])),
-                   "fixed_rounds": math.ceil(TRAININGS_PER_LOOK * MAX_LOOKS / GPUS),
-                   "early_ship_W_bias": float(np.mean(early)) if early else None, "early_ships": len(early)}
+            row = {
+                "kind": kind.split("-", 2)[2],
+                "tau": tau,
+                "delta": delta,
+                "look1": "between folds" if look1 == "1" else "noise file",
+                "n": len(rs),
+                "ships": ships,
+                "rate": ships / len(rs),
+                "wilson95": wilson(ships, len(rs)),
+                "fixed_ships": f_ships,
+                "fixed_rate": f_ships / len(rs),
+                "fixed_wilson95": wilson(f_ships, len(rs)),
+                "stops_by_look": {str(k): int((looks == k).sum()) for k in range(1, MAX_LOOKS + 1)},
+                "verdicts": {v: sum(o["verdict"] == v for o in seq) for v in ("ship", "keep", "inconclusive")},
+                "expected_trainings": float(TRAININGS_PER_LOOK * looks.mean()),
+                "expected_trainings_se": float(TRAININGS_PER_LOOK * looks.std(ddof=1) / math.sqrt(len(looks))),
+                "fixed_trainings": TRAININGS_PER_LOOK * MAX_LOOKS,
+                "expected_rounds": float(np.mean([math.ceil(TRAININGS_PER_LOOK / GPUS) * k for k in looks])),
+                "fixed_rounds": math.ceil(TRAININGS_PER_LOOK * MAX_LOOKS / GPUS),
+                "early_ship_W_bias": float(np.mean(early)) if early else None,
+                "early_ships": len(early),
+            }
             row["trainings_saving"] = 1 - row["expected_trainings"] / row["fixed_trainings"]
             out.append(row)
     return out
@@ -288,15 +436,19 @@ def _met(r: dict) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    print("| world | τ | δ | look 1 | n | P(ship) seq [Wilson 95 %] | fixed R=3 | stops at look 1/2/3 | "
-          "E[trainings] (fixed) | saving | E[rounds] (fixed) | target met |")
+    print(
+        "| world | τ | δ | look 1 | n | P(ship) seq [Wilson 95 %] | fixed R=3 | stops at look 1/2/3 | "
+        "E[trainings] (fixed) | saving | E[rounds] (fixed) | target met |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         s = r["stops_by_look"]
-        print(f"| {r['kind']} | {r['tau']:g} | {r['delta']:.4f} | {r['look1']} | {r['n']} | {r['rate']:.3f} "
-              f"[{r['wilson95'][0]:.3f}, {r['wilson95'][1]:.3f}] | {r['fixed_rate']:.3f} | {s['1']}/{s['2']}/{s['3']} | "
-              f"{r['expected_trainings']:.1f} ± {r['expected_trainings_se']:.1f} ({r['fixed_trainings']}) | "
-              f"{100 * r['trainings_saving']:.0f} % | {r['expected_rounds']:.2f} ({r['fixed_rounds']}) | {_met(r)} |")
+        print(
+            f"| {r['kind']} | {r['tau']:g} | {r['delta']:.4f} | {r['look1']} | {r['n']} | {r['rate']:.3f} "
+            f"[{r['wilson95'][0]:.3f}, {r['wilson95'][1]:.3f}] | {r['fixed_rate']:.3f} | {s['1']}/{s['2']}/{s['3']} | "
+            f"{r['expected_trainings']:.1f} ± {r['expected_trainings_se']:.1f} ({r['fixed_trainings']}) | "
+            f"{100 * r['trainings_saving']:.0f} % | {r['expected_rounds']:.2f} ({r['fixed_rounds']}) | {_met(r)} |"
+        )
 
 
 def tune(split: str) -> None:
@@ -309,8 +461,10 @@ def tune(split: str) -> None:
     for fut in (0.2, 0.25, 0.3, 0.35):
         for rho in (2.0, 2.5, 3.0):
             b = boundaries(MAX_LOOKS, cfg.alpha, rho=rho, futility_p=fut)
-            print(f"\nfutility p > {fut}, rho {rho}: boundaries {[round(a, 5) for a in b.half]} (a rule at alpha/2), "
-                  f"{[round(a, 5) for a in b.full]} (at alpha)")
+            print(
+                f"\nfutility p > {fut}, rho {rho}: boundaries {[round(a, 5) for a in b.half]} (a rule at alpha/2), "
+                f"{[round(a, 5) for a in b.full]} (at alpha)"
+            )
             print_table(summarize_rows(rows, b, cfg.noise_floor))
 
 
@@ -324,12 +478,17 @@ def report(split: str) -> list[dict]:
     out = summarize_rows(rows, b, cfg.noise_floor)
     for r in out:
         r["target_met"] = _met(r) == "True"
-    doc = {"what": __doc__.split("\n\n")[0], "split": split, "boundaries": b.to_json(), "noise_floor": cfg.noise_floor,
-           "gate": "the gate's functions in process (perception.gate.decision.decide per look, "
-                   "perception.gate.sequential.look_verdict), conf/gate/local.yaml",
-           "median_world_s": float(np.median([r["seconds"] for r in rows])) if rows else None,
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()},
-           "rows": out}
+    doc = {
+        "what": __doc__.split("\n\n")[0],
+        "split": split,
+        "boundaries": b.to_json(),
+        "noise_floor": cfg.noise_floor,
+        "gate": "the gate's functions in process (perception.gate.decision.decide per look, "
+        "perception.gate.sequential.look_verdict), conf/gate/local.yaml",
+        "median_world_s": float(np.median([r["seconds"] for r in rows])) if rows else None,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "node": platform.node()},
+        "rows": out,
+    }
     (RESULTS / "gate_oc_sequential.json").write_text(json.dumps(doc, indent=2) + "\n")
     print_table(out)
     _plot(out)
@@ -343,19 +502,33 @@ def _plot(rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for (tau, look1), marker in zip([(t, l) for t in FIXED_MDE for l in ("between folds", "noise file")], "osD^"):
-        rs = sorted([r for r in rows if r["tau"] == tau and r["look1"] == look1 and r["kind"] != "null-folds"],
-                    key=lambda r: r["delta"])
+    for (tau, look1), marker in zip(
+        [(t, look1) for t in FIXED_MDE for look1 in ("between folds", "noise file")], "osD^"
+    ):
+        rs = sorted(
+            [r for r in rows if r["tau"] == tau and r["look1"] == look1 and r["kind"] != "null-folds"],
+            key=lambda r: r["delta"],
+        )
         if not rs:
             continue
         x = [r["delta"] for r in rs]
         err = [[r["rate"] - r["wilson95"][0] for r in rs], [r["wilson95"][1] - r["rate"] for r in rs]]
-        ax1.errorbar(x, [r["rate"] for r in rs], yerr=err, fmt=marker + "-", capsize=3,
-                     label=f"sequential, τ = {tau:g}, look 1 {look1}")
-        ax2.plot(x, [r["expected_trainings"] for r in rs], marker + "-", label=f"sequential, τ = {tau:g}, look 1 {look1}")
+        ax1.errorbar(
+            x,
+            [r["rate"] for r in rs],
+            yerr=err,
+            fmt=marker + "-",
+            capsize=3,
+            label=f"sequential, τ = {tau:g}, look 1 {look1}",
+        )
+        ax2.plot(
+            x, [r["expected_trainings"] for r in rs], marker + "-", label=f"sequential, τ = {tau:g}, look 1 {look1}"
+        )
     for tau in FIXED_MDE:
-        rs = sorted([r for r in rows if r["tau"] == tau and r["look1"] == "between folds" and r["kind"] != "null-folds"],
-                    key=lambda r: r["delta"])
+        rs = sorted(
+            [r for r in rows if r["tau"] == tau and r["look1"] == "between folds" and r["kind"] != "null-folds"],
+            key=lambda r: r["delta"],
+        )
         if rs:
             ax1.plot([r["delta"] for r in rs], [r["fixed_rate"] for r in rs], "k--", lw=1, alpha=0.6)
     ax1.axhline(TARGETS["false_ship"], color="tab:red", ls=":", lw=1, label="α = 0.05")
@@ -377,9 +550,12 @@ def _plot(rows: list[dict]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("what", choices=["run", "tune", "report", "installed"])
-    p.add_argument("--split", default="check",
-                   help="cal (worlds to set rho and the futility bound) | check (fresh worlds, the reported ones); "
-                        "eval: the worlds an earlier spending was reported on")
+    p.add_argument(
+        "--split",
+        default="check",
+        help="cal (worlds to set rho and the futility bound) | check (fresh worlds, the reported ones); "
+        "eval: the worlds an earlier spending was reported on",
+    )
     p.add_argument("--n", type=int, default=None, help="worlds per setting (default: 300 for the targets)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--budget-s", type=float, default=None, help="stop taking results after this many seconds")

@@ -49,8 +49,10 @@ def overrides_of(setting: str) -> list[str]:
         elif part == "fla":
             out.append("model.mamba.ssd=fla")
         else:
-            raise SystemExit(f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
-                             f"compiled or fla, joined by '+'")
+            raise SystemExit(
+                f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
+                f"compiled or fla, joined by '+'"
+            )
     if not any(p.startswith("trainer.precision=") for p in out):
         raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")
     return out
@@ -61,18 +63,33 @@ def train_one(setting: str, seed: int, args, work: Path) -> dict:
     shutil.rmtree(home, ignore_errors=True)
     env = {**os.environ, "PERCEPTION_HOME": str(home), "OMP_NUM_THREADS": "1", "PERCEPTION_OPS_JIT": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)  # each run tracks into sqlite under its own home
-    cmd = ["perception-train", f"experiment={args.experiment}", f"seed={seed}", f"data.synthetic_seed={seed}",
-           f"trainer.device={args.device}", "trainer.progress=false", "tracking.system_metrics=false",
-           f"sweep_id=quality-{setting.replace('+', '-')}-{seed}", *overrides_of(setting), *args.overrides]
+    cmd = [
+        "perception-train",
+        f"experiment={args.experiment}",
+        f"seed={seed}",
+        f"data.synthetic_seed={seed}",
+        f"trainer.device={args.device}",
+        "trainer.progress=false",
+        "tracking.system_metrics=false",
+        f"sweep_id=quality-{setting.replace('+', '-')}-{seed}",
+        *overrides_of(setting),
+        *args.overrides,
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    row = dict(setting=setting, seed=seed, returncode=done.returncode, seconds=round(time.perf_counter() - t0, 1),
-               experiment=args.experiment, overrides=args.overrides, machine=args.machine)
+    row = dict(
+        setting=setting,
+        seed=seed,
+        returncode=done.returncode,
+        seconds=round(time.perf_counter() - t0, 1),
+        experiment=args.experiment,
+        overrides=args.overrides,
+        machine=args.machine,
+    )
     found = sorted(home.glob("runs/**/done.json"))
     if done.returncode == 0 and found:
         metrics = json.loads(found[0].read_text())["metrics"]
-        row["auc"] = {k.removeprefix("val_auc_h"): v for k, v in metrics.items()
-                      if k.startswith("val_auc_h")}
+        row["auc"] = {k.removeprefix("val_auc_h"): v for k, v in metrics.items() if k.startswith("val_auc_h")}
         row["samples_per_s"] = metrics.get("samples_per_s")
     else:
         row["error"] = (done.stderr or done.stdout).strip().splitlines()[-5:]
@@ -85,7 +102,10 @@ def print_table(summary: dict) -> None:
     w = 29 if any(len(st["seeds"]) > 1 for st in summary["settings"].values()) else 25
     print(f"{'':22}" + "".join(f"{'h' + h:>{w}}" for h in hs))
     s = summary["fp32_spread"]
-    print(f"{'fp32 seeds':22}" + "".join(f"{s[h]['mean']:.4f} [{s[h]['min']:.4f}, {s[h]['max']:.4f}]".rjust(w) for h in hs))
+    print(
+        f"{'fp32 seeds':22}"
+        + "".join(f"{s[h]['mean']:.4f} [{s[h]['min']:.4f}, {s[h]['max']:.4f}]".rjust(w) for h in hs)
+    )
     print(f"{'fp32 seed sd':22}" + "".join(f"{s[h]['sd']:{w}.4f}" for h in hs))
     paired = False
     for name, st in summary["settings"].items():
@@ -95,15 +115,19 @@ def print_table(summary: dict) -> None:
             if "equivalence" in v:
                 paired, e = True, v["equivalence"]
                 mark = {"holds": " ", "differs": "!", "inconclusive": "?"}[e["verdict"]]
-                cells.append(f"{e['mean_delta']:+.4f} [{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]{mark}".rjust(w))
+                cells.append(
+                    f"{e['mean_delta']:+.4f} [{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]{mark}".rjust(w)
+                )
             else:
                 mark = " " if v["within_sd"] else "!"
                 cells.append(f"{v['auc']:.4f} ({v['delta_same_seed']:+.4f}){mark}".rjust(w))
         label = f"{name} ({len(st['seeds'])} seeds)" if len(st["seeds"]) > 1 else name
         print(f"{label:22}" + "".join(cells) + f"   {st['verdict']}")
     if paired:
-        print("(paired rows: mean difference to the same-seed fp32 runs [90% t-interval]; ' ': inside ±fp32 seed sd, "
-              "'!': outside, '?': straddles it)")
+        print(
+            "(paired rows: mean difference to the same-seed fp32 runs [90% t-interval]; ' ': inside ±fp32 seed sd, "
+            "'!': outside, '?': straddles it)"
+        )
     print("(single rows: AUC (difference to the fp32 run of the same seed); '!': larger than the fp32 seed sd)")
 
 
@@ -121,8 +145,14 @@ def plot(summary: dict, path: Path, title: str) -> None:
     ax.plot(xs, [s[h]["mean"] for h in hs], "k--", lw=1, label="fp32 mean")
     for name, st in summary["settings"].items():
         n = len(st["seeds"])
-        ax.plot(xs, [st["per_horizon"][h]["auc"] for h in hs], "o-", ms=4, lw=1,
-                label=f"{name} (mean of {n} seeds)" if n > 1 else name)
+        ax.plot(
+            xs,
+            [st["per_horizon"][h]["auc"] for h in hs],
+            "o-",
+            ms=4,
+            lw=1,
+            label=f"{name} (mean of {n} seeds)" if n > 1 else name,
+        )
     ax.set_xticks(list(xs), [f"h{h}" for h in hs])
     ax.set_ylabel("final validation AUC")
     ax.set_title(title)
@@ -137,15 +167,25 @@ def main() -> int:
     p.add_argument("--experiment", default="local")
     p.add_argument("--fp32-seeds", type=int, default=5)
     p.add_argument("--seed", type=int, default=0, help="the first fp32 seed, and every other setting's")
-    p.add_argument("--setting-seeds", type=int, default=1, help="seeds per setting (<= --fp32-seeds); >= 2 gives "
-                   "the paired equivalence verdict")
+    p.add_argument(
+        "--setting-seeds",
+        type=int,
+        default=1,
+        help="seeds per setting (<= --fp32-seeds); >= 2 gives the paired equivalence verdict",
+    )
     p.add_argument("--settings", nargs="+", default=["tf32", "bf16", "tf32+compiled", "bf16+compiled"])
     p.add_argument("--parallel", type=int, default=4)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tag", default=None, help="result file name (default: precision_quality_<experiment>)")
-    p.add_argument("--from-rows", nargs="+", type=Path, default=None, metavar="ROWS.jsonl",
-                   help="train nothing: summarise the finished runs these files hold (a killed study's, or "
-                   "studies of the same code over disjoint seeds, e.g. --seed 0 and --seed 5)")
+    p.add_argument(
+        "--from-rows",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="ROWS.jsonl",
+        help="train nothing: summarise the finished runs these files hold (a killed study's, or "
+        "studies of the same code over disjoint seeds, e.g. --seed 0 and --seed 5)",
+    )
     p.add_argument("--machine", default=None, help="with --from-rows: the machine of rows that name none")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = p.parse_args()
@@ -157,8 +197,10 @@ def main() -> int:
     for s in args.settings:
         overrides_of(s)
     if not 1 <= args.setting_seeds <= args.fp32_seeds:
-        raise SystemExit(f"--setting-seeds {args.setting_seeds}: expected 1 .. --fp32-seeds ({args.fp32_seeds}), "
-                         "each setting's run is paired with the fp32 run of its seed")
+        raise SystemExit(
+            f"--setting-seeds {args.setting_seeds}: expected 1 .. --fp32-seeds ({args.fp32_seeds}), "
+            "each setting's run is paired with the fp32 run of its seed"
+        )
     if shutil.which("perception-train") is None:
         raise SystemExit("perception-train is not on PATH: install the package (pip install -e .)")
     jobs = [("fp32", args.seed + i) for i in range(args.fp32_seeds)]
@@ -201,8 +243,10 @@ def read_rows(paths: list[Path], args) -> list[dict]:
             row.setdefault("overrides", args.overrides)
             row.setdefault("machine", args.machine)
             if (row["experiment"], row["overrides"]) != (args.experiment, args.overrides):
-                raise SystemExit(f"{path}:{n}: a run of experiment={row['experiment']} {row['overrides']}; expected "
-                                 f"--experiment {args.experiment} and overrides {args.overrides}")
+                raise SystemExit(
+                    f"{path}:{n}: a run of experiment={row['experiment']} {row['overrides']}; expected "
+                    f"--experiment {args.experiment} and overrides {args.overrides}"
+                )
             seen[key] = f"{path}:{n}"
             rows.append(row)
     return rows
@@ -223,8 +267,14 @@ def write_result(rows: list[dict], args) -> int:
     summary = summarise(rows, args.seed)
     print_table(summary)
     machine = ", ".join(sorted({str(r.get("machine")) for r in rows}))
-    result = dict(experiment=args.experiment, overrides=args.overrides, machine=machine, seed=args.seed,
-                  runs=sorted(rows, key=lambda r: (r["setting"], r["seed"])), **summary)
+    result = dict(
+        experiment=args.experiment,
+        overrides=args.overrides,
+        machine=machine,
+        seed=args.seed,
+        runs=sorted(rows, key=lambda r: (r["setting"], r["seed"])),
+        **summary,
+    )
     (out / f"{tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(summary, out / f"{tag}.png", f"{args.experiment} {' '.join(args.overrides)}".strip())
     print(f"wrote {out / (tag + '.json')} and .png")

@@ -74,8 +74,10 @@ def gaps(directory: Path, horizons: list[int]) -> dict[str, float]:
     logged = [e for e in entries if e["op"] == "metrics"][-1]["values"]
     with np.load(directory / "predictions" / "val_final.npz") as z:
         probs, labels, mask = z["probs"], z["labels"], z["mask"].astype(bool)
-    return {f"h{h}": abs(logged[f"val_auc_h{h}"] - auc(probs[mask[:, j], j], labels[mask[:, j], j]))
-            for j, h in enumerate(horizons)}
+    return {
+        f"h{h}": abs(logged[f"val_auc_h{h}"] - auc(probs[mask[:, j], j], labels[mask[:, j], j]))
+        for j, h in enumerate(horizons)
+    }
 
 
 def final_metrics(directory: Path) -> dict[str, float]:
@@ -115,26 +117,49 @@ def main() -> None:
             g = gaps(directory, horizons)
             final = final_metrics(directory)
             same = all(final[f"val_auc_h{h}"] == reference[fold][f"val_auc_h{h}"] for h in horizons)
-            rows.append({"trial": i, "kill_point": point, "fold": fold, "outcome": what,
-                         "re_evaluated": "resuming" in resumed.stdout, "max_gap": max(g.values()), "gaps": g,
-                         "equals_uninterrupted": same})
+            rows.append(
+                {
+                    "trial": i,
+                    "kill_point": point,
+                    "fold": fold,
+                    "outcome": what,
+                    "re_evaluated": "resuming" in resumed.stdout,
+                    "max_gap": max(g.values()),
+                    "gaps": g,
+                    "equals_uninterrupted": same,
+                }
+            )
             elapsed = time.perf_counter() - t0
             eta = elapsed / (i + 1) * (args.trials - i - 1)
-            print(f"[{i + 1}/{args.trials}] {point} fold {fold}: {what}, max |gap| {rows[-1]['max_gap']:.3g}, "
-                  f"equal to uninterrupted: {same} · {elapsed:.0f} s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"[{i + 1}/{args.trials}] {point} fold {fold}: {what}, max |gap| {rows[-1]['max_gap']:.3g}, "
+                f"equal to uninterrupted: {same} · {elapsed:.0f} s, ETA {eta:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     killed = [r for r in rows if r["outcome"] == "killed"]
     print(f"\n{'trial':>5}  {'kill point':<24} {'fold':>4}  {'outcome':<15} {'max |gap|':>10}  equal to uninterrupted")
     for r in rows:
-        print(f"{r['trial']:>5}  {r['kill_point']:<24} {r['fold']:>4}  {r['outcome']:<15} {r['max_gap']:>10.3g}  "
-              f"{r['equals_uninterrupted']}")
+        print(
+            f"{r['trial']:>5}  {r['kill_point']:<24} {r['fold']:>4}  {r['outcome']:<15} {r['max_gap']:>10.3g}  "
+            f"{r['equals_uninterrupted']}"
+        )
     worst = max((r["max_gap"] for r in killed), default=float("nan"))
-    print(f"\nkilled and resumed: {len(killed)} of {len(rows)}; largest |logged - recomputed| over "
-          f"{len(killed) * len(horizons)} (run, horizon) pairs: {worst:.3g}; gate tolerance {AUC_TOLERANCE:g}")
-    result = {"machine": {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count()},
-              "experiment": "ci", "horizons": horizons, "trials": rows, "n_killed": len(killed),
-              "max_gap_killed": worst, "tolerance": AUC_TOLERANCE,
-              "all_equal_uninterrupted": all(r["equals_uninterrupted"] for r in rows)}
+    print(
+        f"\nkilled and resumed: {len(killed)} of {len(rows)}; largest |logged - recomputed| over "
+        f"{len(killed) * len(horizons)} (run, horizon) pairs: {worst:.3g}; gate tolerance {AUC_TOLERANCE:g}"
+    )
+    result = {
+        "machine": {"host": platform.node(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "experiment": "ci",
+        "horizons": horizons,
+        "trials": rows,
+        "n_killed": len(killed),
+        "max_gap_killed": worst,
+        "tolerance": AUC_TOLERANCE,
+        "all_equal_uninterrupted": all(r["equals_uninterrupted"] for r in rows),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -63,8 +63,16 @@ PLOT = RESULTS / "validity.png"
 # and a re-run redoes rows of another.
 EVIDENCE = "holm"
 # Seed bases keep every test's seeds apart, and apart from perception-sweep calibrate's (90000 on).
-SEED_BASE = {"ab": 50_000, "aa": 10_000, "no_signal": 20_000, "per_horizon": 30_000, "reseed": 40_000,
-             "per_horizon_null": 60_000, "extremes": 80_000, "extremes_null": 82_000}
+SEED_BASE = {
+    "ab": 50_000,
+    "aa": 10_000,
+    "no_signal": 20_000,
+    "per_horizon": 30_000,
+    "reseed": 40_000,
+    "per_horizon_null": 60_000,
+    "extremes": 80_000,
+    "extremes_null": 82_000,
+}
 
 
 def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
@@ -79,52 +87,116 @@ def design(test: str, control: str) -> tuple[list[str], list[str], str, str]:
     if test == "ab":
         return [], [], "shared", "per_horizon"
     if test in ("per_horizon", "per_horizon_null"):
-        return (["--arms", "shared_skip,per_horizon", "--control", "shared_skip", "--treatment", "per_horizon"],
-                [f"data.synthetic_world={test}"], "shared_skip", "per_horizon")
+        return (
+            ["--arms", "shared_skip,per_horizon", "--control", "shared_skip", "--treatment", "per_horizon"],
+            [f"data.synthetic_world={test}"],
+            "shared_skip",
+            "per_horizon",
+        )
     if test in ATTRIBUTION_TESTS:
-        return (["--arms", "shared,per_horizon,shared_skip"], [f"data.synthetic_world=per_horizon_{test}"],
-                "shared", "per_horizon")
+        return (
+            ["--arms", "shared,per_horizon,shared_skip"],
+            [f"data.synthetic_world=per_horizon_{test}"],
+            "shared",
+            "per_horizon",
+        )
     raise SystemExit(f"unknown test {test!r}")
 
 
-def run_sweep(test: str, control: str, experiment: str, seed: int, cpu_workers: int, extra: list[str],
-              work: Path, gpu: str = "", replicates: int = 1, max_replicates: int = 0) -> dict:
+def run_sweep(
+    test: str,
+    control: str,
+    experiment: str,
+    seed: int,
+    cpu_workers: int,
+    extra: list[str],
+    work: Path,
+    gpu: str = "",
+    replicates: int = 1,
+    max_replicates: int = 0,
+) -> dict:
     """One sweep of `replicates` replicates, or with `max_replicates` a sequential study of up to that many
     waves; `gpu` names the GPU its trainings run on one after another ("" for CPU lanes)."""
     flags, overrides, a, b = design(test, control)
     home = work / f"{test}-{control}-{seed}"
     shutil.rmtree(home, ignore_errors=True)
     sweep_id = f"v-{test}-{control}-{seed}"
-    env = {**os.environ, "PERCEPTION_HOME": str(home), "CUDA_VISIBLE_DEVICES": gpu, "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PERCEPTION_OPS_JIT": "0"}
+    env = {
+        **os.environ,
+        "PERCEPTION_HOME": str(home),
+        "CUDA_VISIBLE_DEVICES": gpu,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "PERCEPTION_OPS_JIT": "0",
+    }
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = ["perception-sweep", "local", "--sweep-id", sweep_id, "--cpu-workers", str(cpu_workers), *flags,
-           *(["--design", "sequential", "--max-replicates", str(max_replicates)] if max_replicates
-             else ["--replicates", str(replicates)]),
-           f"experiment={experiment}", f"seed={seed}", f"data.synthetic_seed={seed}", "trainer.progress=false",
-           *overrides, *extra]
+    cmd = [
+        "perception-sweep",
+        "local",
+        "--sweep-id",
+        sweep_id,
+        "--cpu-workers",
+        str(cpu_workers),
+        *flags,
+        *(
+            ["--design", "sequential", "--max-replicates", str(max_replicates)]
+            if max_replicates
+            else ["--replicates", str(replicates)]
+        ),
+        f"experiment={experiment}",
+        f"seed={seed}",
+        f"data.synthetic_seed={seed}",
+        "trainer.progress=false",
+        *overrides,
+        *extra,
+    ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     report = home / "gate" / sweep_id / "report.json"
-    row = {"test": test, "experiment": experiment, "control": a, "treatment": b, "seed": seed,
-           "replicates": replicates, **({"design": "sequential", "max_replicates": max_replicates} if max_replicates else {}),
-           "returncode": done.returncode, "seconds": round(time.perf_counter() - t0, 1), "extra": extra,
-           "device": f"cuda:{gpu}" if gpu else "cpu"}
+    row = {
+        "test": test,
+        "experiment": experiment,
+        "control": a,
+        "treatment": b,
+        "seed": seed,
+        "replicates": replicates,
+        **({"design": "sequential", "max_replicates": max_replicates} if max_replicates else {}),
+        "returncode": done.returncode,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "extra": extra,
+        "device": f"cuda:{gpu}" if gpu else "cpu",
+    }
     s = json.loads(report.read_text()) if report.is_file() else {}
     if s and not s.get("refused"):
-        row.update(evidence=_evidence(s),
-                   decision=s.get("decision"), W=s.get("W"), G=s.get("G"), p=s.get("p"), rule=s.get("rule"),
-                   replicates=len(s.get("replicates") or [0]), training_noise=s.get("training_noise"),
-                   delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
-                   horizons=s.get("horizons"), mde_W=(s.get("mde") or {}).get("W"))
+        row.update(
+            evidence=_evidence(s),
+            decision=s.get("decision"),
+            W=s.get("W"),
+            G=s.get("G"),
+            p=s.get("p"),
+            rule=s.get("rule"),
+            replicates=len(s.get("replicates") or [0]),
+            training_noise=s.get("training_noise"),
+            delta_per_fold={arm: s["auc"][arm]["per_fold"] for arm in (a, b)} if s.get("auc") else None,
+            horizons=s.get("horizons"),
+            mde_W=(s.get("mde") or {}).get("W"),
+        )
         if max_replicates:  # where the study stopped, and what it trained
-            row.update(look=s.get("look"), max_looks=s.get("max_looks"),
-                       trainings=(s.get("cost") or {}).get("trainings"))
+            row.update(
+                look=s.get("look"), max_looks=s.get("max_looks"), trainings=(s.get("cost") or {}).get("trainings")
+            )
         if s.get("attribution"):
             att = s["attribution"]
-            row.update(attribution=att.get("decision"), verdict=att.get("verdict"), attribution_W=att.get("W"),
-                       attribution_mde_W=(att.get("mde") or {}).get("W"),
-                       diagnostics={arm: {k: d.get(k) for k in DIAGNOSTICS} for arm, d in (s.get("diagnostics") or {}).items()})
+            row.update(
+                attribution=att.get("decision"),
+                verdict=att.get("verdict"),
+                attribution_W=att.get("W"),
+                attribution_mde_W=(att.get("mde") or {}).get("W"),
+                diagnostics={
+                    arm: {k: d.get(k) for k in DIAGNOSTICS} for arm, d in (s.get("diagnostics") or {}).items()
+                },
+            )
     else:  # no decision: keep what the gate refused for, or the sweep's own last words
         why = ("gate refused: " + "; ".join(s.get("reasons") or []) + "\n") if s.get("refused") else done.stdout[-1500:]
         row.update(decision=None, error=(why + "\n" + done.stderr[-1500:]).strip())
@@ -152,17 +224,41 @@ def run_test(args: argparse.Namespace) -> None:
     spacing = max(args.replicates, args.max_replicates)
     seeds = list(range(base, base + args.n * spacing, spacing))
     controls = [args.control]
-    have = {(r["test"], r["control"], r["seed"], r["experiment"], tuple(r.get("extra") or []), r.get("replicates", 1),
-             r.get("max_replicates", 0))
-            for r in done_rows() if r.get("decision")
-            and r.get("evidence", "normal") == EVIDENCE}
+    have = {
+        (
+            r["test"],
+            r["control"],
+            r["seed"],
+            r["experiment"],
+            tuple(r.get("extra") or []),
+            r.get("replicates", 1),
+            r.get("max_replicates", 0),
+        )
+        for r in done_rows()
+        if r.get("decision") and r.get("evidence", "normal") == EVIDENCE
+    }
     _, _, a0, _ = design(args.test, args.control)
-    todo = [(c, s) for c in controls for s in seeds
-            if (args.test, design(args.test, c)[2], s, args.experiment, tuple(args.extra), args.replicates,
-                args.max_replicates) not in have]
+    todo = [
+        (c, s)
+        for c in controls
+        for s in seeds
+        if (
+            args.test,
+            design(args.test, c)[2],
+            s,
+            args.experiment,
+            tuple(args.extra),
+            args.replicates,
+            args.max_replicates,
+        )
+        not in have
+    ]
     what = f"sequential, up to {args.max_replicates} waves" if args.max_replicates else f"R = {args.replicates}"
-    print(f"{args.test} at {args.experiment}, {what}: {len(todo)} sweeps to run "
-          f"({len(controls) * len(seeds) - len(todo)} done earlier)", file=sys.stderr)
+    print(
+        f"{args.test} at {args.experiment}, {what}: {len(todo)} sweeps to run "
+        f"({len(controls) * len(seeds) - len(todo)} done earlier)",
+        file=sys.stderr,
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="perception-validity-"))
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
@@ -170,8 +266,23 @@ def run_test(args: argparse.Namespace) -> None:
         futures = {}
         for i, (c, s) in enumerate(todo):
             gpu = str(i % args.gpus) if args.gpus else ""
-            futures[pool.submit(_guarded, deadline, run_sweep, args.test, c, args.experiment, s, args.cpu_workers,
-                                args.extra, work, gpu, args.replicates, args.max_replicates)] = (c, s)
+            futures[
+                pool.submit(
+                    _guarded,
+                    deadline,
+                    run_sweep,
+                    args.test,
+                    c,
+                    args.experiment,
+                    s,
+                    args.cpu_workers,
+                    args.extra,
+                    work,
+                    gpu,
+                    args.replicates,
+                    args.max_replicates,
+                )
+            ] = (c, s)
         bar = tqdm(total=len(futures), desc=f"{args.test} sweeps", unit="sweep")
         rows_written = []
         for f in as_completed(futures):
@@ -201,8 +312,9 @@ def _guarded(deadline, fn, *a):
 def report() -> list[dict]:
     """The summary of every sweep run so far: a table, the JSON and the plot."""
     rows = summarize(done_rows())
-    SUMMARY.write_text(json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()},
-                                  indent=2) + "\n")
+    SUMMARY.write_text(
+        json.dumps({"rows": rows, "machine": os.uname().nodename, "cores": os.cpu_count()}, indent=2) + "\n"
+    )
     print_table(rows)
     plot(rows, PLOT)
     return rows
@@ -210,8 +322,10 @@ def report() -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("test", choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", *ATTRIBUTION_TESTS,
-                                    "report"])
+    p.add_argument(
+        "test",
+        choices=["aa", "reseed", "no_signal", "per_horizon", "per_horizon_null", "ab", *ATTRIBUTION_TESTS, "report"],
+    )
     p.add_argument("--experiment", default="local")
     p.add_argument("--n", type=int, default=40, help="independent sweeps")
     p.add_argument("--control", default="shared", help="aa: the arm twinned")
@@ -219,11 +333,19 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=4, help="sweeps at once")
     p.add_argument("--cpu-workers", type=int, default=6, help="trainings at once within a sweep")
     p.add_argument("--replicates", type=int, default=1, help="replicates per sweep (the gate pools them)")
-    p.add_argument("--max-replicates", type=int, default=0,
-                   help="run each sweep as a sequential study of up to this many waves (--design sequential)")
+    p.add_argument(
+        "--max-replicates",
+        type=int,
+        default=0,
+        help="run each sweep as a sequential study of up to this many waves (--design sequential)",
+    )
     p.add_argument("--budget-s", type=float, default=None, help="start no sweep after this many seconds")
-    p.add_argument("--gpus", type=int, default=0,
-                   help="spread the sweeps over this many GPUs, each sweep's trainings on one (default: CPU lanes)")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="spread the sweeps over this many GPUs, each sweep's trainings on one (default: CPU lanes)",
+    )
     p.add_argument("extra", nargs="*", help="more overrides for every sweep, e.g. trainer.epochs=8")
     args = p.parse_intermixed_args()
     if args.test == "report":

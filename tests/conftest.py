@@ -106,8 +106,12 @@ def postgresql_mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     import secrets
 
     with postgres(durable=False) as pg:  # fsync off: the store is thrown away
-        server = MlflowServer(tmp_path_factory.mktemp("mlflow-server-pg"), backend_store_uri=pg.uri("mlflow"),
-                              auth_database_uri=pg.uri("mlflow_auth"), password=secrets.token_hex(12))
+        server = MlflowServer(
+            tmp_path_factory.mktemp("mlflow-server-pg"),
+            backend_store_uri=pg.uri("mlflow"),
+            auth_database_uri=pg.uri("mlflow_auth"),
+            password=secrets.token_hex(12),
+        )
         server.start()
         yield server
         server.stop()

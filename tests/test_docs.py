@@ -25,8 +25,7 @@ RESULT_EXTENSIONS = ("json", "jsonl", "md", "log", "png", "csv")
 # the CfC candidates, a run's diagnostics plot.
 RESULT_FAMILIES = ("ops", "cfc", "cuda_tests", "per_horizon_world")
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "perception-home", "build", "dist"}
-TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".cpp", ".cu", ".cuh", ".h", ".cfg",
-                 ".ini", ""}
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".cpp", ".cu", ".cuh", ".h", ".cfg", ".ini", ""}
 
 NAME = r"[A-Za-z0-9_][A-Za-z0-9_.\-]*\.(?:" + "|".join(RESULT_EXTENSIONS) + r")"
 # A whole file name: not the tail of a longer name or glob (`ops_cfc.json` does not cite `cfc.json`).
@@ -73,13 +72,17 @@ def test_every_results_file_is_cited_in_readme_or_docs():
     uncited = [name for name in _results_files() if name not in cited_anywhere]
     assert not uncited, (
         f"benchmarks/results/ or studies/results/ hold files that neither README.md nor docs/*.md cite: {uncited}; "
-        "cite each where its figure is used, or delete it (git keeps it)")
+        "cite each where its figure is used, or delete it (git keeps it)"
+    )
 
 
 def test_every_cited_results_file_exists():
-    missing = {f"{path.relative_to(ROOT)}: {folder or 'benchmarks|studies'}/results/{name}"
-               for path, text in _docs().items() for folder, name in _cited_results(text)
-               if name not in _results_files(folder)}
+    missing = {
+        f"{path.relative_to(ROOT)}: {folder or 'benchmarks|studies'}/results/{name}"
+        for path, text in _docs().items()
+        for folder, name in _cited_results(text)
+        if name not in _results_files(folder)
+    }
     assert not missing, f"cited results files that their results folder does not hold: {sorted(missing)}"
 
 
@@ -97,8 +100,10 @@ def test_relative_links_resolve():
 def _design_sections() -> dict[int, str]:
     text = DESIGN.read_text(encoding="utf-8")
     marks = list(HEADING.finditer(text))
-    return {int(m.group(1)): text[m.start(): marks[i + 1].start() if i + 1 < len(marks) else len(text)]
-            for i, m in enumerate(marks)}
+    return {
+        int(m.group(1)): text[m.start() : marks[i + 1].start() if i + 1 < len(marks) else len(text)]
+        for i, m in enumerate(marks)
+    }
 
 
 def _tree_text_files():
@@ -107,8 +112,12 @@ def _tree_text_files():
         folder = stack.pop()
         for path in folder.iterdir():
             if path.is_dir():
-                if path.name not in SKIP_DIRS and not path.name.startswith(".") and not path.name.endswith(
-                        ".egg-info") and path not in RESULTS.values():
+                if (
+                    path.name not in SKIP_DIRS
+                    and not path.name.startswith(".")
+                    and not path.name.endswith(".egg-info")
+                    and path not in RESULTS.values()
+                ):
                     stack.append(path)
             elif path.suffix in TEXT_SUFFIXES and path.is_file():
                 try:
@@ -129,7 +138,7 @@ def test_every_design_citation_names_a_section_of_docs_design():
             start = CITATION.search(line)
             if not start:
                 continue
-            for number, sub in SECTION_NUMBER.findall(line[start.end() - 1:]):
+            for number, sub in SECTION_NUMBER.findall(line[start.end() - 1 :]):
                 seen += 1
                 where = f"{path.relative_to(ROOT)}:{lineno}"
                 if int(number) not in sections:

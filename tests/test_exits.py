@@ -29,8 +29,13 @@ def test_each_error_exits_with_its_code_and_one_line_naming_the_command(capsys):
     cases = [
         (ConfigError("data.window=0: expected > 0"), {}, EXIT_USAGE, "prog: config error: data.window=0: expected > 0"),
         (ConfigError("bad"), {ConfigError: "error"}, EXIT_USAGE, "prog: error: bad"),
-        (LockHeld("run x", Path("/r/lock"), holder), {}, EXIT_USAGE,
-         "prog: run x is in use by pid 1 on host host since 2024-01-01 00:00:00 UTC (perception-train); lock file /r/lock"),
+        (
+            LockHeld("run x", Path("/r/lock"), holder),
+            {},
+            EXIT_USAGE,
+            "prog: run x is in use by pid 1 on host host since 2024-01-01 00:00:00 UTC (perception-train); lock "
+            "file /r/lock",
+        ),
         (DataError("f.dbn: truncated"), {}, EXIT_FAILED, "prog: f.dbn: truncated"),
         (DataError("f.dbn: truncated"), {DataError: "data error"}, EXIT_FAILED, "prog: data error: f.dbn: truncated"),
         (PerceptionError("the gate refused"), {}, EXIT_FAILED, "prog: the gate refused"),

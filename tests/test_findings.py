@@ -23,8 +23,11 @@ MEASURED = re.compile(r"\bMeasured\b|\bmeasured\b[^.;:]{0,60}?\d")
 
 def python_prose(text: str) -> list[tuple[int, str]]:
     """(line, text) of every comment and every module, class and function docstring."""
-    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-             if tok.type == tokenize.COMMENT]
+    found = [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+        if tok.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node, clean=False)
@@ -40,14 +43,13 @@ def yaml_prose(text: str) -> list[tuple[int, str]]:
         unquoted = re.sub(r"'[^']*'|\"[^\"]*\"", lambda m: " " * len(m.group()), line)
         start = re.search(r"(^|\s)#", unquoted)
         if start:
-            found.append((lineno, line[start.end():]))
+            found.append((lineno, line[start.end() :]))
     return found
 
 
 def c_prose(text: str) -> list[tuple[int, str]]:
     """(line, text) of every // and /* */ comment."""
-    return [(text.count("\n", 0, m.start()) + 1, m.group())
-            for m in re.finditer(r"//[^\n]*|/\*.*?\*/", text, re.S)]
+    return [(text.count("\n", 0, m.start()) + 1, m.group()) for m in re.finditer(r"//[^\n]*|/\*.*?\*/", text, re.S)]
 
 
 def prose(path: Path) -> list[tuple[int, str]]:
@@ -68,26 +70,36 @@ def findings(path: Path) -> list[str]:
         for rule, pattern in (("a time in ms", MILLISECONDS), ("measurement prose", MEASURED)):
             hit = pattern.search(flat)
             if hit:
-                wrong.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{lineno}: "
-                             f"{rule}: {flat[max(0, hit.start() - 30): hit.end() + 30]!r}")
+                wrong.append(
+                    f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{lineno}: "
+                    f"{rule}: {flat[max(0, hit.start() - 30) : hit.end() + 30]!r}"
+                )
     return wrong
 
 
 def test_no_measurements_in_the_code_s_comments_or_the_config_s():
-    files = [p for folder in SCANNED for p in sorted(folder.rglob("*"))
-             if p.is_file() and (p.suffix in {".py", ".yaml", ".yml"} | C_SUFFIXES)]
+    files = [
+        p
+        for folder in SCANNED
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and (p.suffix in {".py", ".yaml", ".yml"} | C_SUFFIXES)
+    ]
     assert len(files) > 50, "the scan is not reading the tree"
     wrong = [w for path in files for w in findings(path)]
-    assert not wrong, ("measurements belong in docs/ (docs/performance.md, docs/validity.md, docs/kernels.md), "
-                       "with a pointer from the code:\n" + "\n".join(wrong))
+    assert not wrong, (
+        "measurements belong in docs/ (docs/performance.md, docs/validity.md, docs/kernels.md), "
+        "with a pointer from the code:\n" + "\n".join(wrong)
+    )
 
 
 def test_the_check_catches_each_kind_and_leaves_code_alone(tmp_path):
     py = tmp_path / "m.py"
-    py.write_text('"""A module.\n\nMeasured (some.json): no lift."""\n'
-                  "timeout_ms = 5  # a plain why\n"
-                  "def f():\n    \"\"\"Fast: 18.1 ms on a GPU.\"\"\"\n    return '3 ms'\n"
-                  "x = 1  # the gradient was measured 0 in fp32\n")
+    py.write_text(
+        '"""A module.\n\nMeasured (some.json): no lift."""\n'
+        "timeout_ms = 5  # a plain why\n"
+        'def f():\n    """Fast: 18.1 ms on a GPU."""\n    return \'3 ms\'\n'
+        "x = 1  # the gradient was measured 0 in fp32\n"
+    )
     hits = findings(py)
     assert [h.split(": ")[1] for h in hits] == ["measurement prose", "a time in ms", "measurement prose"], hits
     assert [h.split(":")[1] for h in hits] == ["1", "6", "8"], hits
@@ -95,5 +107,5 @@ def test_the_check_catches_each_kind_and_leaves_code_alone(tmp_path):
     yaml.write_text("a: 1  # 83.3 ms a step\nb: '# 5 ms, quoted'\n# measured fastest at K = 6000\nc: 2  # why\n")
     assert [h.split(":")[1] for h in findings(yaml)] == ["1", "3"], findings(yaml)
     cu = tmp_path / "k.cu"
-    cu.write_text("int a = 1; // 0.171 ms\n/* a why,\n   not a figure */\nconst char* s = \"2 ms\";\n")
+    cu.write_text('int a = 1; // 0.171 ms\n/* a why,\n   not a figure */\nconst char* s = "2 ms";\n')
     assert [h.split(":")[1] for h in findings(cu)] == ["1"], findings(cu)

@@ -63,7 +63,6 @@ def test_the_check_sees_function_level_imports(tmp_path):
     assert layer_of("perception.data") == "data"
 
 
-
 def test_every_directory_that_ships_is_a_listed_package():
     """A new layer, config group or data directory must be added to pyproject's `packages`: setuptools
     warns about an unlisted one today and will leave it out of the wheel. Tracked files only (a build's

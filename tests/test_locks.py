@@ -40,8 +40,13 @@ def start_holder(tmp_path: Path, lock: Path, release: Path, env: dict | None = N
     script = tmp_path / "holder.py"
     if not script.exists():  # rewritten while a holder starts, it would read an empty script
         script.write_text(HOLDER)
-    return subprocess.Popen([sys.executable, str(script), str(lock), str(release)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, str(script), str(lock), str(release)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def killed_holder(tmp_path: Path, lock: Path, release: Path) -> subprocess.Popen:
@@ -98,9 +103,19 @@ def test_a_holder_killed_9_is_taken_over_with_a_notice(tmp_path):
 
 def _foreign_lock(lock: Path) -> None:
     """A lock file written by a process on another machine (its pid means nothing here)."""
-    lock.write_text(json.dumps({"pid": 4242, "host": "node-7", "started": "2026-01-01 00:00:00 UTC",
-                                "command": "perception-train sweep_id=x", "token": "t",
-                                "machine": "node-7|boot|pid:[1]", "pid_start": 1}))
+    lock.write_text(
+        json.dumps(
+            {
+                "pid": 4242,
+                "host": "node-7",
+                "started": "2026-01-01 00:00:00 UTC",
+                "command": "perception-train sweep_id=x",
+                "token": "t",
+                "machine": "node-7|boot|pid:[1]",
+                "pid_start": 1,
+            }
+        )
+    )
 
 
 def test_a_holder_elsewhere_whose_heartbeat_stopped_is_taken_over(tmp_path, fast):

@@ -26,8 +26,9 @@ def test_auc_is_roc_auc_score_with_ties_counted_half(seed, n, levels):
     labels = rng.integers(0, 2, n)
     labels[:2] = [0, 1]  # both classes present
     scores = rng.integers(0, levels, n) / levels + 0.3 * labels  # ties at every level count
-    assert auc(scores.astype(np.float32), labels) == pytest.approx(roc_auc_score(labels, scores.astype(np.float32)),
-                                                                   abs=1e-12)
+    assert auc(scores.astype(np.float32), labels) == pytest.approx(
+        roc_auc_score(labels, scores.astype(np.float32)), abs=1e-12
+    )
 
 
 def test_auc_is_nan_for_one_class_or_a_nan_score():

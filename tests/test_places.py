@@ -61,13 +61,26 @@ def test_a_multirun_with_one_bad_sweep_id_starts_no_job(tmp_path):
     assert written(tmp_path) == []
 
 
-@pytest.mark.parametrize("override", ["hydra.run.dir={out}", "hydra.sweep.dir={out}",
-                                      "hydra.output_subdir=../../../../o", "hydra.sweep.subdir=../../../../o"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "hydra.run.dir={out}",
+        "hydra.sweep.dir={out}",
+        "hydra.output_subdir=../../../../o",
+        "hydra.sweep.subdir=../../../../o",
+    ],
+)
 def test_hydra_s_output_directory_stays_under_perception_home(tmp_path, override):
     home = tmp_path / "h"
     multirun = ["-m"] if "sweep" in override else []
-    r = run("perception-train", *multirun, "experiment=ci", override.format(out=tmp_path / "outside"),
-            cwd=tmp_path, home=home)
+    r = run(
+        "perception-train",
+        *multirun,
+        "experiment=ci",
+        override.format(out=tmp_path / "outside"),
+        cwd=tmp_path,
+        home=home,
+    )
     assert_refused(r, override.split("=")[0], f"outside {home}")
     assert written(tmp_path) == []
 
@@ -76,14 +89,27 @@ def test_a_hydra_directory_under_home_is_accepted_and_a_refused_start_leaves_no_
     """The places pass (the error is the next check's), and the config refusal comes before any run
     directory, or Hydra's, is made."""
     home = tmp_path / "h"
-    r = run("perception-train", "experiment=ci", "sweep_id=s1", f"hydra.run.dir={home}/hydra-here",
-            "trainer.epochs=-1", cwd=tmp_path, home=home)
+    r = run(
+        "perception-train",
+        "experiment=ci",
+        "sweep_id=s1",
+        f"hydra.run.dir={home}/hydra-here",
+        "trainer.epochs=-1",
+        cwd=tmp_path,
+        home=home,
+    )
     assert_refused(r, "trainer.epochs=-1: expected a positive integer")
     assert written(tmp_path) == []
 
 
-@pytest.mark.parametrize("command", [["perception-sweep", "local", "--cpu-workers", "2", "--sweep-id", "s1"],
-                                     ["perception-sweep", "prepare", "--sweep-id", "s1"]], ids=["local", "prepare"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["perception-sweep", "local", "--cpu-workers", "2", "--sweep-id", "s1"],
+        ["perception-sweep", "prepare", "--sweep-id", "s1"],
+    ],
+    ids=["local", "prepare"],
+)
 def test_a_sweep_refuses_a_bad_value_before_building_or_training_anything(tmp_path, command):
     r = run(*command, "experiment=ci", "trainer.epochs=-1", cwd=tmp_path, home=tmp_path / "h")
     assert_refused(r, "trainer.epochs=-1: expected a positive integer")
@@ -117,15 +143,19 @@ def test_a_checkpoint_pointer_leading_out_of_the_run_is_refused(tmp_path):
             latest_checkpoint(pointer.parent.parent)
 
 
-@pytest.mark.parametrize("command", [
-    ["perception-sweep", "local", "experiment=ci", "--sweep-id"],
-    ["perception-sweep", "prepare", "experiment=ci", "--sweep-id"],
-    ["perception-sweep", "render", "--sweep-id"],
-    ["perception-sweep", "submit", "--host", "https://127.0.0.1:9", "--sweep-id"],
-    ["perception-sweep", "ui", "--sweep-id"],
-    ["perception-sweep", "sync", "--sweep-id"],
-    ["perception-gate", "--sweep-id"],
-], ids=lambda c: " ".join(c[:2]))
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["perception-sweep", "local", "experiment=ci", "--sweep-id"],
+        ["perception-sweep", "prepare", "experiment=ci", "--sweep-id"],
+        ["perception-sweep", "render", "--sweep-id"],
+        ["perception-sweep", "submit", "--host", "https://127.0.0.1:9", "--sweep-id"],
+        ["perception-sweep", "ui", "--sweep-id"],
+        ["perception-sweep", "sync", "--sweep-id"],
+        ["perception-gate", "--sweep-id"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
 @pytest.mark.parametrize("sweep_id", ["../../x", LONG], ids=["path", "300-chars"])
 def test_every_command_taking_a_sweep_id_refuses_one_off_the_rule(tmp_path, command, sweep_id):
     r = run(*command, sweep_id, cwd=tmp_path, home=tmp_path / "h")
@@ -140,8 +170,9 @@ def test_the_workflow_parameter_sweep_id_is_checked_before_render_writes(tmp_pat
     assert written(tmp_path) == []
 
 
-@pytest.mark.parametrize("command", [["perception-sweep", "local", "experiment=ci"], ["perception-sweep", "render"]],
-                         ids=["local", "render"])
+@pytest.mark.parametrize(
+    "command", [["perception-sweep", "local", "experiment=ci"], ["perception-sweep", "render"]], ids=["local", "render"]
+)
 def test_replicates_below_one_are_refused(tmp_path, command):
     r = run(*command, "--replicates", "0", cwd=tmp_path, home=tmp_path / "h")
     assert_refused(r, "--replicates 0: expected 1 or more")
@@ -198,8 +229,16 @@ def test_sync_leaves_a_run_directory_linked_out_of_its_sweep_alone(tmp_path):
     (outside / "tracking.jsonl").write_text('{"id": 0, "op": "start", "tags": {}, "params": {}, "time_ms": 0}\n')
     (home / "runs" / "s1").mkdir(parents=True)
     (home / "runs" / "s1" / "shared-f0").symlink_to(outside, target_is_directory=True)
-    r = run("perception-sweep", "sync", "--sweep-id", "s1", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
-            cwd=tmp_path, home=home)
+    r = run(
+        "perception-sweep",
+        "sync",
+        "--sweep-id",
+        "s1",
+        "--tracking-uri",
+        f"sqlite:///{tmp_path / 'm.db'}",
+        cwd=tmp_path,
+        home=home,
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"shared-f0: resolves to {outside}, outside {home / 'runs' / 's1'}; left alone" in r.stderr
     assert written(outside) == ["tracking.jsonl"]

@@ -7,7 +7,8 @@
 `prepare` fills the feature cache on a ReadWriteMany PVC, creates the sweep's parent MLflow run with
 its pre-registered gate plan, and lists the trainings (arms x folds x replicates, from the `arms`,
 `replicates` and `aa` parameters) that the `train` task fans out over (withParam), so `-p arms=...`
-changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC checkpoint after a preemption;
+changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC
+checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
 Only run ids travel between steps; metrics stay in MLflow.
 
@@ -74,8 +75,10 @@ OUTPUTS = "/tmp/prepare"  # prepare's output parameters, one file each
 DECISION_FILE = "/tmp/decision"
 GATE_LINE_FILE = "/tmp/gate.json"  # a look's JSON line (decision, W, G, look), read by `perception-sweep status`
 # prepare takes --replicates for the fixed design and --max-replicates for the sequential one, never both
-REPLICATES_FLAG = ('{{=workflow.parameters.design == "sequential" ? "--max-replicates=" + '
-                   'workflow.parameters["max-replicates"] : "--replicates=" + workflow.parameters.replicates}}')
+REPLICATES_FLAG = (
+    '{{=workflow.parameters.design == "sequential" ? "--max-replicates=" + '
+    'workflow.parameters["max-replicates"] : "--replicates=" + workflow.parameters.replicates}}'
+)
 GATE_REPORT_DIR = "/perception-home/runs/" + SWEEP_ID + "/gate"  # on the runs PVC, beside the runs
 # Measured noise files on the runs PVC: calibrate writes here, the gate reads here first
 # (perception.gate.noise.NOISE_DIR_ENV).
@@ -104,8 +107,10 @@ CONTAINER_SECURITY = SecurityContext(
 # BLAS read OMP_NUM_THREADS; Inductor's compile workers TORCHINDUCTOR_COMPILE_THREADS): a pool as wide
 # as a 64-core node under an 8-CPU quota spends the step throttled. The Downward API rounds the limit
 # up to whole cores.
-THREAD_ENV = [ResourceEnv(name=name, resource="limits.cpu", divisor="1")
-              for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")]
+THREAD_ENV = [
+    ResourceEnv(name=name, resource="limits.cpu", divisor="1")
+    for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+]
 
 # Spot preemption ends a pod as Failed ("imminent node shutdown") or Errored ("pod deleted");
 # a real training failure (exit 1) or a config error (exit 2) is not retried.
@@ -118,36 +123,71 @@ def _params(smoke: bool) -> list[Parameter]:
     return [
         Parameter(name="image", value="ghcr.io/perception-platform/perception", description="the training image"),
         Parameter(name="tag", value="latest", description="its tag"),
-        Parameter(name="experiment", value="ci" if smoke else "production",
-                  description="conf/experiment/NAME.yaml: the scale every step runs at"),
+        Parameter(
+            name="experiment",
+            value="ci" if smoke else "production",
+            description="conf/experiment/NAME.yaml: the scale every step runs at",
+        ),
         Parameter(name="epochs", value="2" if smoke else "30", description="epochs per training"),
-        Parameter(name="data", value="synthetic", enum=["synthetic", "dbn"],
-                  description="synthetic books, or DBN files from data-paths"),
-        Parameter(name="data-paths", value="[]",
-                  description="DBN inputs under the read-only market-data mount, e.g. [/data/ES/*.dbn.zst]"),
-        Parameter(name="gate-config", value="auto",
-                  description="conf/gate/NAME.yaml; auto: the experiment's own (its horizons match)"),
-        Parameter(name="sweep-id", value="",
-                  description="empty: a new sweep named after the workflow; an earlier sweep's id continues it "
-                              "(finished runs skipped, unfinished ones resumed from their checkpoints)"),
-        Parameter(name="argo-ui", value="",
-                  description="the Argo UI's base URL; `perception-sweep submit` sets it, so the gate tags the "
-                              "sweep's parent run with this workflow's page"),
-        Parameter(name="arms", value=",".join(VARIANTS),
-                  description="the arms to train, e.g. shared,per_horizon,shared_skip"),
+        Parameter(
+            name="data",
+            value="synthetic",
+            enum=["synthetic", "dbn"],
+            description="synthetic books, or DBN files from data-paths",
+        ),
+        Parameter(
+            name="data-paths",
+            value="[]",
+            description="DBN inputs under the read-only market-data mount, e.g. [/data/ES/*.dbn.zst]",
+        ),
+        Parameter(
+            name="gate-config",
+            value="auto",
+            description="conf/gate/NAME.yaml; auto: the experiment's own (its horizons match)",
+        ),
+        Parameter(
+            name="sweep-id",
+            value="",
+            description="empty: a new sweep named after the workflow; an earlier sweep's id continues it "
+            "(finished runs skipped, unfinished ones resumed from their checkpoints)",
+        ),
+        Parameter(
+            name="argo-ui",
+            value="",
+            description="the Argo UI's base URL; `perception-sweep submit` sets it, so the gate tags the "
+            "sweep's parent run with this workflow's page",
+        ),
+        Parameter(
+            name="arms", value=",".join(VARIANTS), description="the arms to train, e.g. shared,per_horizon,shared_skip"
+        ),
         Parameter(name="replicates", value="1", description="seed replicates per arm and fold"),
-        Parameter(name="design", value="fixed", enum=["fixed", "sequential"],
-                  description="fixed: every replicate, then the gate once; sequential: waves of one replicate "
-                              "each, the gate after every wave, stopping at the first look it settles"),
-        Parameter(name="max-replicates", value="3",
-                  description="design=sequential: the most waves it may train (replicates is then unused)"),
-        Parameter(name="aa", value="false", enum=["false", "true"],
-                  description="true: the A/A test, the control against its twin"),
+        Parameter(
+            name="design",
+            value="fixed",
+            enum=["fixed", "sequential"],
+            description="fixed: every replicate, then the gate once; sequential: waves of one replicate "
+            "each, the gate after every wave, stopping at the first look it settles",
+        ),
+        Parameter(
+            name="max-replicates",
+            value="3",
+            description="design=sequential: the most waves it may train (replicates is then unused)",
+        ),
+        Parameter(
+            name="aa",
+            value="false",
+            enum=["false", "true"],
+            description="true: the A/A test, the control against its twin",
+        ),
         Parameter(name="control", value="", description="the gate's arm A; empty: shared"),
         Parameter(name="treatment", value="", description="the gate's arm B; empty: per_horizon (with aa: the twin)"),
-        Parameter(name="calibrate", value="false", enum=["false", "true"],
-                  description="true: measure the experiment's training noise (A/A sweeps) and write its noise "
-                              "file before the A/B"),
+        Parameter(
+            name="calibrate",
+            value="false",
+            enum=["false", "true"],
+            description="true: measure the experiment's training noise (A/A sweeps) and write its noise "
+            "file before the A/B",
+        ),
     ]
 
 
@@ -166,8 +206,11 @@ def _scale_overrides() -> list[str]:
 
 def calibration_items() -> list[dict[str, str]]:
     """One A/A sweep per pod: the seed arm and its seed, as `perception-sweep calibrate` numbers them."""
-    return [{"arm": arm, "seed": str(CALIBRATION_SEED_BASE + k)}
-            for arm in CALIBRATION_ARMS for k in range(CALIBRATION_SWEEPS)]
+    return [
+        {"arm": arm, "seed": str(CALIBRATION_SEED_BASE + k)}
+        for arm in CALIBRATION_ARMS
+        for k in range(CALIBRATION_SWEEPS)
+    ]
 
 
 def _volumes(cache: bool = True, runs: bool = True, data: bool = True) -> list[ExistingVolume]:
@@ -197,8 +240,16 @@ def _retry(limit: int) -> RetryStrategy:
     )
 
 
-def _container(name: str, command: str, args: list[str], resources: Resources, volumes: list[ExistingVolume],
-               retries: int = 3, env: Sequence[Env] = (), **kw) -> Container:
+def _container(
+    name: str,
+    command: str,
+    args: list[str],
+    resources: Resources,
+    volumes: list[ExistingVolume],
+    retries: int = 3,
+    env: Sequence[Env] = (),
+    **kw,
+) -> Container:
     return Container(
         name=name,
         image="{{workflow.parameters.image}}:{{workflow.parameters.tag}}",
@@ -214,8 +265,12 @@ def _container(name: str, command: str, args: list[str], resources: Resources, v
     )
 
 
-def _gate(name: str = "gate", extra_args: Sequence[str] = (), inputs: Sequence[Parameter] = (),
-          outputs: Sequence[Parameter] = ()) -> Container:
+def _gate(
+    name: str = "gate",
+    extra_args: Sequence[str] = (),
+    inputs: Sequence[Parameter] = (),
+    outputs: Sequence[Parameter] = (),
+) -> Container:
     """The gate on a CPU pod: decides the sweep and ends its parent run (DESIGN §7)."""
     return _container(
         name,
@@ -254,17 +309,37 @@ def _wave(train: Container, look: Container) -> DAG:
     wave_inputs = ["replicate", "wave", "parent-run-id", "control", "treatment", "gate-config"]
     following = "{{=asInt(inputs.parameters.replicate) + 1}}"  # the look's number, and the next wave's replicate
     with DAG(name="wave", fail_fast=False, inputs=[Parameter(name=n) for n in wave_inputs]) as wave:
-        Task(name="train", template=train, with_param="{{inputs.parameters.wave}}",
-             arguments={"arm": "{{item.arm}}", "fold": "{{item.fold}}", "replicate": "{{inputs.parameters.replicate}}",
-                        "parent-run-id": "{{inputs.parameters.parent-run-id}}"})
-        gate = Task(name="look", template=look, depends="train.Succeeded || train.Failed || train.Errored",
-                    arguments={"look": following, **{n: "{{inputs.parameters.%s}}" % n
-                                                     for n in ("control", "treatment", "gate-config")}})
-        Task(name="next", template=wave, depends="look.Succeeded",
-             when=f"{gate.get_parameter('decision')} == continue && "
-                  "{{inputs.parameters.replicate}} + 1 < {{workflow.parameters.max-replicates}}",
-             arguments={"replicate": following,
-                        **{n: "{{inputs.parameters.%s}}" % n for n in wave_inputs if n != "replicate"}})
+        Task(
+            name="train",
+            template=train,
+            with_param="{{inputs.parameters.wave}}",
+            arguments={
+                "arm": "{{item.arm}}",
+                "fold": "{{item.fold}}",
+                "replicate": "{{inputs.parameters.replicate}}",
+                "parent-run-id": "{{inputs.parameters.parent-run-id}}",
+            },
+        )
+        gate = Task(
+            name="look",
+            template=look,
+            depends="train.Succeeded || train.Failed || train.Errored",
+            arguments={
+                "look": following,
+                **{n: "{{inputs.parameters.%s}}" % n for n in ("control", "treatment", "gate-config")},
+            },
+        )
+        Task(
+            name="next",
+            template=wave,
+            depends="look.Succeeded",
+            when=f"{gate.get_parameter('decision')} == continue && "
+            "{{inputs.parameters.replicate}} + 1 < {{workflow.parameters.max-replicates}}",
+            arguments={
+                "replicate": following,
+                **{n: "{{inputs.parameters.%s}}" % n for n in wave_inputs if n != "replicate"},
+            },
+        )
     return wave
 
 
@@ -302,26 +377,54 @@ def build_workflow(smoke: bool = False) -> Workflow:
         ttl_strategy=TTLStrategy(seconds_after_success=24 * 3600, seconds_after_failure=7 * 24 * 3600),
         # The image's user (uid 1000) must be able to write the PVCs. The pod-level seccomp profile also
         # covers Argo's init and wait containers (their other settings: infra/k8s/argo).
-        security_context=PodSecurityContext(run_as_non_root=True, run_as_user=1000, run_as_group=1000, fs_group=1000,
-                                            seccomp_profile=SeccompProfile(type="RuntimeDefault")),
+        security_context=PodSecurityContext(
+            run_as_non_root=True,
+            run_as_user=1000,
+            run_as_group=1000,
+            fs_group=1000,
+            seccomp_profile=SeccompProfile(type="RuntimeDefault"),
+        ),
     ) as w:
         p = "{{workflow.parameters.%s}}"
         prepare = _container(
             "prepare",
             "perception-sweep",
-            ["prepare", "--sweep-id", SWEEP_ID, "--outputs", OUTPUTS, "--arms", p % "arms",
-             "--design", p % "design", REPLICATES_FLAG, "--aa", p % "aa", "--control", p % "control",
-             "--treatment", p % "treatment", "--gate-config", p % "gate-config",
-             *shared_overrides()],
+            [
+                "prepare",
+                "--sweep-id",
+                SWEEP_ID,
+                "--outputs",
+                OUTPUTS,
+                "--arms",
+                p % "arms",
+                "--design",
+                p % "design",
+                REPLICATES_FLAG,
+                "--aa",
+                p % "aa",
+                "--control",
+                p % "control",
+                "--treatment",
+                p % "treatment",
+                "--gate-config",
+                p % "gate-config",
+                *shared_overrides(),
+            ],
             # `perception-data build` streams the files (benchmarks/results/data_pipeline_files.json):
             # ~0.17 GB (its reader threads share one 96 MB chunk budget) and ~30 B a snapshot (a year of
             # 1 s snapshots: ~1 GB), beside this step's own ~0.4 GB; ~0.27 CPU-s per million records. The
             # CPU limit sets the cgroup quota that data.workers follows (4 reader threads).
-            Resources(cpu_request=4 if not smoke else 2, cpu_limit=4 if not smoke else 2,
-                      memory_request="3Gi" if not smoke else "2Gi", memory_limit="6Gi"),
+            Resources(
+                cpu_request=4 if not smoke else 2,
+                cpu_limit=4 if not smoke else 2,
+                memory_request="3Gi" if not smoke else "2Gi",
+                memory_limit="6Gi",
+            ),
             volumes=_volumes(),  # runs too: the sweep's lock (runs/<sweep-id>/sweep.lock) is shared there
-            outputs=[Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
-                     for name in ("parent-run-id", "runs", "wave", "control", "treatment", "gate-config")],
+            outputs=[
+                Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
+                for name in ("parent-run-id", "runs", "wave", "control", "treatment", "gate-config")
+            ],
         )
         train = _container(
             "train",
@@ -338,8 +441,12 @@ def build_workflow(smoke: bool = False) -> Workflow:
             ],
             train_resources,
             retries=10,
-            inputs=[Parameter(name="arm"), Parameter(name="fold"), Parameter(name="replicate"),
-                    Parameter(name="parent-run-id")],
+            inputs=[
+                Parameter(name="arm"),
+                Parameter(name="fold"),
+                Parameter(name="replicate"),
+                Parameter(name="parent-run-id"),
+            ],
             volumes=_volumes(),
             **gpu_placement,
         )
@@ -348,9 +455,23 @@ def build_workflow(smoke: bool = False) -> Workflow:
         calibrate_sweep = _container(
             "calibrate-sweep",
             "perception-sweep",
-            ["calibrate", "--experiment", p % "experiment", "--sweeps", "1", "--arms", "{{inputs.parameters.arm}}",
-             "--seed-base", "{{inputs.parameters.seed}}", "--no-write", "--cpu-workers", "2" if smoke else "1",
-             f"trainer.device={device}", "trainer.progress=false", *_scale_overrides()],
+            [
+                "calibrate",
+                "--experiment",
+                p % "experiment",
+                "--sweeps",
+                "1",
+                "--arms",
+                "{{inputs.parameters.arm}}",
+                "--seed-base",
+                "{{inputs.parameters.seed}}",
+                "--no-write",
+                "--cpu-workers",
+                "2" if smoke else "1",
+                f"trainer.device={device}",
+                "trainer.progress=false",
+                *_scale_overrides(),
+            ],
             train_resources,
             retries=10,
             inputs=[Parameter(name="arm"), Parameter(name="seed")],
@@ -361,8 +482,17 @@ def build_workflow(smoke: bool = False) -> Workflow:
         calibrate_write = _container(
             "calibrate-write",
             "perception-sweep",
-            ["calibrate", "--experiment", p % "experiment", "--sweeps", str(CALIBRATION_SWEEPS),
-             "--seed-base", str(CALIBRATION_SEED_BASE), "trainer.progress=false", *_scale_overrides()],
+            [
+                "calibrate",
+                "--experiment",
+                p % "experiment",
+                "--sweeps",
+                str(CALIBRATION_SWEEPS),
+                "--seed-base",
+                str(CALIBRATION_SEED_BASE),
+                "trainer.progress=false",
+                *_scale_overrides(),
+            ],
             Resources(cpu_request=2, cpu_limit=2, memory_request="4Gi", memory_limit="8Gi"),
             volumes=_volumes(cache=False, data=False),
             env=NOISE_ENV,
@@ -370,23 +500,38 @@ def build_workflow(smoke: bool = False) -> Workflow:
         gate = _gate(outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none"))])
         # a sequential study's look k: the gate at look k from waves 0 … k-1 only, its decision (`continue`
         # or the final one) and its JSON line as outputs
-        look = _gate("look", ["--look", "{{inputs.parameters.look}}", "--json-file", GATE_LINE_FILE],
-                     inputs=[Parameter(name="look")],
-                     outputs=[Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none")),
-                              Parameter(name="summary", value_from=ValueFrom(path=GATE_LINE_FILE, default="{}"))])
+        look = _gate(
+            "look",
+            ["--look", "{{inputs.parameters.look}}", "--json-file", GATE_LINE_FILE],
+            inputs=[Parameter(name="look")],
+            outputs=[
+                Parameter(name="decision", value_from=ValueFrom(path=DECISION_FILE, default="none")),
+                Parameter(name="summary", value_from=ValueFrom(path=GATE_LINE_FILE, default="{}")),
+            ],
+        )
         wave = _wave(train, look)
 
         # fail_fast off: one failed training must not stop the gate from being scheduled.
         with DAG(name="ab-sweep", fail_fast=False):
             calibrating = "{{workflow.parameters.calibrate}} == true"
-            Task(name="calibrate", template=calibrate_sweep, when=calibrating, with_items=calibration_items(),
-                 arguments={"arm": "{{item.arm}}", "seed": "{{item.seed}}"})
+            Task(
+                name="calibrate",
+                template=calibrate_sweep,
+                when=calibrating,
+                with_items=calibration_items(),
+                arguments={"arm": "{{item.arm}}", "seed": "{{item.seed}}"},
+            )
             # skipped along with calibrate; a failed A/A sweep leaves the file unwritten and the A/B
             # unstarted (a re-submission resumes it)
-            Task(name="calibrate-write", template=calibrate_write, when=calibrating,
-                 depends="calibrate.Succeeded || calibrate.Skipped")
-            prep = Task(name="prepare", template=prepare,
-                        depends="calibrate-write.Succeeded || calibrate-write.Skipped")
+            Task(
+                name="calibrate-write",
+                template=calibrate_write,
+                when=calibrating,
+                depends="calibrate.Succeeded || calibrate.Skipped",
+            )
+            prep = Task(
+                name="prepare", template=prepare, depends="calibrate-write.Succeeded || calibrate-write.Skipped"
+            )
             fixed = "{{workflow.parameters.design}} == fixed"
             sequential = "{{workflow.parameters.design}} == sequential"
             trainings = Task(
@@ -406,19 +551,28 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 name="gate",
                 template=gate,
                 when=fixed,
-                arguments={"control": prep.get_parameter("control").value,
-                           "treatment": prep.get_parameter("treatment").value,
-                           "gate-config": prep.get_parameter("gate-config").value},
+                arguments={
+                    "control": prep.get_parameter("control").value,
+                    "treatment": prep.get_parameter("treatment").value,
+                    "gate-config": prep.get_parameter("gate-config").value,
+                },
                 depends="prepare && (train.Succeeded || train.Failed || train.Errored)",
             )
             prep >> trainings  # the gate's own depends names prepare and the trainings' every outcome
             # the sequential design: wave 0, which trains, looks and recurses into the next while the
             # gate says continue
-            Task(name="waves", template=wave, when=sequential, depends="prepare",
-                 arguments={"replicate": "0", "wave": prep.get_parameter("wave").value,
-                            "parent-run-id": prep.get_parameter("parent-run-id").value,
-                            **{name: prep.get_parameter(name).value
-                               for name in ("control", "treatment", "gate-config")}})
+            Task(
+                name="waves",
+                template=wave,
+                when=sequential,
+                depends="prepare",
+                arguments={
+                    "replicate": "0",
+                    "wave": prep.get_parameter("wave").value,
+                    "parent-run-id": prep.get_parameter("parent-run-id").value,
+                    **{name: prep.get_parameter(name).value for name in ("control", "treatment", "gate-config")},
+                },
+            )
     return w
 
 

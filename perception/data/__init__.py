@@ -8,9 +8,17 @@ reader does not pay for torch.
 from perception.lazy import lazy_names
 
 _WHERE = {
-    "check_data_config": "checks", "Dataset": "dataset", "data_hash": "dataset",
-    "load_dataset": "dataset", "FoldSplit": "folds", "purged_split": "folds", "Batch": "loader",
-    "Normalizer": "loader", "WindowLoader": "loader", "median_dt": "loader", "prefetched": "prefetch",
+    "check_data_config": "checks",
+    "Dataset": "dataset",
+    "data_hash": "dataset",
+    "load_dataset": "dataset",
+    "FoldSplit": "folds",
+    "purged_split": "folds",
+    "Batch": "loader",
+    "Normalizer": "loader",
+    "WindowLoader": "loader",
+    "median_dt": "loader",
+    "prefetched": "prefetch",
 }
 __all__ = sorted(_WHERE)
 __getattr__ = lazy_names(__name__, _WHERE)

@@ -81,8 +81,9 @@ class FeatureFile:
             return np.concatenate(self._blocks) if self._blocks else np.zeros(shape, np.float32)
         header = io.BytesIO()
         np.lib.format.write_array_header_1_0(
-            header, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
-                     "shape": shape})
+            header,
+            {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False, "shape": shape},
+        )
         if len(header.getvalue()) != _HEADER:
             raise DataError(f"{self.path}: {shape} features need a {len(header.getvalue())}-byte header")
         self._file.seek(0)

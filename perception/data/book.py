@@ -39,15 +39,16 @@ def levels(records: np.ndarray, name: str) -> np.ndarray:
     return np.stack([records[f"{name}_{i:02d}"] for i in range(N_LEVELS)], axis=1)
 
 
-def snapshots_from_records(records: np.ndarray, snapshot_interval: float, max_gap: float,
-                           counts: Counter) -> Snapshots:
+def snapshots_from_records(records: np.ndarray, snapshot_interval: float, max_gap: float, counts: Counter) -> Snapshots:
     """`records` of one instrument, any order; `counts` receives dropped records by reason."""
     order = np.argsort(records["ts_recv"], kind="stable")
     ts_in = records["ts_recv"]
     n_late = int(np.count_nonzero(ts_in[1:] < np.maximum.accumulate(ts_in)[:-1])) if len(ts_in) else 0
     if n_late:
         counts["out_of_order_reordered"] += n_late
-    field = lambda name: records[name][order]  # one column in time order; no record copies
+
+    def field(name: str) -> np.ndarray:  # one column in time order; no record copies
+        return records[name][order]
 
     flags = field("flags")
     is_clear = field("action") == b"R"
@@ -81,10 +82,14 @@ def snapshots_from_records(records: np.ndarray, snapshot_interval: float, max_ga
     dt[new_seg] = snapshot_interval  # no previous snapshot in this segment: the nominal interval
     return Snapshots(
         ts=tick * interval_ns,
-        bid_px=levels(st, "bid_px"), ask_px=levels(st, "ask_px"),
-        bid_sz=levels(st, "bid_sz"), ask_sz=levels(st, "ask_sz"),
-        bid_ct=levels(st, "bid_ct"), ask_ct=levels(st, "ask_ct"),
-        dt=dt, segment=(np.cumsum(new_seg) - 1).astype(np.int32),
+        bid_px=levels(st, "bid_px"),
+        ask_px=levels(st, "ask_px"),
+        bid_sz=levels(st, "bid_sz"),
+        ask_sz=levels(st, "ask_sz"),
+        bid_ct=levels(st, "bid_ct"),
+        ask_ct=levels(st, "ask_ct"),
+        dt=dt,
+        segment=(np.cumsum(new_seg) - 1).astype(np.int32),
     )
 
 

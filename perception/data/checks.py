@@ -48,8 +48,9 @@ def resolve_paths(paths: list[str]) -> list[Path]:
     out: list[Path] = []
     for pattern in paths:
         expanded = str(Path(pattern).expanduser())
-        matches = sorted(glob.glob(expanded)) if glob.has_magic(expanded) else (
-            [expanded] if Path(expanded).exists() else [])
+        matches = (
+            sorted(glob.glob(expanded)) if glob.has_magic(expanded) else ([expanded] if Path(expanded).exists() else [])
+        )
         files = [Path(m) for m in matches if Path(m).is_file()]
         if not files:
             raise ConfigError(f"data.paths: {pattern!r} matches no file")
@@ -61,9 +62,7 @@ def check_data_config(cfg: Any) -> None:
     cfg = as_data_config(cfg)
     h = cfg.horizons
     if not _is_int_list(h) or not h or any(x < 1 for x in h) or any(b <= a for a, b in zip(h, h[1:])):
-        raise ConfigError(
-            f"data.horizons={h!r}: expected a non-empty, strictly ascending list of positive integers"
-        )
+        raise ConfigError(f"data.horizons={h!r}: expected a non-empty, strictly ascending list of positive integers")
     _at_least("data.window", cfg.window, 1)
     _at_least("data.window_stride", cfg.window_stride, 1)
     _at_least("data.n_folds", cfg.n_folds, 2)
@@ -75,8 +74,7 @@ def check_data_config(cfg: Any) -> None:
         raise ConfigError(f"data.snapshot_interval={cfg.snapshot_interval!r}: expected seconds > 0")
     if not cfg.max_gap >= cfg.snapshot_interval:
         raise ConfigError(
-            f"data.max_gap={cfg.max_gap!r}: expected seconds >= data.snapshot_interval "
-            f"({cfg.snapshot_interval})"
+            f"data.max_gap={cfg.max_gap!r}: expected seconds >= data.snapshot_interval ({cfg.snapshot_interval})"
         )
     if cfg.workers is not None:
         _at_least("data.workers", cfg.workers, 1)
@@ -89,8 +87,7 @@ def check_data_config(cfg: Any) -> None:
     else:
         if not cfg.paths:
             raise ConfigError(
-                "data.paths is empty: data.source=dbn needs DBN files or globs, "
-                "e.g. 'data.paths=[/data/ES/*.dbn.zst]'"
+                "data.paths is empty: data.source=dbn needs DBN files or globs, e.g. 'data.paths=[/data/ES/*.dbn.zst]'"
             )
         resolve_paths(cfg.paths)
 

@@ -15,6 +15,7 @@ class DataSource(str, Enum):
 
 class SyntheticWorld(str, Enum):
     """Synthetic worlds with a known answer, to measure the gate (perception/data/synthetic.py)."""
+
     default = "default"  # fast order-flow imbalance and a slow regime: any pooled context helps
     no_signal = "no_signal"  # labels independent of the features: no arm beats AUC 0.5 beyond noise
     per_horizon = "per_horizon"  # short and longest horizons decided by different look-alike events

@@ -90,8 +90,7 @@ def data_hash(cfg: Any, digests: Optional[Path] = None) -> str:
     return h.hexdigest()[:20]
 
 
-def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True,
-                 map_features: bool = False) -> Dataset:
+def load_dataset(cfg: Any, home: Optional[Path] = None, progress: bool = True, map_features: bool = False) -> Dataset:
     """The dataset, from the cache when built; `map_features` leaves cached features on disk
     (memory-mapped) whatever their size, as the cache-filling `perception-data build` does."""
     cfg = as_data_config(cfg)
@@ -130,9 +129,15 @@ def build_snapshots(cfg: DataConfig, progress: bool = True) -> tuple[Snapshots, 
     if cfg.source is DataSource.synthetic:
         from perception.data import synthetic  # scipy.signal: 2-3 s of imports a DBN build need not pay
 
-        snaps = synthetic.generate(cfg.n_snapshots, cfg.synthetic_seed, cfg.horizons, cfg.window,
-                                   cfg.snapshot_interval, cfg.synthetic_session,
-                                   world=enum_value(cfg.synthetic_world))
+        snaps = synthetic.generate(
+            cfg.n_snapshots,
+            cfg.synthetic_seed,
+            cfg.horizons,
+            cfg.window,
+            cfg.snapshot_interval,
+            cfg.synthetic_session,
+            world=enum_value(cfg.synthetic_world),
+        )
         return snaps, _tick(cfg, synthetic.TICK), Counter()
     with tempfile.TemporaryDirectory(prefix="perception-spill-") as spill:
         clock = ingest.clock_from_files(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress)
@@ -161,9 +166,7 @@ def snapshots_in_memory(cfg: DataConfig, files: list[Path], counts: Counter) -> 
     records = _select_instrument(cfg, files, records, symbols, counts)
     snaps = snapshots_from_records(records, cfg.snapshot_interval, cfg.max_gap, counts)
     if len(snaps) == 0:
-        raise DataError(
-            f"{_names(cfg)}: zero usable snapshots (dropped records by reason: {dict(counts)})"
-        )
+        raise DataError(f"{_names(cfg)}: zero usable snapshots (dropped records by reason: {dict(counts)})")
     return snaps
 
 
@@ -175,8 +178,17 @@ def build_in_memory(cfg: Any) -> Dataset:
     tick = _tick(cfg, smallest_price_step(snaps))
     feats = compute_features(snaps, tick)
     y, mask = compute_labels(snaps, cfg.horizons)
-    return Dataset(feats, snaps.dt, y, mask, snaps.segment, list(FEATURE_NAMES), list(cfg.horizons),
-                   "", {k: int(v) for k, v in sorted(counts.items())})
+    return Dataset(
+        feats,
+        snaps.dt,
+        y,
+        mask,
+        snaps.segment,
+        list(FEATURE_NAMES),
+        list(cfg.horizons),
+        "",
+        {k: int(v) for k, v in sorted(counts.items())},
+    )
 
 
 def _strip_ts_out(rec: np.ndarray) -> np.ndarray:
@@ -185,8 +197,9 @@ def _strip_ts_out(rec: np.ndarray) -> np.ndarray:
     return rec if rec.dtype == MBP10_DTYPE else np.array(rec[list(MBP10_DTYPE.names or ())], MBP10_DTYPE)
 
 
-def _select_instrument(cfg: DataConfig, files: list[Path], records: np.ndarray,
-                       symbols: dict[str, int], counts: Counter) -> np.ndarray:
+def _select_instrument(
+    cfg: DataConfig, files: list[Path], records: np.ndarray, symbols: dict[str, int], counts: Counter
+) -> np.ndarray:
     ids = np.unique(records["instrument_id"])
     if cfg.instrument is None:
         if len(ids) > 1:
@@ -236,8 +249,17 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
         y = synthetic.independent_labels(len(snaps), cfg.synthetic_seed, cfg.horizons, mask)
     bar.update()
     bar.close()
-    return Dataset(feats, snaps.dt, y, mask, snaps.segment, list(FEATURE_NAMES), list(cfg.horizons),
-                   key, {k: int(v) for k, v in sorted(counts.items())})
+    return Dataset(
+        feats,
+        snaps.dt,
+        y,
+        mask,
+        snaps.segment,
+        list(FEATURE_NAMES),
+        list(cfg.horizons),
+        key,
+        {k: int(v) for k, v in sorted(counts.items())},
+    )
 
 
 def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path]) -> Dataset:
@@ -245,15 +267,25 @@ def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path
     written to `out_dir/features.npy` block by block."""
     features_file = out_dir / "features.npy" if out_dir is not None else None
     with tempfile.TemporaryDirectory(prefix="perception-spill-", dir=out_dir) as spill:
-        clock, feats, y, mask = ingest.build(cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg),
-                                             progress, features_file)
+        clock, feats, y, mask = ingest.build(
+            cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress, features_file
+        )
     counts = {k: int(v) for k, v in sorted(clock.counts.items())}
-    return Dataset(feats, clock.dt, y, mask, clock.segment, list(FEATURE_NAMES), list(cfg.horizons),
-                   key, counts, summary=clock.summary)
+    return Dataset(
+        feats,
+        clock.dt,
+        y,
+        mask,
+        clock.segment,
+        list(FEATURE_NAMES),
+        list(cfg.horizons),
+        key,
+        counts,
+        summary=clock.summary,
+    )
 
 
-def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool,
-                      map_features: bool = False) -> Dataset:
+def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool, map_features: bool = False) -> Dataset:
     root.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(root)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=TMP_SUFFIX, dir=root))
@@ -264,9 +296,16 @@ def _build_into_cache(cfg: DataConfig, key: str, root: Path, progress: bool,
                 ds.features.flush()
             for name in _ARRAYS[1:]:
                 np.save(tmp / f"{name}.npy", getattr(ds, name))
-            meta = {"data_hash": key, "code_version": CODE_VERSION, "feature_names": ds.feature_names,
-                    "horizons": ds.horizons, "drop_counts": ds.drop_counts, "T": len(ds),
-                    "F": len(ds.feature_names), "summary": ds.summary}
+            meta = {
+                "data_hash": key,
+                "code_version": CODE_VERSION,
+                "feature_names": ds.feature_names,
+                "horizons": ds.horizons,
+                "drop_counts": ds.drop_counts,
+                "T": len(ds),
+                "F": len(ds.feature_names),
+                "summary": ds.summary,
+            }
             (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
             for p in tmp.iterdir():
                 if p.is_file():
@@ -338,6 +377,12 @@ def _read_cache(path: Path, map_features: bool = False) -> Optional[Dataset]:
     T = meta["T"]
     if arrays["features"].shape != (T, meta["F"]) or any(len(a) != T for a in arrays.values()):
         return None
-    return Dataset(feature_names=meta["feature_names"], horizons=meta["horizons"],
-                   data_hash=meta["data_hash"], drop_counts=meta["drop_counts"], cache_path=path,
-                   summary=meta.get("summary"), **arrays)
+    return Dataset(
+        feature_names=meta["feature_names"],
+        horizons=meta["horizons"],
+        data_hash=meta["data_hash"],
+        drop_counts=meta["drop_counts"],
+        cache_path=path,
+        summary=meta.get("summary"),
+        **arrays,
+    )

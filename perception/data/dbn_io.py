@@ -37,8 +37,9 @@ def is_legacy_dbz(lead: bytes) -> bool:
 
 
 def legacy_dbz_error(path: Path) -> DataError:
-    return DataError(f"{path}: legacy DBZ format is not supported; convert it to DBN "
-                     "(e.g. `dbn --upgrade` from Databento's dbn CLI)")
+    return DataError(
+        f"{path}: legacy DBZ format is not supported; convert it to DBN (e.g. `dbn --upgrade` from Databento's dbn CLI)"
+    )
 
 
 @dataclass
@@ -113,8 +114,7 @@ def _view_records(path: Path, body: memoryview, ts_out: bool) -> np.ndarray:
     size = dtype.itemsize
     if len(body) % size:
         raise DataError(
-            f"{path}: truncated file ({len(body)} record bytes is not a whole number of "
-            f"{size}-byte MBP-10 records)"
+            f"{path}: truncated file ({len(body)} record bytes is not a whole number of {size}-byte MBP-10 records)"
         )
     records = np.frombuffer(body, dtype=dtype)
     check_records(path, records, offset=0, size=size)
@@ -142,9 +142,15 @@ def _symbol_map(meta) -> dict[str, int]:
     return out
 
 
-def write_mbp10(path: str | Path, records: np.ndarray, dataset: str = "SYNTH.MBP10",
-                symbol: Optional[str] = None, compress: bool = False,
-                mappings: Optional[dict] = None, stype_in=None) -> None:
+def write_mbp10(
+    path: str | Path,
+    records: np.ndarray,
+    dataset: str = "SYNTH.MBP10",
+    symbol: Optional[str] = None,
+    compress: bool = False,
+    mappings: Optional[dict] = None,
+    stype_in=None,
+) -> None:
     """A real DBN v3 MBP-10 stream: `Metadata(...).encode()` + the records' bytes
     (`.dbn.zst` when `compress`, through databento-dbn's own zstd transcoder). `mappings`:
     {symbol: [(start_date, end_date, instrument id), ...]}, Databento's dated symbology."""
@@ -157,9 +163,12 @@ def write_mbp10(path: str | Path, records: np.ndarray, dataset: str = "SYNTH.MBP
     symbols = [symbol] if symbol else sorted(mappings or {})
     symbol_mappings = None
     if mappings is not None:  # databento-dbn takes objects with these attributes
-        symbol_mappings = [SimpleNamespace(raw_symbol=sym, intervals=[
-            SimpleNamespace(start_date=a, end_date=b, symbol=str(i)) for a, b, i in ivs])
-            for sym, ivs in mappings.items()]
+        symbol_mappings = [
+            SimpleNamespace(
+                raw_symbol=sym, intervals=[SimpleNamespace(start_date=a, end_date=b, symbol=str(i)) for a, b, i in ivs]
+            )
+            for sym, ivs in mappings.items()
+        ]
     meta = dbn.Metadata(
         dataset=dataset,
         start=int(ts.min()) if len(ts) else 0,

@@ -51,6 +51,7 @@ class DbnHeader:
 @dataclass
 class ReaderStats:
     """What the reader held at most: the memory test checks these against their bounds."""
+
     chunk_buffer_bytes: int = 0
     max_pending_bytes: int = 0  # decompressed bytes waiting to be copied into the chunk buffer
 

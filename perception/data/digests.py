@@ -33,8 +33,17 @@ def sha256_file(path: Path) -> str:
     """sha256 of every byte of `path`, with a bar (bytes/s, ETA) for a large file."""
     size = os.stat(path).st_size
     h = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}",
-                                     disable=size < _BAR_FROM_BYTES, file=sys.stderr) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=size,
+            unit="B",
+            unit_scale=True,
+            desc=f"sha256 {path.name}",
+            disable=size < _BAR_FROM_BYTES,
+            file=sys.stderr,
+        ) as bar,
+    ):
         while block := f.read(_BLOCK):
             h.update(block)
             bar.update(len(block))
@@ -85,5 +94,11 @@ def _read(file: Path) -> dict[str, dict]:
 
 def _well_formed(entry: dict) -> bool:
     s, d = entry.get("stamp"), entry.get("sha256")
-    return (isinstance(s, list) and len(s) == 3 and all(isinstance(x, int) for x in s)
-            and isinstance(d, str) and len(d) == 64 and all(c in "0123456789abcdef" for c in d))
+    return (
+        isinstance(s, list)
+        and len(s) == 3
+        and all(isinstance(x, int) for x in s)
+        and isinstance(d, str)
+        and len(d) == 64
+        and all(c in "0123456789abcdef" for c in d)
+    )

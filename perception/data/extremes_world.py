@@ -52,6 +52,7 @@ SHORT_SNR, LONG_SNR = 3.0, 3.0  # jump sizes in units of the noise over h_s and 
 @dataclass
 class JumpBursts:
     """Bursts: their marked snapshots' times, sides and intensities, and the jumps they decide."""
+
     drift: np.ndarray  # (T,) ticks per snapshot: the jumps
     starts: np.ndarray  # (B,) each burst's first snapshot
     times: np.ndarray  # (B, m) snapshot indices, increasing
@@ -82,8 +83,9 @@ def burst_span(window: int) -> int:
     return max(PER_BURST + 2, window // 4)
 
 
-def jump_bursts(rng: np.random.Generator, n: int, horizons: list[int], window: int, sigma: float,
-                null: bool = False) -> JumpBursts:
+def jump_bursts(
+    rng: np.random.Generator, n: int, horizons: list[int], window: int, sigma: float, null: bool = False
+) -> JumpBursts:
     span = burst_span(window)
     reach = window + span
     gaps = reach + 1 + rng.geometric(2.0 / window, size=int(n / reach) + 8)

@@ -80,8 +80,9 @@ def compute_labels(snaps: Snapshots, horizons: list[int]) -> tuple[np.ndarray, n
     return labels_from_mid2(mid2(snaps), snaps.segment, horizons)
 
 
-def labels_from_mid2(m2: np.ndarray, segment: np.ndarray, horizons: list[int],
-                     block: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+def labels_from_mid2(
+    m2: np.ndarray, segment: np.ndarray, horizons: list[int], block: int = 1 << 16
+) -> tuple[np.ndarray, np.ndarray]:
     """compute_labels from twice the mid (T,) and the segments (T,) alone; `block` rows at a time,
     so the temporaries are a block's, not T's."""
     T = len(m2)

@@ -26,9 +26,13 @@ from perception.data.dbn_stream import CHUNK_RECORDS, Mbp10Stream
 from perception.data.instruments import instrument_filter, symbols_of
 from perception.errors import DataError
 
-BOOK_DTYPE = np.dtype([(f"{side}_{kind}", dt, (N_LEVELS,))
-                       for kind, dt in (("px", "<i8"), ("sz", "<u4"), ("ct", "<u4"))
-                       for side in ("bid", "ask")])
+BOOK_DTYPE = np.dtype(
+    [
+        (f"{side}_{kind}", dt, (N_LEVELS,))
+        for kind, dt in (("px", "<i8"), ("sz", "<u4"), ("ct", "<u4"))
+        for side in ("bid", "ask")
+    ]
+)
 SPILL_DTYPES: dict[str, np.dtype] = {"ts": np.dtype(np.int64), "inst": np.dtype(np.uint32), "book": BOOK_DTYPE}
 SPILLS = tuple(SPILL_DTYPES)
 _FIELDS = ("ts_recv", "flags", "action", "bid_px_00", "ask_px_00", "instrument_id")
@@ -54,6 +58,7 @@ class InstrumentUse:
 @dataclass
 class FilePart:
     """What one file gave: its states are in the spill files, the rest is here."""
+
     job: FileJob
     dataset: str
     records_read: int
@@ -228,8 +233,19 @@ def _extract(job: FileJob, whole: bool, stop: Optional[threading.Event]) -> File
         header = stream.header
         assert header is not None  # read on entering the with block
         select = instrument_filter(header, job.instrument)
-        part = FilePart(job, header.dataset, 0, None, None, 0, counts, np.zeros(0, np.int64),
-                        set(), symbols_of(header), read_whole=whole)
+        part = FilePart(
+            job,
+            header.dataset,
+            0,
+            None,
+            None,
+            0,
+            counts,
+            np.zeros(0, np.int64),
+            set(),
+            symbols_of(header),
+            read_whole=whole,
+        )
         clock = _FileClock(job, counts, tail)
         buf = stream.buffer()  # (chunk_records,): the records carried, then the next ones read
         held: list[np.ndarray] = []

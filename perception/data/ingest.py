@@ -64,13 +64,16 @@ def workers_for(cfg: DataConfig, n_files: int) -> int:
     return max(1, min(cfg.workers or available_cores(), n_files))
 
 
-def extract_all(cfg: DataConfig, files: list[Path], spill_dir: Path, progress: bool,
-                done: Callable[[FilePart], None]) -> None:
+def extract_all(
+    cfg: DataConfig, files: list[Path], spill_dir: Path, progress: bool, done: Callable[[FilePart], None]
+) -> None:
     """Every file read into its spill; `done(part)` in this process as each one finishes."""
     n_workers = workers_for(cfg, len(files))
     chunk = max(1, cfg.chunk_records // n_workers)  # the workers share one budget of records in memory
-    jobs = [FileJob(i, str(p), str(spill_dir / f"{i:05d}"), cfg.instrument, cfg.snapshot_interval, chunk)
-            for i, p in enumerate(files)]
+    jobs = [
+        FileJob(i, str(p), str(spill_dir / f"{i:05d}"), cfg.instrument, cfg.snapshot_interval, chunk)
+        for i, p in enumerate(files)
+    ]
     bar = tqdm(total=len(jobs), desc=f"read DBN ({n_workers} workers)", unit="file", disable=not progress)
     t0, n_records = time.perf_counter(), 0
 
@@ -107,8 +110,9 @@ def _extract_parallel(jobs: list[FileJob], n_workers: int, done: Callable[[FileP
             raise
 
 
-def build(cfg: DataConfig, files: list[Path], spill_dir: Path, names: str, progress: bool,
-          features_file: Optional[Path]) -> tuple[Clock, np.ndarray, np.ndarray, np.ndarray]:
+def build(
+    cfg: DataConfig, files: list[Path], spill_dir: Path, names: str, progress: bool, features_file: Optional[Path]
+) -> tuple[Clock, np.ndarray, np.ndarray, np.ndarray]:
     """The clock, features (written to `features_file` as .npy when given), labels y and mask."""
     assembly = Assembly(cfg, features_file, names)
     try:
@@ -119,8 +123,7 @@ def build(cfg: DataConfig, files: list[Path], spill_dir: Path, names: str, progr
     return assembly.finish()
 
 
-def clock_from_files(cfg: DataConfig, files: list[Path], spill_dir: Path, names: str,
-                     progress: bool) -> Clock:
+def clock_from_files(cfg: DataConfig, files: list[Path], spill_dir: Path, names: str, progress: bool) -> Clock:
     parts: list[FilePart] = []
     extract_all(cfg, files, spill_dir, progress, parts.append)
     return stitch(cfg, parts, names)

@@ -31,6 +31,7 @@ def _date(day: int) -> date:
 @dataclass
 class InstrumentFilter:
     """Keeps the records of the instrument the config names (all records when it names none)."""
+
     path: str
     instrument: Optional[str]
     target_id: Optional[int] = None  # a fixed instrument id
@@ -58,8 +59,13 @@ class InstrumentFilter:
         return inst == self.ids[safe]
 
     def _describe(self) -> str:
-        return ", ".join(f"{_date(s)}..{_date(e)} -> {i if i >= 0 else 'none'}"
-                         for s, e, i in zip(self.starts, self.ends, self.ids)) or "none"
+        return (
+            ", ".join(
+                f"{_date(s)}..{_date(e)} -> {i if i >= 0 else 'none'}"
+                for s, e, i in zip(self.starts, self.ends, self.ids)
+            )
+            or "none"
+        )
 
 
 def instrument_filter(header: DbnHeader, instrument: Optional[str]) -> InstrumentFilter:

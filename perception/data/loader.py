@@ -71,9 +71,17 @@ class WindowLoader:
     to keep it longer). dt, y, mask and index are fresh tensors. `pin_memory`: the buffers are
     page-locked, so a copy to a CUDA GPU runs asynchronously and at full speed."""
 
-    def __init__(self, ds, ends: np.ndarray, window: int, batch_size: int,
-                 normalizer: Optional[Normalizer] = None, shuffle: bool = True, seed: int = 0,
-                 pin_memory: bool = False):
+    def __init__(
+        self,
+        ds,
+        ends: np.ndarray,
+        window: int,
+        batch_size: int,
+        normalizer: Optional[Normalizer] = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        pin_memory: bool = False,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: expected an integer >= 1")
         self.ds, self.window, self.batch_size = ds, window, batch_size

@@ -25,14 +25,17 @@ _POLL_S = 0.1  # how often a thread blocked on a full queue checks whether it wa
 
 
 def to_device(batch: Batch, device: torch.device, non_blocking: bool = False) -> Batch:
-    return Batch(x=batch.x.to(device, non_blocking=non_blocking), dt=batch.dt.to(device, non_blocking=non_blocking),
-                 y=batch.y.to(device, non_blocking=non_blocking), mask=batch.mask.to(device, non_blocking=non_blocking),
-                 index=batch.index)
+    return Batch(
+        x=batch.x.to(device, non_blocking=non_blocking),
+        dt=batch.dt.to(device, non_blocking=non_blocking),
+        y=batch.y.to(device, non_blocking=non_blocking),
+        mask=batch.mask.to(device, non_blocking=non_blocking),
+        index=batch.index,
+    )
 
 
 @contextmanager
-def prefetched(batches: Iterable[Batch], device: torch.device,
-               ahead: bool | None = None) -> Iterator[Iterator[Batch]]:
+def prefetched(batches: Iterable[Batch], device: torch.device, ahead: bool | None = None) -> Iterator[Iterator[Batch]]:
     """`batches` on `device`; drawn and copied one batch ahead by a thread when `ahead` (default: on CUDA)."""
     if ahead is None:
         ahead = device.type == "cuda"

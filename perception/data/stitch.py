@@ -65,6 +65,7 @@ class Pieces:
 @dataclass
 class _Run:
     """Consecutive kept rows of one file: rows [start, start + len(spill_rows)) of the clock."""
+
     start: int
     part: FilePart
     spill_rows: np.ndarray  # (n,) int32, increasing
@@ -73,6 +74,7 @@ class _Run:
 @dataclass
 class Clock:
     """The kept states of all files on one clock; their times and book rows stay in the spills."""
+
     parts: list[FilePart]  # in time order
     runs: list[_Run]
     interval_ns: int
@@ -96,13 +98,26 @@ class Clock:
     def snapshots(self, start: int = 0, stop: Optional[int] = None) -> Snapshots:
         """Rows [start, stop) as Snapshots, read from the spill files."""
         stop = len(self) if stop is None else stop
-        return _snapshots(self.books(start, stop), read_ts(self.runs, start, stop, self.interval_ns),
-                          self.dt[start:stop], self.segment[start:stop])
+        return _snapshots(
+            self.books(start, stop),
+            read_ts(self.runs, start, stop, self.interval_ns),
+            self.dt[start:stop],
+            self.segment[start:stop],
+        )
 
 
 def _snapshots(book: np.ndarray, ts: np.ndarray, dt: np.ndarray, segment: np.ndarray) -> Snapshots:
-    return Snapshots(ts=ts, bid_px=book["bid_px"], ask_px=book["ask_px"], bid_sz=book["bid_sz"],
-                     ask_sz=book["ask_sz"], bid_ct=book["bid_ct"], ask_ct=book["ask_ct"], dt=dt, segment=segment)
+    return Snapshots(
+        ts=ts,
+        bid_px=book["bid_px"],
+        ask_px=book["ask_px"],
+        bid_sz=book["bid_sz"],
+        ask_sz=book["ask_sz"],
+        bid_ct=book["bid_ct"],
+        ask_ct=book["ask_ct"],
+        dt=dt,
+        segment=segment,
+    )
 
 
 def read_ts(runs: list[_Run], start: int, stop: int, interval_ns: int) -> np.ndarray:
@@ -115,7 +130,7 @@ def read_rows(runs: list[_Run], start: int, stop: int, name: str) -> np.ndarray:
     one positioned read (np.fromfile), not memory-mapped, so no page of a spill stays resident."""
     dtype = SPILL_DTYPES[name]
     out = np.empty(max(stop - start, 0), dtype)
-    for run in runs[_first_run(runs, start):]:
+    for run in runs[_first_run(runs, start) :]:
         if run.start >= stop:
             break
         lo, hi = max(start - run.start, 0), min(stop - run.start, len(run.spill_rows))
@@ -143,6 +158,7 @@ _STATE_FIELDS = ("tick", "ts", "inst", "part", "row")
 @dataclass
 class _States:
     """Spilled states in time order, not yet settled."""
+
     tick: np.ndarray  # (n,) int64 clock interval
     ts: np.ndarray  # (n,) int64 state time
     inst: np.ndarray  # (n,) uint32
@@ -185,8 +201,12 @@ class Stitcher:
 
     def snapshots(self, start: int, stop: int) -> Snapshots:
         """Settled rows [start, stop), as Clock.snapshots."""
-        return _snapshots(self.books(start, stop), read_ts(self.runs, start, stop, self.interval_ns),
-                          self.dt.rows(start, stop), self.segment.rows(start, stop))
+        return _snapshots(
+            self.books(start, stop),
+            read_ts(self.runs, start, stop, self.interval_ns),
+            self.dt.rows(start, stop),
+            self.segment.rows(start, stop),
+        )
 
     def add(self, part: FilePart) -> None:
         """The next file in time order (its first record not before the last file's last)."""
@@ -196,8 +216,13 @@ class Stitcher:
             self._clears.append(part.clear_ts)
             self._clear_ts = np.concatenate(self._clears)
         ts = read_spill(part.job.spill, "ts")
-        new = _States(ts // self.interval_ns, ts, read_spill(part.job.spill, "inst"),
-                      np.full(len(ts), index, np.int32), np.arange(len(ts), dtype=np.int32))
+        new = _States(
+            ts // self.interval_ns,
+            ts,
+            read_spill(part.job.spill, "inst"),
+            np.full(len(ts), index, np.int32),
+            np.arange(len(ts), dtype=np.int32),
+        )
         states = _States.join(self._pending, new)
         # a later file's clear at this file's last record time would count before a state at that time
         n = min(len(states) - 1, int(np.searchsorted(states.ts, _times(part)[1], side="left")))
@@ -322,8 +347,17 @@ def _summary(parts: list[FilePart], clock: Clock, rolls: int) -> dict:
     used: dict[int, dict] = {}
     for p in parts:
         for inst, u in p.used.items():
-            row = used.setdefault(inst, {"instrument_id": inst, "symbols": [], "records": 0,
-                                         "first": u.first_ts, "last": u.last_ts, "files": 0})
+            row = used.setdefault(
+                inst,
+                {
+                    "instrument_id": inst,
+                    "symbols": [],
+                    "records": 0,
+                    "first": u.first_ts,
+                    "last": u.last_ts,
+                    "files": 0,
+                },
+            )
             row["records"] += u.records
             row["first"], row["last"] = min(row["first"], u.first_ts), max(row["last"], u.last_ts)
             row["files"] += 1
@@ -331,10 +365,15 @@ def _summary(parts: list[FilePart], clock: Clock, rolls: int) -> dict:
     instruments = sorted(used.values(), key=lambda r: r["first"])
     for row in instruments:
         row["first"], row["last"] = _iso(row["first"]), _iso(row["last"])
-    return {"files": len(parts), "records_read": int(sum(p.records_read for p in parts)),
-            "snapshots": len(clock), "segments": int(clock.segment[-1]) + 1 if len(clock) else 0,
-            "rolls": rolls, "instruments": instruments,
-            "files_read_whole": [p.job.path for p in parts if p.read_whole]}
+    return {
+        "files": len(parts),
+        "records_read": int(sum(p.records_read for p in parts)),
+        "snapshots": len(clock),
+        "segments": int(clock.segment[-1]) + 1 if len(clock) else 0,
+        "rolls": rolls,
+        "instruments": instruments,
+        "files_read_whole": [p.job.path for p in parts if p.read_whole],
+    }
 
 
 def _iso(ts_ns: int) -> str:

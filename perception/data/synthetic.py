@@ -63,8 +63,12 @@ import numpy as np
 
 from perception.data.book import NS, Snapshots
 from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
-from perception.data.extremes_world import (SIDE_FACTOR, SIDE_LEVELS,  # every world flags a side alike
-                                            JumpBursts, jump_bursts)
+from perception.data.extremes_world import (
+    SIDE_FACTOR,
+    SIDE_LEVELS,  # every world flags a side alike
+    JumpBursts,
+    jump_bursts,
+)
 
 TICK = 250_000_000  # 0.25 in 1e-9 price units (an index-future tick)
 START_NS = 1_704_067_200 * NS  # 2024-01-01 00:00 UTC
@@ -85,8 +89,16 @@ class SignalParams:
         return cls(tau_fast=float(max(1, horizons[0])), regime_len=3.0 * max(window, horizons[-1]))
 
 
-def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_interval: float = 1.0,
-             session: int = 82_800, session_gap: float = 3600.0, world: str = "default") -> Snapshots:
+def generate(
+    n: int,
+    seed: int,
+    horizons: list[int],
+    window: int,
+    snapshot_interval: float = 1.0,
+    session: int = 82_800,
+    session_gap: float = 3600.0,
+    world: str = "default",
+) -> Snapshots:
     """n snapshots; every `session` snapshots a `session_gap`-second break ends a segment."""
     rng = np.random.default_rng([seed, 0x5EED])
     prm = SignalParams.for_scales(horizons, window)
@@ -110,11 +122,18 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     dp[1:] += kappa * imb[:-1]
     events: HorizonEvents | JumpBursts | None = None
     if world in EVENT_WORLDS:
-        events = _horizon_events(np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma,
-                                 null=world == "per_horizon_null")
+        events = _horizon_events(
+            np.random.default_rng([seed, 0xE7E]), n, horizons, window, prm.sigma, null=world == "per_horizon_null"
+        )
     elif world in EXTREME_WORLDS:
-        events = jump_bursts(np.random.default_rng([seed, 0x1B5]), n, horizons, window, prm.sigma,
-                             null=world == "per_horizon_extremes_null")
+        events = jump_bursts(
+            np.random.default_rng([seed, 0x1B5]),
+            n,
+            horizons,
+            window,
+            prm.sigma,
+            null=world == "per_horizon_extremes_null",
+        )
     if events is not None:
         dp += events.drift
     p = BASE_PRICE_TICKS + np.cumsum(dp)
@@ -142,10 +161,14 @@ def generate(n: int, seed: int, horizons: list[int], window: int, snapshot_inter
     dt = np.full(n, snapshot_interval, np.float32)
     return Snapshots(
         ts=START_NS + tick_idx * interval_ns,
-        bid_px=bid_px, ask_px=ask_px,
-        bid_sz=bid_sz, ask_sz=ask_sz,
-        bid_ct=bid_ct, ask_ct=ask_ct,
-        dt=dt, segment=segment,
+        bid_px=bid_px,
+        ask_px=ask_px,
+        bid_sz=bid_sz,
+        ask_sz=ask_sz,
+        bid_ct=bid_ct,
+        ask_ct=ask_ct,
+        dt=dt,
+        segment=segment,
     )
 
 
@@ -160,6 +183,7 @@ SHORT_SNR, LONG_SNR = 1.5, 8.0  # drift over h_s (short) and h_max (long) in uni
 class HorizonEvents:
     """The per_horizon world's events: the drift of the latent price they announce and, per kind, the
     snapshots they mark with the sides they flag (in the null twin, independent of the drift's sign)."""
+
     drift: np.ndarray  # (T,) ticks per snapshot
     times: dict[str, np.ndarray]  # kind -> (E,) snapshot indices, increasing
     sides: dict[str, np.ndarray]  # kind -> (E,) +-1, the side each event flags
@@ -183,12 +207,16 @@ def drift_pieces(horizons: list[int], window: int) -> dict[str, list[tuple[int, 
     return {"short": [(0, u, 1.0), (u, u + fall, -2.0)], "long": [(u, u + horizons[-1], 1.0)], "distractor": []}
 
 
-def _horizon_events(rng: np.random.Generator, n: int, horizons: list[int], window: int, sigma: float,
-                    null: bool = False) -> HorizonEvents:
+def _horizon_events(
+    rng: np.random.Generator, n: int, horizons: list[int], window: int, sigma: float, null: bool = False
+) -> HorizonEvents:
     pieces = drift_pieces(horizons, window)
     h_s = horizons[min(1, len(horizons) - 1)]
-    rates = {"short": SHORT_SNR * sigma / np.sqrt(h_s), "long": LONG_SNR * sigma / np.sqrt(horizons[-1]),
-             "distractor": 0.0}
+    rates = {
+        "short": SHORT_SNR * sigma / np.sqrt(h_s),
+        "long": LONG_SNR * sigma / np.sqrt(horizons[-1]),
+        "distractor": 0.0,
+    }
     reach = max(end for ps in pieces.values() for _, end, _ in ps)
     times, taken = {}, np.zeros(0, np.int64)
     for kind in ("short", "long", "distractor"):
@@ -252,8 +280,9 @@ def _counts(rng: np.random.Generator, sizes: np.ndarray) -> np.ndarray:
     return np.maximum(1, np.rint(sizes / per_order)).astype(np.uint32)
 
 
-def to_records(snaps: Snapshots, snapshot_interval: float = 1.0, instrument_id: int = 1,
-               superseded_every: int = 3, seed: int = 0) -> np.ndarray:
+def to_records(
+    snaps: Snapshots, snapshot_interval: float = 1.0, instrument_id: int = 1, superseded_every: int = 3, seed: int = 0
+) -> np.ndarray:
     """MBP-10 records whose snapshots are `snaps`: one F_LAST record per snapshot at a jittered
     time inside its interval, and every `superseded_every`-th interval an earlier complete state
     (different sizes) that the reader must replace by the later one."""

@@ -40,30 +40,63 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=__doc__.split("\n\n")[1])
-    p.add_argument("--sweep-id", required=True, action="append", type=sweep_id_option,
-                   help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another")
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)")
+    p.add_argument(
+        "--sweep-id",
+        required=True,
+        action="append",
+        type=sweep_id_option,
+        help="the sweep's id (tag sweep_id of its runs); repeat it to decide several one after another",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI, else sqlite under PERCEPTION_HOME)",
+    )
     add_mlflow_experiment(p)  # and --experiment, its former spelling, with a notice
-    p.add_argument("--config", default="default",
-                   help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)")
+    p.add_argument(
+        "--config", default="default", help="conf/gate/<NAME>.yaml, or a path to such a file (default: default)"
+    )
     p.add_argument("--control", default=DEFAULT_CONTROL, help=f"arm A (default: {DEFAULT_CONTROL})")
     p.add_argument("--treatment", default=DEFAULT_TREATMENT, help=f"arm B (default: {DEFAULT_TREATMENT})")
-    p.add_argument("--out", type=Path, default=None,
-                   help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>; with several ids, OUT/<sweep_id>)")
-    p.add_argument("--decision-file", type=Path, default=None,
-                   help="write the decision word here (ship_<treatment> | keep_<control> | inconclusive | refused)")
-    p.add_argument("--json-file", type=Path, default=None,
-                   help="write the JSON line here too (a workflow step's output: the decision, W, G, look)")
-    p.add_argument("--look", type=int, default=None, metavar="K",
-                   help="a sequential study: decide at look K from replicates 0 … K-1 exactly (later waves are "
-                        "not read); refused when one of them is incomplete")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="report folder (default: PERCEPTION_HOME/gate/<sweep_id>; with several ids, OUT/<sweep_id>)",
+    )
+    p.add_argument(
+        "--decision-file",
+        type=Path,
+        default=None,
+        help="write the decision word here (ship_<treatment> | keep_<control> | inconclusive | refused)",
+    )
+    p.add_argument(
+        "--json-file",
+        type=Path,
+        default=None,
+        help="write the JSON line here too (a workflow step's output: the decision, W, G, look)",
+    )
+    p.add_argument(
+        "--look",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a sequential study: decide at look K from replicates 0 … K-1 exactly (later waves are "
+        "not read); refused when one of them is incomplete",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.add_argument("--workflow-url", default=os.environ.get("PERCEPTION_WORKFLOW_URL") or None,
-                   help="the Argo workflow's page, tagged `workflow_url` on the sweep's parent run "
-                        "(default: PERCEPTION_WORKFLOW_URL)")
-    p.add_argument("overrides", nargs="*", metavar="gate.KEY=VALUE",
-                   help="override a value of the gate config, e.g. gate.alpha=0.01 'gate.weights={1000: 1.0}'")
+    p.add_argument(
+        "--workflow-url",
+        default=os.environ.get("PERCEPTION_WORKFLOW_URL") or None,
+        help="the Argo workflow's page, tagged `workflow_url` on the sweep's parent run "
+        "(default: PERCEPTION_WORKFLOW_URL)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="gate.KEY=VALUE",
+        help="override a value of the gate config, e.g. gate.alpha=0.01 'gate.weights={1000: 1.0}'",
+    )
     return p
 
 
@@ -76,8 +109,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     several = len(args.sweep_id) > 1
-    for flag, value in (("--decision-file", args.decision_file), ("--json-file", args.json_file),
-                        ("--look", args.look)):
+    for flag, value in (
+        ("--decision-file", args.decision_file),
+        ("--json-file", args.json_file),
+        ("--look", args.look),
+    ):
         if several and value is not None:
             parser.error(f"{flag} takes one --sweep-id; got {len(args.sweep_id)}")
     # Before MLflow is imported: one download bar per small artifact would bury the gate's output.
@@ -89,11 +125,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         out = args.out / sweep_id if several and args.out is not None else args.out
         try:
             with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON lines
-                outcome = run_gate(sweep_id, tracking_uri=args.tracking_uri, experiment=args.mlflow_experiment,
-                                   config_name=args.config, config_overrides=args.overrides, out_dir=out,
-                                   decision_file=args.decision_file, control=args.control,
-                                   treatment=args.treatment, progress=not args.no_progress,
-                                   workflow_url=_http_or_none(args.workflow_url), look=args.look)
+                outcome = run_gate(
+                    sweep_id,
+                    tracking_uri=args.tracking_uri,
+                    experiment=args.mlflow_experiment,
+                    config_name=args.config,
+                    config_overrides=args.overrides,
+                    out_dir=out,
+                    decision_file=args.decision_file,
+                    control=args.control,
+                    treatment=args.treatment,
+                    progress=not args.no_progress,
+                    workflow_url=_http_or_none(args.workflow_url),
+                    look=args.look,
+                )
         except ConfigError as e:  # said as argparse says a usage error
             return exit_code(e, PROG, labels={ConfigError: "error"})
         for line in outcome.reasons:

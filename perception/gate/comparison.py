@@ -35,8 +35,7 @@ def fold_tables(summary: dict) -> dict[str, dict[str, list]]:
             f"B {b}": _rounded(col_b + [sum(col_b) / n]),
             "B − A": _rounded(diff + [sum(diff) / n]),
         }
-    return dict(sorted(tables.items(), key=lambda kv: (not kv[0].startswith(f"{COMPARISON_DIR}/deciding_"),
-                                                       kv[0])))
+    return dict(sorted(tables.items(), key=lambda kv: (not kv[0].startswith(f"{COMPARISON_DIR}/deciding_"), kv[0])))
 
 
 def log_comparison(client, run_id: str, summary: dict, plot: Optional[Path]) -> list[str]:

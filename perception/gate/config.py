@@ -79,13 +79,16 @@ def _dotlist(overrides: Sequence[str]):
         key, sep, _ = item.partition("=")
         if not sep or not key.startswith(OVERRIDE_PREFIX) or key == OVERRIDE_PREFIX:
             raise ConfigError(f"gate override {item!r}: expected {OVERRIDE_PREFIX}KEY=VALUE, e.g. gate.alpha=0.01")
-        items.append(item[len(OVERRIDE_PREFIX):])
+        items.append(item[len(OVERRIDE_PREFIX) :])
     return OmegaConf.from_dotlist(items)
 
 
 def check_horizons(cfg: GateConfig, horizons: list[int]) -> None:
     """Every weighted or shift horizon must be one the runs predict (usage error otherwise)."""
-    for key, named in (("weights", [h for h, w in cfg.weights.items() if w != 0]), ("shift_horizons", cfg.shift_horizons)):
+    for key, named in (
+        ("weights", [h for h, w in cfg.weights.items() if w != 0]),
+        ("shift_horizons", cfg.shift_horizons),
+    ):
         missing = [h for h in named if h not in horizons]
         if missing:
             raise ConfigError(

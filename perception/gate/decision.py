@@ -86,6 +86,7 @@ class RuleResult:
 @dataclass
 class Resamples:
     """Per fold: the observed and block-resampled AUC of every loaded run, per horizon."""
+
     observed: dict[tuple[str, int, int], np.ndarray]  # (arm, fold, replicate) -> (H,)
     resampled: dict[tuple[str, int, int], np.ndarray]  # -> (n_boot, H), NaN where a class is empty
     block_len: int
@@ -131,20 +132,31 @@ def resample(inputs: SweepInputs, cfg: GateConfig, progress: bool = True) -> Res
         n = len(first.index)
         rng = np.random.default_rng([cfg.seed, fold])  # per fold, so results do not depend on order
         if n < 2 * block_len:
-            notes.append(f"fold {fold}: {n} windows are fewer than two blocks of {block_len}; "
-                         f"no bootstrap evidence from this fold")
+            notes.append(
+                f"fold {fold}: {n} windows are fewer than two blocks of {block_len}; "
+                f"no bootstrap evidence from this fold"
+            )
         scores = {k: inputs.runs[k].predictions.probs for k in keys}
-        boot = stats.block_bootstrap_aucs(scores, first.labels, first.mask, block_len, cfg.n_bootstrap, rng,
-                                          enough=n >= 2 * block_len)
+        boot = stats.block_bootstrap_aucs(
+            scores, first.labels, first.mask, block_len, cfg.n_bootstrap, rng, enough=n >= 2 * block_len
+        )
         for k in keys:
             observed[k], resampled[k] = boot[k]
     return Resamples(observed, resampled, block_len, notes)
 
 
-def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, boot: Resamples,
-           noise: Optional[TrainingNoise] = None) -> GateResult:
+def decide(
+    inputs: SweepInputs,
+    cfg: GateConfig,
+    control: str,
+    treatment: str,
+    boot: Resamples,
+    noise: Optional[TrainingNoise] = None,
+) -> GateResult:
     horizons, folds, reps = inputs.horizons, range(inputs.n_folds), inputs.replicates
-    final = {arm: np.stack([[inputs.run(arm, f, r).final_auc for r in reps] for f in folds]) for arm in (control, treatment)}
+    final = {
+        arm: np.stack([[inputs.run(arm, f, r).final_auc for r in reps] for f in folds]) for arm in (control, treatment)
+    }
     cells = final[treatment] - final[control]  # (F, R, H)
     delta_h = cells.mean(axis=(0, 1))
     delta = {h: float(d) for h, d in zip(horizons, delta_h)}
@@ -156,21 +168,67 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
     thinned = _thinned(inputs, control, treatment)  # shared by both rules and the per-fold rows
 
     rule1_h = [h for h in horizons if cfg.weights.get(h, 0.0) > 0]
-    rule1 = _rule(RuleResult("rule 1", f"W >= min_lift ({cfg.min_lift:g})", "W", W, rule1_h,
-                             [cfg.weights[h] for h in rule1_h], W >= cfg.min_lift, math.nan, math.nan),
-                  inputs, control, treatment, boot, cells, noise, thinned)
+    rule1 = _rule(
+        RuleResult(
+            "rule 1",
+            f"W >= min_lift ({cfg.min_lift:g})",
+            "W",
+            W,
+            rule1_h,
+            [cfg.weights[h] for h in rule1_h],
+            W >= cfg.min_lift,
+            math.nan,
+            math.nan,
+        ),
+        inputs,
+        control,
+        treatment,
+        boot,
+        cells,
+        noise,
+        thinned,
+    )
     rule2_fires = G > 0 and G >= max(0.0, -W) and (cfg.shift_allows_loss or W >= 0)
     rule2_text = "G > 0 and G >= max(0, -W)" + ("" if cfg.shift_allows_loss else " and W >= 0")
-    rule2 = _rule(RuleResult("rule 2", rule2_text, "G", G, list(cfg.shift_horizons),
-                             [1.0] * len(cfg.shift_horizons), rule2_fires, math.nan, math.nan),
-                  inputs, control, treatment, boot, cells, noise, thinned)
-    for r, level, threshold in zip((rule1, rule2), holm_levels(rule1.p_bootstrap, rule2.p_bootstrap, cfg.alpha),
-                                   (cfg.min_lift, 0.0)):
+    rule2 = _rule(
+        RuleResult(
+            "rule 2",
+            rule2_text,
+            "G",
+            G,
+            list(cfg.shift_horizons),
+            [1.0] * len(cfg.shift_horizons),
+            rule2_fires,
+            math.nan,
+            math.nan,
+        ),
+        inputs,
+        control,
+        treatment,
+        boot,
+        cells,
+        noise,
+        thinned,
+    )
+    for r, level, threshold in zip(
+        (rule1, rule2), holm_levels(rule1.p_bootstrap, rule2.p_bootstrap, cfg.alpha), (cfg.min_lift, 0.0)
+    ):
         conclude(r, level, cfg.noise_floor)
         r.mde = minimum_detectable(r.se, r.df, cfg.alpha / 2, threshold)
 
-    se_by_horizon = {h: _rule(RuleResult(f"h{h}", "", f"Δ_h{h}", delta[h], [h], [1.0], False, math.nan, math.nan),
-                              inputs, control, treatment, boot, cells, noise, thinned).se for h in horizons}
+    se_by_horizon = {
+        h: _rule(
+            RuleResult(f"h{h}", "", f"Δ_h{h}", delta[h], [h], [1.0], False, math.nan, math.nan),
+            inputs,
+            control,
+            treatment,
+            boot,
+            cells,
+            noise,
+            thinned,
+        ).se
+        for h in horizons
+    }
 
     fired = next((r for r in (rule1, rule2) if r.fired), None)
     reasons = [_rule_line(r) for r in (rule1, rule2)]
@@ -189,23 +247,50 @@ def decide(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, b
     notes = [n for row in per_fold for n in row.pop("notes")]
     throughput = _throughput(inputs, control, treatment)
     if throughput.get("slowdown") is not None and throughput["slowdown"] > SLOWDOWN_RISK:
-        notes.append(f"risk: {treatment} trains {100 * throughput['slowdown']:.0f}% slower than "
-                     f"{control} (more than {100 * SLOWDOWN_RISK:.0f}%)")
+        notes.append(
+            f"risk: {treatment} trains {100 * throughput['slowdown']:.0f}% slower than "
+            f"{control} (more than {100 * SLOWDOWN_RISK:.0f}%)"
+        )
     auc = {}
     for arm in (control, treatment):
         per_fold_mean = final[arm].mean(axis=1)  # (F, H)
-        auc[arm] = {"per_fold": per_fold_mean, "mean": per_fold_mean.mean(axis=0),
-                    "std": per_fold_mean.std(axis=0, ddof=1) if inputs.n_folds > 1 else np.zeros(len(horizons))}
+        auc[arm] = {
+            "per_fold": per_fold_mean,
+            "mean": per_fold_mean.mean(axis=0),
+            "std": per_fold_mean.std(axis=0, ddof=1) if inputs.n_folds > 1 else np.zeros(len(horizons)),
+        }
     return GateResult(
-        control=control, treatment=treatment, decision=decision, rule=fired.name if fired else None, W=W, G=G,
-        p=(fired or rule1).p_bootstrap, delta=delta, reasons=reasons, rules=[rule1, rule2], auc=auc,
-        per_fold=per_fold, block_len=boot.block_len, throughput=throughput, replicates=len(reps),
-        training_noise=noise_words, notes=notes, se_by_horizon=se_by_horizon,
+        control=control,
+        treatment=treatment,
+        decision=decision,
+        rule=fired.name if fired else None,
+        W=W,
+        G=G,
+        p=(fired or rule1).p_bootstrap,
+        delta=delta,
+        reasons=reasons,
+        rules=[rule1, rule2],
+        auc=auc,
+        per_fold=per_fold,
+        block_len=boot.block_len,
+        throughput=throughput,
+        replicates=len(reps),
+        training_noise=noise_words,
+        notes=notes,
+        se_by_horizon=se_by_horizon,
     )
 
 
-def _rule(rule: RuleResult, inputs: SweepInputs, a: str, b: str, boot: Resamples, cells: np.ndarray,
-          noise: Optional[TrainingNoise], thinned: dict) -> RuleResult:
+def _rule(
+    rule: RuleResult,
+    inputs: SweepInputs,
+    a: str,
+    b: str,
+    boot: Resamples,
+    cells: np.ndarray,
+    noise: Optional[TrainingNoise],
+    thinned: dict,
+) -> RuleResult:
     """Fills the rule's evidence: se from windows and training noise, its degrees of freedom and p."""
     hw = dict(zip(rule.horizons, rule.weights))
     w = np.array([hw.get(h, 0.0) for h in inputs.horizons])
@@ -229,13 +314,14 @@ def _rule(rule: RuleResult, inputs: SweepInputs, a: str, b: str, boot: Resamples
         rule.df = float(df_training) if F >= 2 else math.inf
     else:
         rule.se_training = math.sqrt(s2 / (F * R))
-        rule.se = math.sqrt(rule.se_windows ** 2 + rule.se_training ** 2) if math.isfinite(rule.se_windows) else math.nan
+        rule.se = math.sqrt(rule.se_windows**2 + rule.se_training**2) if math.isfinite(rule.se_windows) else math.nan
         rule.df = satterthwaite_df(rule.se, rule.se_training, df_training)
         _guard_heterogeneity(rule, cell_lift.mean(axis=1))
     rule.p_bootstrap = one_sided_p_t(stats.z_score(rule.lift, rule.se), rule.df)
     rows = [(h, t.z) for (_, h), t in thinned.items() if h in hw]
-    rule.p_delong_thinned = stats.one_sided_p(stats.stouffer(np.array([z for _, z in rows]),
-                                                             np.array([hw[h] for h, _ in rows])))
+    rule.p_delong_thinned = stats.one_sided_p(
+        stats.stouffer(np.array([z for _, z in rows]), np.array([hw[h] for h, _ in rows]))
+    )
     return rule
 
 
@@ -250,8 +336,9 @@ def _guard_heterogeneity(rule: RuleResult, fold_lift: np.ndarray) -> None:
         return
     spread = math.sqrt(float(fold_lift.var(ddof=1)) / F)
     ratio = (spread / rule.se) ** 2
-    rule.heterogeneity_p = float(f_dist.sf(ratio, F - 1, rule.df) if math.isfinite(rule.df)
-                                 else chi2.sf(ratio * (F - 1), F - 1))
+    rule.heterogeneity_p = float(
+        f_dist.sf(ratio, F - 1, rule.df) if math.isfinite(rule.df) else chi2.sf(ratio * (F - 1), F - 1)
+    )
     if rule.heterogeneity_p < HETEROGENEITY_P and spread > rule.se:
         rule.se, rule.df, rule.fold_spread = spread, float(F - 1), True
 
@@ -263,8 +350,9 @@ def _windows_variance(inputs: SweepInputs, a: str, b: str, boot: Resamples, w: n
     out = []
     R = len(inputs.replicates)
     for f in range(inputs.n_folds):
-        lifts = np.stack([(boot.resampled[(b, f, r)] - boot.resampled[(a, f, r)]) @ w
-                          for r in inputs.replicates], axis=1)  # (n_boot, R)
+        lifts = np.stack(
+            [(boot.resampled[(b, f, r)] - boot.resampled[(a, f, r)]) @ w for r in inputs.replicates], axis=1
+        )  # (n_boot, R)
         lifts = lifts[np.isfinite(lifts).all(axis=1)]
         if len(lifts) < 2:
             out.append(math.nan)
@@ -290,7 +378,7 @@ def satterthwaite_df(se: float, se_training: float, df_training: float) -> float
     estimated from few cells (Welch–Satterthwaite with the window part's df taken as infinite)."""
     if not (math.isfinite(se) and se > 0 and se_training > 0 and math.isfinite(df_training)):
         return math.inf
-    return float(se ** 4 / (se_training ** 4 / df_training))
+    return float(se**4 / (se_training**4 / df_training))
 
 
 def one_sided_p_t(t: float, df: float) -> float:
@@ -309,8 +397,9 @@ def _thinned(inputs: SweepInputs, a: str, b: str) -> dict[tuple[int, int], stats
         for j, h in enumerate(inputs.horizons):
             valid = pa.mask[:, j]
             kept = stats.thin_by_index(pa.index[valid], inputs.window + h)
-            out[(fold, h)] = stats.delong_paired(pa.probs[valid, j][kept], pb.probs[valid, j][kept],
-                                                 pa.labels[valid, j][kept])
+            out[(fold, h)] = stats.delong_paired(
+                pa.probs[valid, j][kept], pb.probs[valid, j][kept], pa.labels[valid, j][kept]
+            )
     return out
 
 
@@ -321,7 +410,9 @@ def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples, thinned: di
     r0 = inputs.replicates[0]
     for fold in range(inputs.n_folds):
         pa, pb = inputs.run(a, fold, r0).predictions, inputs.run(b, fold, r0).predictions
-        d_boot = np.mean([boot.resampled[(b, fold, r)] - boot.resampled[(a, fold, r)] for r in inputs.replicates], axis=0)
+        d_boot = np.mean(
+            [boot.resampled[(b, fold, r)] - boot.resampled[(a, fold, r)] for r in inputs.replicates], axis=0
+        )
         d_obs = np.mean([boot.observed[(b, fold, r)] - boot.observed[(a, fold, r)] for r in inputs.replicates], axis=0)
         notes = [n for n in boot.notes if n.startswith(f"fold {fold}:")]
         for j, h in enumerate(inputs.horizons):
@@ -331,52 +422,93 @@ def _fold_rows(inputs: SweepInputs, a: str, b: str, boot: Resamples, thinned: di
             d = d_boot[:, j][np.isfinite(d_boot[:, j])]
             se = float(d.std(ddof=1)) if len(d) > 1 else math.nan
             z = stats.z_score(float(d_obs[j]), se)
-            rows.append({
-                "fold": fold, "horizon": h, "n_windows": int(valid.sum()),
-                "auc_a_predictions": iid.auc_a, "auc_b_predictions": iid.auc_b,
-                "bootstrap": None if not math.isfinite(se) else {
-                    "delta": float(d_obs[j]), "se": se, "z": z, "p": stats.one_sided_p(z), "n_resamples": int(len(d))},
-                "delong_thinned": {"n": thin.n, "spacing": inputs.window + h, "delta": thin.delta,
-                                   "se": thin.se, "z": thin.z, "p": stats.one_sided_p(thin.z)},
-                "delong_iid": {"n": iid.n, "delta": iid.delta, "se": iid.se, "z": iid.z,
-                               "p": stats.one_sided_p(iid.z)},
-                "notes": notes if j == 0 else [],
-            })
+            rows.append(
+                {
+                    "fold": fold,
+                    "horizon": h,
+                    "n_windows": int(valid.sum()),
+                    "auc_a_predictions": iid.auc_a,
+                    "auc_b_predictions": iid.auc_b,
+                    "bootstrap": None
+                    if not math.isfinite(se)
+                    else {
+                        "delta": float(d_obs[j]),
+                        "se": se,
+                        "z": z,
+                        "p": stats.one_sided_p(z),
+                        "n_resamples": int(len(d)),
+                    },
+                    "delong_thinned": {
+                        "n": thin.n,
+                        "spacing": inputs.window + h,
+                        "delta": thin.delta,
+                        "se": thin.se,
+                        "z": thin.z,
+                        "p": stats.one_sided_p(thin.z),
+                    },
+                    "delong_iid": {
+                        "n": iid.n,
+                        "delta": iid.delta,
+                        "se": iid.se,
+                        "z": iid.z,
+                        "p": stats.one_sided_p(iid.z),
+                    },
+                    "notes": notes if j == 0 else [],
+                }
+            )
     return rows
 
 
 def _noise_words(replicates: int, noise: Optional[TrainingNoise], experiment: str) -> str:
     if replicates >= 2:
-        return (f"training noise from {replicates} replicates per fold (between-replicate variance of the "
-                f"lift, pooled over folds, beside the windows' variance of what replicates share)")
+        return (
+            f"training noise from {replicates} replicates per fold (between-replicate variance of the "
+            f"lift, pooled over folds, beside the windows' variance of what replicates share)"
+        )
     if noise is not None:
-        return (f"training noise from the A/A measurement {noise.source} "
-                f"({', '.join(f'{a}: {n} cells' for a, n in noise.n_cells.items())})")
-    return ("training noise from the folds alone: one replicate and no A/A measurement for this experiment, "
-            "so the evidence is the between-fold variance of the per-fold lift (F - 1 degrees of freedom), "
-            "a weak test; for a stronger one run --replicates 2 or more, or measure this experiment's "
-            f"training noise once with perception-sweep calibrate --experiment {experiment} --sweeps 5")
+        return (
+            f"training noise from the A/A measurement {noise.source} "
+            f"({', '.join(f'{a}: {n} cells' for a, n in noise.n_cells.items())})"
+        )
+    return (
+        "training noise from the folds alone: one replicate and no A/A measurement for this experiment, "
+        "so the evidence is the between-fold variance of the per-fold lift (F - 1 degrees of freedom), "
+        "a weak test; for a stronger one run --replicates 2 or more, or measure this experiment's "
+        f"training noise once with perception-sweep calibrate --experiment {experiment} --sweeps 5"
+    )
 
 
 def _rule_line(r: RuleResult) -> str:
     hs = ", ".join(f"h{h}" for h in r.horizons)
-    return f"{r.name} ({r.statement}) on {hs}: {r.lift_name} = {r.lift:+.4f} -> {'fires' if r.fired else 'does not fire'}"
+    return (
+        f"{r.name} ({r.statement}) on {hs}: {r.lift_name} = {r.lift:+.4f} -> {'fires' if r.fired else 'does not fire'}"
+    )
 
 
 def _evidence_line(r: RuleResult, cfg: GateConfig, noise_words: str) -> str:
-    floor = (f"lower bound {r.lower_bound:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
-             if math.isfinite(r.lower_bound) else "no lower bound")
-    parts = (f"windows {r.se_windows:.4f}, training {r.se_training:.4f}" if r.variance != "between folds"
-             else "between folds")
+    floor = (
+        f"lower bound {r.lower_bound:+.4f} {'>=' if r.evidence_floor else '<'} noise floor {cfg.noise_floor:g}"
+        if math.isfinite(r.lower_bound)
+        else "no lower bound"
+    )
+    parts = (
+        f"windows {r.se_windows:.4f}, training {r.se_training:.4f}"
+        if r.variance != "between folds"
+        else "between folds"
+    )
     if r.fold_spread:
-        parts = (f"the folds' spread: they disagree more than windows and training explain, "
-                 f"p = {r.heterogeneity_p:.2g}")
-    test = (f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} Holm level {r.level:g} of alpha "
-            f"{cfg.alpha:g} (se {r.se:.4f}: {parts}" + (f"; t with {r.df:.1f} df" if math.isfinite(r.df) else "") + ")"
-            if math.isfinite(r.p_bootstrap) else "p unavailable")
+        parts = f"the folds' spread: they disagree more than windows and training explain, p = {r.heterogeneity_p:.2g}"
+    test = (
+        f"p = {r.p_bootstrap:.4g} {'<' if r.evidence_test else '>='} Holm level {r.level:g} of alpha "
+        f"{cfg.alpha:g} (se {r.se:.4f}: {parts}" + (f"; t with {r.df:.1f} df" if math.isfinite(r.df) else "") + ")"
+        if math.isfinite(r.p_bootstrap)
+        else "p unavailable"
+    )
     verdict = "evidence" if (r.evidence_floor or r.evidence_test) else "no evidence"
-    return (f"{verdict} for {r.name}: {floor}; {test}; {noise_words} "
-            f"(thinned DeLong p = {r.p_delong_thinned:.4g}, reported only)")
+    return (
+        f"{verdict} for {r.name}: {floor}; {test}; {noise_words} "
+        f"(thinned DeLong p = {r.p_delong_thinned:.4g}, reported only)"
+    )
 
 
 def _throughput(inputs: SweepInputs, a: str, b: str) -> dict:

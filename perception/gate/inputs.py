@@ -26,8 +26,23 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from perception.arms import DEFAULT_CONTROL, DEFAULT_TREATMENT, RESEED_SUFFIX, arm_names
-from perception.contract import (AGREED_PARAMS, ATTENTION, DIAGNOSTICS, GPU_UTILIZATION, PARAM_DEFAULTS, PREDICTIONS,
-                                 REPLICATE, ROLE, ROLE_SWEEP, ROLE_TRAIN, SAMPLES_PER_S, SEED, param, tag, val_auc)
+from perception.contract import (
+    AGREED_PARAMS,
+    ATTENTION,
+    DIAGNOSTICS,
+    GPU_UTILIZATION,
+    PARAM_DEFAULTS,
+    PREDICTIONS,
+    REPLICATE,
+    ROLE,
+    ROLE_SWEEP,
+    ROLE_TRAIN,
+    SAMPLES_PER_S,
+    SEED,
+    param,
+    tag,
+    val_auc,
+)
 from perception.errors import PerceptionError
 from perception.metrics import auc
 from perception.paths import check_sweep_id
@@ -111,9 +126,16 @@ class SweepInputs:
         return [r for (a, _, _), r in sorted(self.runs.items()) if a == arm]
 
 
-def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_id: str,
-               control: str = DEFAULT_CONTROL, treatment: str = DEFAULT_TREATMENT,
-               optional_arms: Sequence[str] = (), waves: Optional[int] = None) -> SweepInputs:
+def load_sweep(
+    client: MlflowClient,
+    tracking_uri: str,
+    experiment: str,
+    sweep_id: str,
+    control: str = DEFAULT_CONTROL,
+    treatment: str = DEFAULT_TREATMENT,
+    optional_arms: Sequence[str] = (),
+    waves: Optional[int] = None,
+) -> SweepInputs:
     """The sweep's runs of `control` and `treatment` (required, every fold and replicate) and of each
     of `optional_arms` found complete (the attribution's arms); anything unsound is a GateRefusal.
     With `waves`, only replicates 0 … waves − 1 are read: a sequential study's look as it stood, whatever
@@ -129,8 +151,9 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
     parent = _latest([r for r in runs if r.data.tags.get(ROLE) == ROLE_SWEEP])
     train = [r for r in runs if r.data.tags.get(ROLE) == ROLE_TRAIN and (waves is None or _replicate(r) < waves)]
     if not train:
-        raise GateRefusal([f"no training runs (role=train) of sweep {sweep_id!r} in experiment "
-                           f"{experiment!r} at {tracking_uri}"])
+        raise GateRefusal(
+            [f"no training runs (role=train) of sweep {sweep_id!r} in experiment {experiment!r} at {tracking_uri}"]
+        )
 
     notes: list[str] = []
     running = _running(train)
@@ -143,7 +166,9 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
     if reasons:  # without agreed horizons and folds nothing below is meaningful
         raise GateRefusal(reasons, notes, running)
     horizons = _parse_horizons(params["data.horizons"], reasons)
-    n_folds, window, stride = (_parse_int(params, k, reasons) for k in ("data.n_folds", "data.window", "data.window_stride"))
+    n_folds, window, stride = (
+        _parse_int(params, k, reasons) for k in ("data.n_folds", "data.window", "data.window_stride")
+    )
     if reasons:
         raise GateRefusal(reasons, notes, running)
 
@@ -160,8 +185,10 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
         if fold >= n_folds:
             reasons.append(f"{arm} fold {fold} (run {run.info.run_id}): fold outside data.n_folds = {n_folds}")
         elif run.data.params.get("data.fold", str(fold)) != str(fold):
-            reasons.append(f"{arm} fold {fold} (run {run.info.run_id}): tag fold={fold} but param "
-                           f"data.fold={run.data.params['data.fold']}")
+            reasons.append(
+                f"{arm} fold {fold} (run {run.info.run_id}): tag fold={fold} but param "
+                f"data.fold={run.data.params['data.fold']}"
+            )
 
     arm_runs: dict[Key, ArmRun] = {}
     todo = [(k, r) for k, r in sorted(chosen.items()) if k[1] < n_folds and k[2] in replicates]
@@ -173,19 +200,35 @@ def load_sweep(client: MlflowClient, tracking_uri: str, experiment: str, sweep_i
             if arm_run is not None:
                 arm_runs[key] = arm_run
     for fold in range(n_folds):
-        fold_runs = [r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2]))
-                     if f == fold]
+        fold_runs = [
+            r for (a, f, _), r in sorted(arm_runs.items(), key=lambda kv: (arms.index(kv[0][0]), kv[0][2])) if f == fold
+        ]
         for other in fold_runs[1:]:
             _check_aligned(fold_runs[0], other, reasons)
     if reasons:
         raise GateRefusal(reasons, notes, running)
-    return SweepInputs(sweep_id, tracking_uri, exp.experiment_id, parent.info.run_id if parent else None,
-                       horizons, window, stride, n_folds, params, arm_runs, arms, replicates, notes,
-                       dict(parent.data.tags) if parent else {}, running)
+    return SweepInputs(
+        sweep_id,
+        tracking_uri,
+        exp.experiment_id,
+        parent.info.run_id if parent else None,
+        horizons,
+        window,
+        stride,
+        n_folds,
+        params,
+        arm_runs,
+        arms,
+        replicates,
+        notes,
+        dict(parent.data.tags) if parent else {},
+        running,
+    )
 
 
-def _read_run(client: MlflowClient, key: Key, run: Run, horizons: list[int],
-              tmp: Path) -> tuple[Optional[ArmRun], list[str], list[str]]:
+def _read_run(
+    client: MlflowClient, key: Key, run: Run, horizons: list[int], tmp: Path
+) -> tuple[Optional[ArmRun], list[str], list[str]]:
     """One run's metrics and artifacts, checked: (the run or None, its reasons, its notes)."""
     arm, fold, rep = key
     reasons: list[str] = []
@@ -199,8 +242,24 @@ def _read_run(client: MlflowClient, key: Key, run: Run, horizons: list[int],
     _check_logged_auc(final_auc, preds, horizons, where, reasons)
     diagnostics = {k: run.data.metrics[k] for k in DIAGNOSTICS if k in run.data.metrics}
     gpu = _finite_history(client, run, GPU_UTILIZATION)
-    return ArmRun(run.info.run_id, arm, fold, rep, final_auc, _median_metric(client, run, SAMPLES_PER_S), preds,
-                  attention, diagnostics, dict(run.data.params), _median(gpu), len(gpu)), reasons, notes
+    return (
+        ArmRun(
+            run.info.run_id,
+            arm,
+            fold,
+            rep,
+            final_auc,
+            _median_metric(client, run, SAMPLES_PER_S),
+            preds,
+            attention,
+            diagnostics,
+            dict(run.data.params),
+            _median(gpu),
+            len(gpu),
+        ),
+        reasons,
+        notes,
+    )
 
 
 # ---------------------------------------------------------------- runs
@@ -216,8 +275,13 @@ def _search(client: MlflowClient, experiment_id: str, sweep_id: str) -> list[Run
     runs: list[Run] = []
     token = None
     while True:
-        page = client.search_runs([experiment_id], filter_string=f"tags.sweep_id = '{sweep_id}'",
-                                  run_view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token)
+        page = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.sweep_id = '{sweep_id}'",
+            run_view_type=ViewType.ACTIVE_ONLY,
+            max_results=1000,
+            page_token=token,
+        )
         runs.extend(page)
         token = page.token
         if not token:
@@ -228,17 +292,22 @@ def _latest(runs: list[Run]) -> Optional[Run]:
     return max(runs, key=lambda r: (r.info.end_time or 0, r.info.start_time or 0), default=None)
 
 
-def _missing_runs(arm: str, chosen: dict[Key, Run], train: list[Run], n_folds: int,
-                  replicates: list[int]) -> list[str]:
+def _missing_runs(arm: str, chosen: dict[Key, Run], train: list[Run], n_folds: int, replicates: list[int]) -> list[str]:
     out = []
     for fold in range(n_folds):
         have = {r for a, f, r in chosen if a == arm and f == fold}
         for rep in (r for r in replicates if r not in have):
-            found = [f"{r.info.status} {r.info.run_id}" for r in train if r.data.tags.get("variant") == arm
-                     and r.data.tags.get("fold") == str(fold) and _replicate(r) == rep]
+            found = [
+                f"{r.info.status} {r.info.run_id}"
+                for r in train
+                if r.data.tags.get("variant") == arm and r.data.tags.get("fold") == str(fold) and _replicate(r) == rep
+            ]
             where = f"{arm} fold {fold}" + (f" replicate {rep}" if len(replicates) > 1 or rep else "")
-            out.append(f"{where}: no FINISHED run" + (f" (found {', '.join(found)})" if found else "")
-                       + (f"; the arms' replicate sets differ in fold {fold}" if have else ""))
+            out.append(
+                f"{where}: no FINISHED run"
+                + (f" (found {', '.join(found)})" if found else "")
+                + (f"; the arms' replicate sets differ in fold {fold}" if have else "")
+            )
     return out
 
 
@@ -253,9 +322,11 @@ def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run
     for r in train:
         arm, fold, rep = r.data.tags.get("variant"), r.data.tags.get("fold", ""), _replicate(r)
         if arm not in known or not fold.isdigit() or rep < 0:
-            notes.append(f"run {r.info.run_id}: ignored, tags variant={arm!r} fold={fold!r} "
-                         f"replicate={r.data.tags.get('replicate')!r} (expected an arm of {sorted(known)}, "
-                         f"a fold number and a replicate number)")
+            notes.append(
+                f"run {r.info.run_id}: ignored, tags variant={arm!r} fold={fold!r} "
+                f"replicate={r.data.tags.get('replicate')!r} (expected an arm of {sorted(known)}, "
+                f"a fold number and a replicate number)"
+            )
             continue
         if r.info.status != "FINISHED":
             notes.append(f"{arm} fold {fold}: run {r.info.run_id} ignored, status {r.info.status}")
@@ -268,8 +339,11 @@ def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run
         chosen[key] = latest
         older = [r.info.run_id for r in rs if r is not chosen[key]]
         if older:
-            notes.append(f"duplicate runs for {key[0]} fold {key[1]}" + (f" replicate {key[2]}" if key[2] else "")
-                         + f": using the latest finished {chosen[key].info.run_id}, ignoring {', '.join(older)}")
+            notes.append(
+                f"duplicate runs for {key[0]} fold {key[1]}"
+                + (f" replicate {key[2]}" if key[2] else "")
+                + f": using the latest finished {chosen[key].info.run_id}, ignoring {', '.join(older)}"
+            )
     return chosen
 
 
@@ -280,8 +354,11 @@ def _running(train: list[Run]) -> list[str]:
     for r in sorted((r for r in train if r.info.status == "RUNNING"), key=lambda r: r.info.start_time or 0):
         tags, rep = r.data.tags, tag(r.data.tags, REPLICATE)
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime((r.info.start_time or 0) / 1000))
-        out.append(f"{tags.get('variant')} fold {tags.get('fold')}" + (f" replicate {rep}" if rep != "0" else "")
-                   + f": run {r.info.run_id}, RUNNING since {started}")
+        out.append(
+            f"{tags.get('variant')} fold {tags.get('fold')}"
+            + (f" replicate {rep}" if rep != "0" else "")
+            + f": run {r.info.run_id}, RUNNING since {started}"
+        )
     return out
 
 
@@ -323,8 +400,11 @@ def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
     for rep, values in sorted(by_rep.items()):
         if len(values) > 1:
             listing = "; ".join(f"{v!r} in {', '.join(who)}" for v, who in values.items())
-            reasons.append(f"runs disagree on seed" + (f" within replicate {rep}" if rep or len(by_rep) > 1 else "")
-                           + f": {listing}")
+            reasons.append(
+                "runs disagree on seed"
+                + (f" within replicate {rep}" if rep or len(by_rep) > 1 else "")
+                + f": {listing}"
+            )
 
 
 def _parse_horizons(text: str, reasons: list[str]) -> list[int]:
@@ -362,24 +442,29 @@ def _final_aucs(run: Run, horizons: list[int], where: str, reasons: list[str]) -
             reasons.append(f"{where}: metric {val_auc(h)} is {'missing' if value is None else value}")
             ok = False
         elif not 0.0 <= value <= 1.0:
-            reasons.append(f"{where}: metric {val_auc(h)} is {value:.6g}, outside [0, 1]"
-                           + (" (MLflow's stored +inf)" if value >= 1e308 else ""))
+            reasons.append(
+                f"{where}: metric {val_auc(h)} is {value:.6g}, outside [0, 1]"
+                + (" (MLflow's stored +inf)" if value >= 1e308 else "")
+            )
             ok = False
         out.append(value)
     return np.asarray(out, dtype=np.float64) if ok else None
 
 
-def _check_logged_auc(final_auc: np.ndarray, preds: Predictions, horizons: list[int], where: str,
-                      reasons: list[str]) -> None:
+def _check_logged_auc(
+    final_auc: np.ndarray, preds: Predictions, horizons: list[int], where: str, reasons: list[str]
+) -> None:
     """The logged final-epoch AUC must be the AUC of the predictions the gate decides on."""
     for j, h in enumerate(horizons):
         valid = preds.mask[:, j]
         recomputed = auc(preds.probs[valid, j], preds.labels[valid, j])
         gap = abs(recomputed - final_auc[j])
         if not gap <= AUC_TOLERANCE:  # also when the predictions give no AUC (NaN)
-            reasons.append(f"{where}: logged {val_auc(h)} = {final_auc[j]:.6f} but the AUC of {PREDICTIONS} "
-                           f"is {recomputed:.6f} (|difference| {gap:.6f} > tolerance {AUC_TOLERANCE:g}): "
-                           f"the metric and the predictions are not of one evaluation")
+            reasons.append(
+                f"{where}: logged {val_auc(h)} = {final_auc[j]:.6f} but the AUC of {PREDICTIONS} "
+                f"is {recomputed:.6f} (|difference| {gap:.6f} > tolerance {AUC_TOLERANCE:g}): "
+                f"the metric and the predictions are not of one evaluation"
+            )
 
 
 def _finite_history(client: MlflowClient, run: Run, key: str) -> list[float]:
@@ -403,8 +488,9 @@ def _download(client: MlflowClient, run: Run, path: str, tmp: Path) -> Optional[
         return None
 
 
-def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: Path, where: str,
-                      reasons: list[str]) -> Optional[Predictions]:
+def _load_predictions(
+    client: MlflowClient, run: Run, horizons: list[int], tmp: Path, where: str, reasons: list[str]
+) -> Optional[Predictions]:
     path = _download(client, run, PREDICTIONS, tmp)
     if path is None or not path.is_file():
         reasons.append(f"{where}: artifact {PREDICTIONS} is missing")
@@ -413,14 +499,17 @@ def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: 
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in ("probs", "labels", "mask", "index")}
     except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        reasons.append(f"{where}: {PREDICTIONS} is unreadable or lacks probs/labels/mask/index "
-                       f"({type(e).__name__}: {e})")
+        reasons.append(
+            f"{where}: {PREDICTIONS} is unreadable or lacks probs/labels/mask/index ({type(e).__name__}: {e})"
+        )
         return None
     n, h = len(arrays["index"]), len(horizons)
     for key in ("probs", "labels", "mask"):
         if arrays[key].shape != (n, h):
-            reasons.append(f"{where}: {PREDICTIONS} {key} has shape {arrays[key].shape}, expected ({n}, {h}) "
-                           f"(N windows x the {h} horizons {horizons})")
+            reasons.append(
+                f"{where}: {PREDICTIONS} {key} has shape {arrays[key].shape}, expected ({n}, {h}) "
+                f"(N windows x the {h} horizons {horizons})"
+            )
             return None
     index = arrays["index"].astype(np.int64)
     if arrays["index"].ndim != 1 or len(np.unique(index)) != n:
@@ -432,8 +521,10 @@ def _load_predictions(client: MlflowClient, run: Run, horizons: list[int], tmp: 
         reasons.append(f"{where}: {PREDICTIONS} probs has non-finite values at unmasked windows")
         return None
     if not ((probs[mask] >= 0) & (probs[mask] <= 1)).all():
-        reasons.append(f"{where}: {PREDICTIONS} probs has values outside [0, 1] at unmasked windows "
-                       f"(min {probs[mask].min():.6g}, max {probs[mask].max():.6g})")
+        reasons.append(
+            f"{where}: {PREDICTIONS} probs has values outside [0, 1] at unmasked windows "
+            f"(min {probs[mask].min():.6g}, max {probs[mask].max():.6g})"
+        )
         return None
     order = np.argsort(index, kind="stable")  # time order: the block bootstrap needs it
     return Predictions(probs[order], arrays["labels"].astype(np.uint8)[order], mask[order], index[order])
@@ -446,8 +537,9 @@ def _load_attention(client: MlflowClient, run: Run, tmp: Path, where: str, notes
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            return Attention(z["lag_edges"].astype(np.int64), z["mass"].astype(np.float32),
-                             [str(q) for q in z["query_names"]])
+            return Attention(
+                z["lag_edges"].astype(np.int64), z["mass"].astype(np.float32), [str(q) for q in z["query_names"]]
+            )
     except (KeyError, ValueError, OSError) as e:
         notes.append(f"{where}: {ATTENTION} unreadable ({e}); its attention profile is left out")
         return None
@@ -460,7 +552,8 @@ def _check_aligned(a: ArmRun, b: ArmRun, reasons: list[str]) -> None:
         reasons.append(f"{head} are not aligned: {len(pa.index)} vs {len(pb.index)} windows")
     elif not np.array_equal(pa.index, pb.index):
         first = int(np.flatnonzero(pa.index != pb.index)[0])
-        reasons.append(f"{head} are not aligned by index: first difference at row {first} "
-                       f"({pa.index[first]} vs {pb.index[first]})")
+        reasons.append(
+            f"{head} are not aligned by index: first difference at row {first} ({pa.index[first]} vs {pb.index[first]})"
+        )
     elif not np.array_equal(pa.mask, pb.mask) or not np.array_equal(pa.labels[pa.mask], pb.labels[pb.mask]):
         reasons.append(f"{head} share the index but not the labels/mask: not the same validation windows")

@@ -17,8 +17,17 @@ from typing import Optional
 from perception.gate.config import GateConfig
 from perception.gate.decision import GateResult, resample
 from perception.gate.inputs import GateRefusal, SweepInputs
-from perception.gate.sequential import (CONTINUE, INCONCLUSIVE, KEEP, SHIP, Boundaries, LookVerdict, look_verdict,
-                                        repeated_interval, settle)
+from perception.gate.sequential import (
+    CONTINUE,
+    INCONCLUSIVE,
+    KEEP,
+    SHIP,
+    Boundaries,
+    LookVerdict,
+    look_verdict,
+    repeated_interval,
+    settle,
+)
 from perception.gate.study import Study, attribution_verdict, study_result
 
 
@@ -37,19 +46,25 @@ def waves_of(inputs: SweepInputs, max_looks: int) -> int:
     """The complete replicate waves 0, 1, … the sweep has; a gap (a wave missing) is refused."""
     reps = inputs.replicates
     if reps != list(range(len(reps))):
-        raise GateRefusal([f"a sequential study trains replicates 0, 1, … wave by wave; this sweep has replicates "
-                           f"{reps}: a wave is missing"])
+        raise GateRefusal(
+            [
+                f"a sequential study trains replicates 0, 1, … wave by wave; this sweep has replicates "
+                f"{reps}: a wave is missing"
+            ]
+        )
     return min(len(reps), max_looks)
 
 
 def restrict(inputs: SweepInputs, looks: int) -> SweepInputs:
     """The sweep as it stood after `looks` waves: replicates 0 … looks − 1."""
-    return dataclasses.replace(inputs, runs={k: r for k, r in inputs.runs.items() if k[2] < looks},
-                               replicates=list(range(looks)))
+    return dataclasses.replace(
+        inputs, runs={k: r for k, r in inputs.runs.items() if k[2] < looks}, replicates=list(range(looks))
+    )
 
 
-def sequential_study(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, bounds: Boundaries,
-                     progress: bool = True) -> SequentialOutcome:
+def sequential_study(
+    inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, bounds: Boundaries, progress: bool = True
+) -> SequentialOutcome:
     K = bounds.max_looks
     found = waves_of(inputs, K)
     boot = resample(restrict(inputs, found), cfg, progress)  # the blocks do not depend on the replicates
@@ -78,14 +93,18 @@ def sequential_study(inputs: SweepInputs, cfg: GateConfig, control: str, treatme
         next_wave = None
     else:
         unsettled = ["the decision"] * (stop_main is None) + ["the attribution"] * (bool(attr) and stop_attr is None)
-        why = (f"look {k_now} of {K}: {' and '.join(unsettled)} crossed no boundary: the next wave trains"
-               + (f" ({stop_main.reason})" if stop_main else ""))
+        why = f"look {k_now} of {K}: {' and '.join(unsettled)} crossed no boundary: the next wave trains" + (
+            f" ({stop_main.reason})" if stop_main else ""
+        )
         study.main.decision = CONTINUE
         study.main.reasons.insert(0, why)
-        next_wave = {"replicate": k_now, "arms": list(inputs.arms), "folds": list(range(inputs.n_folds)),
-                     "trainings": len(inputs.arms) * inputs.n_folds}
-    rows = [_look_row(studies[v.look - 1], v, attr[v.look - 1] if len(attr) >= v.look else None, bounds)
-            for v in main]
+        next_wave = {
+            "replicate": k_now,
+            "arms": list(inputs.arms),
+            "folds": list(range(inputs.n_folds)),
+            "trainings": len(inputs.arms) * inputs.n_folds,
+        }
+    rows = [_look_row(studies[v.look - 1], v, attr[v.look - 1] if len(attr) >= v.look else None, bounds) for v in main]
     return SequentialOutcome(found, K, k_now if stopped else None, study, rows, why, next_wave)
 
 
@@ -100,7 +119,9 @@ def _stopped(main: list[LookVerdict], attr: list[LookVerdict], has_attr: bool) -
 
 def _apply(result: GateResult, verdict: LookVerdict, control: str, treatment: str) -> GateResult:
     """The comparison at the look where it settled, with that look's sequential decision and levels."""
-    result.decision = {SHIP: f"ship_{treatment}", KEEP: f"keep_{control}", INCONCLUSIVE: "inconclusive"}[verdict.verdict]
+    result.decision = {SHIP: f"ship_{treatment}", KEEP: f"keep_{control}", INCONCLUSIVE: "inconclusive"}[
+        verdict.verdict
+    ]
     result.rules = verdict.rules
     result.rule = verdict.rule
     result.p = next((r.p_bootstrap for r in verdict.rules if r.name == verdict.rule), verdict.rules[0].p_bootstrap)
@@ -112,12 +133,25 @@ def _look_row(study: Study, v: LookVerdict, a: Optional[LookVerdict], bounds: Bo
     r1, r2 = v.rules
     decider = next((r for r in v.rules if r.name == v.rule), r1)
     lo, hi = repeated_interval(decider.lift, decider.se, decider.df, v.level)
-    row = {"look": v.look, "replicates": v.look, "W": study.main.W, "G": study.main.G,
-            "p_W": r1.p_bootstrap, "p_G": r2.p_bootstrap, "level_W": r1.level, "level_G": r2.level,
-            "efficacy_alpha": v.level, "futility_p": bounds.futility[v.look - 1], "verdict": v.verdict,
-            "rule": v.rule, "reason": v.reason, "lift": decider.lift_name,
-            "repeated_ci": [lo, hi], "attribution_verdict": a.verdict if a else None,
-            "evidence": r1.variance}
+    row = {
+        "look": v.look,
+        "replicates": v.look,
+        "W": study.main.W,
+        "G": study.main.G,
+        "p_W": r1.p_bootstrap,
+        "p_G": r2.p_bootstrap,
+        "level_W": r1.level,
+        "level_G": r2.level,
+        "efficacy_alpha": v.level,
+        "futility_p": bounds.futility[v.look - 1],
+        "verdict": v.verdict,
+        "rule": v.rule,
+        "reason": v.reason,
+        "lift": decider.lift_name,
+        "repeated_ci": [lo, hi],
+        "attribution_verdict": a.verdict if a else None,
+        "evidence": r1.variance,
+    }
     return {k: _finite_or_none(x) for k, x in row.items()}
 
 
@@ -133,7 +167,9 @@ def _finite_or_none(x):
 def cost(looks_used: int, max_looks: int, trainings_per_wave: int, gpus: int = 6) -> dict:
     """Trainings and GPU rounds (waves one after another, each in ceil(trainings / gpus) rounds) used against
     the fixed design's (all max_looks waves at once)."""
-    return {"trainings": looks_used * trainings_per_wave, "fixed_trainings": max_looks * trainings_per_wave,
-            "gpu_rounds_on_6": looks_used * math.ceil(trainings_per_wave / gpus),
-            "fixed_gpu_rounds_on_6": math.ceil(max_looks * trainings_per_wave / gpus)}
-
+    return {
+        "trainings": looks_used * trainings_per_wave,
+        "fixed_trainings": max_looks * trainings_per_wave,
+        "gpu_rounds_on_6": looks_used * math.ceil(trainings_per_wave / gpus),
+        "fixed_gpu_rounds_on_6": math.ceil(max_looks * trainings_per_wave / gpus),
+    }

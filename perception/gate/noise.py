@@ -28,8 +28,17 @@ from perception.paths import perception_home
 
 # Params that set the size of training noise: an A/A measurement applies only where they all agree.
 # The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32).
-MATCH_KEYS = ("experiment", "trainer.epochs", "data.window", "data.window_stride", "data.horizons",
-              "data.n_snapshots", "model.d_model", "trainer.max_train_batches", "trainer.precision")
+MATCH_KEYS = (
+    "experiment",
+    "trainer.epochs",
+    "data.window",
+    "data.window_stride",
+    "data.horizons",
+    "data.n_snapshots",
+    "model.d_model",
+    "trainer.max_train_batches",
+    "trainer.precision",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,9 @@ def noise_folders() -> list[Path]:
     return list(dict.fromkeys(f.resolve() for f in (noise_dir(), shipped_dir())))
 
 
-def matching_noise(params: dict[str, str], horizons: list[int], folder: Optional[Path] = None) -> Optional[TrainingNoise]:
+def matching_noise(
+    params: dict[str, str], horizons: list[int], folder: Optional[Path] = None
+) -> Optional[TrainingNoise]:
     """The first measurement whose horizons are the runs' and whose `match` agrees with every one of the
     runs' params: in `folder`, else in `noise_folders()` order, each folder's files by name. A file of
     one's own that does not match is passed over, so a shipped one that does still applies."""
@@ -92,9 +103,13 @@ def _read(path: Path) -> dict:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"noise file {path}: unreadable ({exc}); {expected}") from None
-    ok = (isinstance(doc, dict) and isinstance(doc.get("match"), dict) and isinstance(doc.get("horizons"), list)
-          and isinstance(doc.get("arms"), dict)
-          and all(isinstance(m, dict) and {"cov", "n_cells"} <= set(m) for m in doc["arms"].values()))
+    ok = (
+        isinstance(doc, dict)
+        and isinstance(doc.get("match"), dict)
+        and isinstance(doc.get("horizons"), list)
+        and isinstance(doc.get("arms"), dict)
+        and all(isinstance(m, dict) and {"cov", "n_cells"} <= set(m) for m in doc["arms"].values())
+    )
     if not ok:
         raise ConfigError(f"noise file {path}: {expected}")
     return doc

@@ -36,43 +36,93 @@ def _gpu_cell(runs: list) -> str:
 def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
     """Every number behind the decision, JSON-safe (NaN -> null)."""
     result = study.main
-    runs = {f"{a}/f{f}" + (f"/r{r}" if r else ""): {
-        "run_id": x.run_id, "final_auc": dict(zip(map(str, inputs.horizons), x.final_auc)),
-        "samples_per_s": x.samples_per_s, "gpu_utilization": x.gpu_utilization, "gpu_samples": x.gpu_samples,
-        "n_windows": len(x.predictions.index), "diagnostics": x.diagnostics}
-        for (a, f, r), x in sorted(inputs.runs.items())}
-    return _clean({
-        "sweep_id": inputs.sweep_id, "decision": result.decision, "refused": False, "rule": result.rule,
-        "control": result.control, "treatment": result.treatment, "arms": inputs.arms,
-        "replicates": inputs.replicates, "W": result.W, "G": result.G, "p": result.p,
-        "delta": {f"h{h}": d for h, d in result.delta.items()},
-        "training_noise": result.training_noise,
-        "multiplicity": result.multiplicity, "mde": result.mde,
-        "noise_file": study.noise.source if study.noise is not None else None,
-        "attribution": None if study.attribution is None else {
-            "control": study.attribution.control, "treatment": study.attribution.treatment,
-            "decision": study.attribution.decision, "W": study.attribution.W, "G": study.attribution.G,
-            "p": study.attribution.p, "delta": {f"h{h}": d for h, d in study.attribution.delta.items()},
-            "mde": study.attribution.mde, "verdict": study.verdict},
-        "context_path": None if study.context_path is None else {
-            "control": study.context_path.control, "treatment": study.context_path.treatment,
-            "decision": study.context_path.decision, "W": study.context_path.W, "G": study.context_path.G,
-            "p": study.context_path.p},
-        "diagnostics": study.diagnostics, "flags": study.flags,
-        "plan": study.plan, "exploratory": bool(study.exploratory), "differs_from_plan": study.exploratory,
-        "reasons": result.reasons, "notes": inputs.notes + result.notes,
-        "config": {"source": cfg.source, "weights": {f"h{h}": w for h, w in cfg.weights.items()},
-                   "min_lift": cfg.min_lift, "noise_floor": cfg.noise_floor,
-                   "shift_horizons": cfg.shift_horizons, "shift_allows_loss": cfg.shift_allows_loss,
-                   "alpha": cfg.alpha, "n_bootstrap": cfg.n_bootstrap, "seed": cfg.seed},
-        "rules": [vars(r) for r in result.rules],
-        "auc": {v: {"per_fold": a["per_fold"], "mean": a["mean"], "std": a["std"]} for v, a in result.auc.items()},
-        "horizons": inputs.horizons, "n_folds": inputs.n_folds,
-        "block_len_windows": result.block_len, "window": inputs.window, "window_stride": inputs.stride,
-        "per_fold": result.per_fold, "throughput": result.throughput,
-        "params": inputs.params, "runs": runs, "parent_run_id": inputs.parent_run_id,
-        "tracking_uri": inputs.tracking_uri, "running_ignored": inputs.running,
-    })
+    runs = {
+        f"{a}/f{f}" + (f"/r{r}" if r else ""): {
+            "run_id": x.run_id,
+            "final_auc": dict(zip(map(str, inputs.horizons), x.final_auc)),
+            "samples_per_s": x.samples_per_s,
+            "gpu_utilization": x.gpu_utilization,
+            "gpu_samples": x.gpu_samples,
+            "n_windows": len(x.predictions.index),
+            "diagnostics": x.diagnostics,
+        }
+        for (a, f, r), x in sorted(inputs.runs.items())
+    }
+    return _clean(
+        {
+            "sweep_id": inputs.sweep_id,
+            "decision": result.decision,
+            "refused": False,
+            "rule": result.rule,
+            "control": result.control,
+            "treatment": result.treatment,
+            "arms": inputs.arms,
+            "replicates": inputs.replicates,
+            "W": result.W,
+            "G": result.G,
+            "p": result.p,
+            "delta": {f"h{h}": d for h, d in result.delta.items()},
+            "training_noise": result.training_noise,
+            "multiplicity": result.multiplicity,
+            "mde": result.mde,
+            "noise_file": study.noise.source if study.noise is not None else None,
+            "attribution": None
+            if study.attribution is None
+            else {
+                "control": study.attribution.control,
+                "treatment": study.attribution.treatment,
+                "decision": study.attribution.decision,
+                "W": study.attribution.W,
+                "G": study.attribution.G,
+                "p": study.attribution.p,
+                "delta": {f"h{h}": d for h, d in study.attribution.delta.items()},
+                "mde": study.attribution.mde,
+                "verdict": study.verdict,
+            },
+            "context_path": None
+            if study.context_path is None
+            else {
+                "control": study.context_path.control,
+                "treatment": study.context_path.treatment,
+                "decision": study.context_path.decision,
+                "W": study.context_path.W,
+                "G": study.context_path.G,
+                "p": study.context_path.p,
+            },
+            "diagnostics": study.diagnostics,
+            "flags": study.flags,
+            "plan": study.plan,
+            "exploratory": bool(study.exploratory),
+            "differs_from_plan": study.exploratory,
+            "reasons": result.reasons,
+            "notes": inputs.notes + result.notes,
+            "config": {
+                "source": cfg.source,
+                "weights": {f"h{h}": w for h, w in cfg.weights.items()},
+                "min_lift": cfg.min_lift,
+                "noise_floor": cfg.noise_floor,
+                "shift_horizons": cfg.shift_horizons,
+                "shift_allows_loss": cfg.shift_allows_loss,
+                "alpha": cfg.alpha,
+                "n_bootstrap": cfg.n_bootstrap,
+                "seed": cfg.seed,
+            },
+            "rules": [vars(r) for r in result.rules],
+            "auc": {v: {"per_fold": a["per_fold"], "mean": a["mean"], "std": a["std"]} for v, a in result.auc.items()},
+            "horizons": inputs.horizons,
+            "n_folds": inputs.n_folds,
+            "block_len_windows": result.block_len,
+            "window": inputs.window,
+            "window_stride": inputs.stride,
+            "per_fold": result.per_fold,
+            "throughput": result.throughput,
+            "params": inputs.params,
+            "runs": runs,
+            "parent_run_id": inputs.parent_run_id,
+            "tracking_uri": inputs.tracking_uri,
+            "running_ignored": inputs.running,
+        }
+    )
 
 
 def mde_sentence(result: GateResult) -> str:
@@ -80,10 +130,11 @@ def mde_sentence(result: GateResult) -> str:
     mde = result.mde
     if not math.isfinite(mde.get("W", math.nan)):
         return "Minimum detectable effect: not available (no standard error for rule 1)."
-    g = (f"; by rule 2 a true G of {mde['G']:+.4f} or more (with W = 0)" if math.isfinite(mde.get("G", math.nan))
-         else "")
-    return (f"Power: this sweep would ship a true W of {mde['W']:+.4f} or more 8 times in 10 (rule 1 at its "
-            f"Holm level alpha / 2){g}; it saw W = {result.W:+.4f}, G = {result.G:+.4f}.")
+    g = f"; by rule 2 a true G of {mde['G']:+.4f} or more (with W = 0)" if math.isfinite(mde.get("G", math.nan)) else ""
+    return (
+        f"Power: this sweep would ship a true W of {mde['W']:+.4f} or more 8 times in 10 (rule 1 at its "
+        f"Holm level alpha / 2){g}; it saw W = {result.W:+.4f}, G = {result.G:+.4f}."
+    )
 
 
 def lead_lines(result: GateResult, noise_floor: float) -> list[str]:
@@ -92,29 +143,48 @@ def lead_lines(result: GateResult, noise_floor: float) -> list[str]:
     fired = next((r for r in result.rules if r.name == result.rule), None)
     if fired is None:
         needs = "; ".join(f"{_named(r)} needs {r.statement}, saw {r.lift_name} = {r.lift:+.4f}" for r in result.rules)
-        return [f"**Rule:** none fired ({needs}), so the control is kept.", "",
-                "**Evidence:** none is needed to keep the control; the power line under Caveats says how large a "
-                "lift this sweep could have missed.", ""]
+        return [
+            f"**Rule:** none fired ({needs}), so the control is kept.",
+            "",
+            "**Evidence:** none is needed to keep the control; the power line under Caveats says how large a "
+            "lift this sweep could have missed.",
+            "",
+        ]
     others = [r for r in result.rules if r is not fired]
-    order = "".join(f"; {_named(r)} {'also holds, but ' + fired.name + ' decides' if r.fired else 'did not fire'}"
-                    f" ({r.lift_name} = {r.lift:+.4f})" for r in others)
-    rule = (f"**Rule:** {_named(fired)} fired ({fired.statement}) on {', '.join(f'h{h}' for h in fired.horizons)}: "
-            f"{fired.lift_name} = {fired.lift:+.4f}{order}.")
-    test = (f"p = {fired.p_bootstrap:.4g} {'<' if fired.evidence_test else '>='} its Holm level {fired.level:g}"
-            if math.isfinite(fired.p_bootstrap) else "no p")
-    floor = (f"lower bound {fired.lower_bound:+.4f} {'>=' if fired.evidence_floor else '<'} noise floor "
-             f"{noise_floor:g}" if math.isfinite(fired.lower_bound) else "no lower bound")
+    order = "".join(
+        f"; {_named(r)} {'also holds, but ' + fired.name + ' decides' if r.fired else 'did not fire'}"
+        f" ({r.lift_name} = {r.lift:+.4f})"
+        for r in others
+    )
+    rule = (
+        f"**Rule:** {_named(fired)} fired ({fired.statement}) on {', '.join(f'h{h}' for h in fired.horizons)}: "
+        f"{fired.lift_name} = {fired.lift:+.4f}{order}."
+    )
+    test = (
+        f"p = {fired.p_bootstrap:.4g} {'<' if fired.evidence_test else '>='} its Holm level {fired.level:g}"
+        if math.isfinite(fired.p_bootstrap)
+        else "no p"
+    )
+    floor = (
+        f"lower bound {fired.lower_bound:+.4f} {'>=' if fired.evidence_floor else '<'} noise floor {noise_floor:g}"
+        if math.isfinite(fired.lower_bound)
+        else "no lower bound"
+    )
     if fired.evidence_test and fired.evidence_floor:
         evidence = f"**Carried by the test and the noise floor:** {test}; {floor}."
     elif fired.evidence_test:
-        evidence = (f"**Carried by the test:** {test}, enough on its own (the noise floor, the other route to "
-                    f"evidence, would take a lower bound of {noise_floor:g} or more; it is "
-                    f"{fired.lower_bound:+.4f}).")
+        evidence = (
+            f"**Carried by the test:** {test}, enough on its own (the noise floor, the other route to "
+            f"evidence, would take a lower bound of {noise_floor:g} or more; it is "
+            f"{fired.lower_bound:+.4f})."
+        )
     elif fired.evidence_floor:
         evidence = f"**Carried by the noise floor:** {floor}, enough on its own (the test: {test})."
     else:
-        evidence = (f"**Not carried:** neither the test ({test}) nor the noise floor ({floor}) gives evidence, "
-                    f"so the lift may be noise: `{result.decision}`.")
+        evidence = (
+            f"**Not carried:** neither the test ({test}) nor the noise floor ({floor}) gives evidence, "
+            f"so the lift may be noise: `{result.decision}`."
+        )
     return [rule, "", evidence, ""]
 
 
@@ -138,12 +208,19 @@ def _caveats(s: dict, study: Study) -> list[str]:
 
 
 def refusal_json(sweep_id: str, reasons: list[str], notes: list[str], running: Optional[list[str]] = None) -> dict:
-    return {"sweep_id": sweep_id, "decision": None, "refused": True, "reasons": reasons, "notes": notes,
-            "running_ignored": running or []}
+    return {
+        "sweep_id": sweep_id,
+        "decision": None,
+        "refused": True,
+        "reasons": reasons,
+        "notes": notes,
+        "running_ignored": running or [],
+    }
 
 
-def write_report(out_dir: Path, summary: dict, inputs: Optional[SweepInputs] = None,
-                 study: Optional[Study] = None) -> list[Path]:
+def write_report(
+    out_dir: Path, summary: dict, inputs: Optional[SweepInputs] = None, study: Optional[Study] = None
+) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / "report.json", out_dir / "report.md"]
     atomic_write_text(files[0], json.dumps(summary, indent=2) + "\n")
@@ -170,75 +247,119 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
     result = study.main
     a, b = result.control, result.treatment
     label = {a: f"A {a}", b: f"B {b}"}
-    lines += ["## The decision in numbers", "",
-              f"**Decision: `{s['decision']}`**" + (f" (by {s['rule']})" if s["rule"] else "")
-              + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
-              + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
-              ""] + lead_lines(result, s["config"]["noise_floor"])
+    lines += [
+        "## The decision in numbers",
+        "",
+        f"**Decision: `{s['decision']}`**"
+        + (f" (by {s['rule']})" if s["rule"] else "")
+        + f" — control `{a}`, treatment `{b}`, {len(inputs.replicates)} replicate(s) per fold"
+        + (" — **exploratory**: the gate's settings differ from the sweep's plan" if study.exploratory else ""),
+        "",
+    ] + lead_lines(result, s["config"]["noise_floor"])
     lines += ["## Caveats", ""] + [f"- {c}" for c in _caveats(s, study)] + [""]
     lines += looks_section(s)
     lines += ["## Why", ""] + [f"- {r}" for r in s["reasons"]] + [""]
     cfg = s["config"]
-    lines += [f"Config `{cfg['source']}`: weights {cfg['weights']}, min_lift {cfg['min_lift']}, "
-              f"noise floor {cfg['noise_floor']}, shift horizons {cfg['shift_horizons']} "
-              f"(shift_allows_loss {cfg['shift_allows_loss']}), alpha {cfg['alpha']}, "
-              f"{cfg['n_bootstrap']} resamples, seed {cfg['seed']}.", ""]
+    lines += [
+        f"Config `{cfg['source']}`: weights {cfg['weights']}, min_lift {cfg['min_lift']}, "
+        f"noise floor {cfg['noise_floor']}, shift horizons {cfg['shift_horizons']} "
+        f"(shift_allows_loss {cfg['shift_allows_loss']}), alpha {cfg['alpha']}, "
+        f"{cfg['n_bootstrap']} resamples, seed {cfg['seed']}.",
+        "",
+    ]
     if study.plan is not None:
-        lines += ["Pre-registered plan (the parent run's `gate_plan`): "
-                  + ("kept." if not study.exploratory else "not kept, so this decision is exploratory: "
-                     + "; ".join(study.exploratory) + "."), ""]
+        lines += [
+            "Pre-registered plan (the parent run's `gate_plan`): "
+            + (
+                "kept."
+                if not study.exploratory
+                else "not kept, so this decision is exploratory: " + "; ".join(study.exploratory) + "."
+            ),
+            "",
+        ]
 
-    lines += ["## Final-epoch validation AUC (mean ± std over folds)", "",
-              f"| horizon | weight | {label[a]} | {label[b]} | Δ = B − A | per-fold Δ |", "|---|---|---|---|---|---|"]
+    lines += [
+        "## Final-epoch validation AUC (mean ± std over folds)",
+        "",
+        f"| horizon | weight | {label[a]} | {label[b]} | Δ = B − A | per-fold Δ |",
+        "|---|---|---|---|---|---|",
+    ]
     for j, h in enumerate(inputs.horizons):
         cells = [f"{result.auc[v]['mean'][j]:.4f} ± {result.auc[v]['std'][j]:.4f}" for v in (a, b)]
         folds = result.auc[b]["per_fold"][:, j] - result.auc[a]["per_fold"][:, j]
-        lines.append(f"| h{h} | {cfg['weights'].get(f'h{h}', 0)} | " + " | ".join(cells)
-                     + f" | {result.delta[h]:+.4f} | " + ", ".join(f"{d:+.4f}" for d in folds) + " |")
+        lines.append(
+            f"| h{h} | {cfg['weights'].get(f'h{h}', 0)} | "
+            + " | ".join(cells)
+            + f" | {result.delta[h]:+.4f} | "
+            + ", ".join(f"{d:+.4f}" for d in folds)
+            + " |"
+        )
     lines.append("")
 
     lines += _attribution_section(study)
-    lines += ["## Evidence", "",
-              f"Validation windows overlap (window {inputs.window}, label up to {max(inputs.horizons)} snapshots "
-              f"ahead, stride {inputs.stride}), so the bootstrap resamples blocks of {result.block_len} windows, "
-              "the same blocks for every run of a fold. A rule's lift is tested against se² = se²(windows) + "
-              "se²(training): the block bootstrap of what the fold's replicates share, plus the variance of one "
-              "(fold, replicate) cell's lift from training noise over F·R cells (between replicates with R ≥ 2, "
-              "else a shipped A/A measurement); with one replicate and no A/A measurement, se² is the "
-              "between-fold variance of the per-fold lift over F (F − 1 df). The test is a t with "
-              "Satterthwaite's degrees of freedom, because the training variance is estimated from few cells "
-              "(df ∞: not estimated). One alpha covers both rules: Holm's step-down tests the smaller p at "
-              "alpha / 2 and, if it is rejected, the other at alpha; the lower bound is taken at the same level. "
-              "Assumes folds independent, replicates exchangeable and cell lifts roughly normal. DeLong on "
-              "windows thinned to one per K + h snapshots is reported beside it; the i.i.d. DeLong on all "
-              "windows only exposes how much it overstates.", "",
-              "| rule | lift | fired | se (windows, training) | df | Holm level | lower bound | floor met | p | "
-              "minimum detectable | thinned DeLong p |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Evidence",
+        "",
+        f"Validation windows overlap (window {inputs.window}, label up to {max(inputs.horizons)} snapshots "
+        f"ahead, stride {inputs.stride}), so the bootstrap resamples blocks of {result.block_len} windows, "
+        "the same blocks for every run of a fold. A rule's lift is tested against se² = se²(windows) + "
+        "se²(training): the block bootstrap of what the fold's replicates share, plus the variance of one "
+        "(fold, replicate) cell's lift from training noise over F·R cells (between replicates with R ≥ 2, "
+        "else a shipped A/A measurement); with one replicate and no A/A measurement, se² is the "
+        "between-fold variance of the per-fold lift over F (F − 1 df). The test is a t with "
+        "Satterthwaite's degrees of freedom, because the training variance is estimated from few cells "
+        "(df ∞: not estimated). One alpha covers both rules: Holm's step-down tests the smaller p at "
+        "alpha / 2 and, if it is rejected, the other at alpha; the lower bound is taken at the same level. "
+        "Assumes folds independent, replicates exchangeable and cell lifts roughly normal. DeLong on "
+        "windows thinned to one per K + h snapshots is reported beside it; the i.i.d. DeLong on all "
+        "windows only exposes how much it overstates.",
+        "",
+        "| rule | lift | fired | se (windows, training) | df | Holm level | lower bound | floor met | p | "
+        "minimum detectable | thinned DeLong p |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result.rules:
-        lines.append(f"| {r.name}: {r.statement} | {r.lift_name} = {r.lift:+.4f} | {'yes' if r.fired else 'no'} | "
-                     f"{_num(r.se)} ({_num(r.se_windows)}, {_num(r.se_training)}) | "
-                     f"{'∞' if math.isinf(r.df) else format(r.df, '.1f')} | {_num(r.level)} | "
-                     f"{_num(r.lower_bound, '+.4f')} | {'yes' if r.evidence_floor else 'no'} | {_num(r.p_bootstrap)} | "
-                     f"{_num(r.mde, '+.4f')} | {_num(r.p_delong_thinned)} |")
-    lines += ["", "| fold | horizon | windows | Δ (predictions) | bootstrap se | bootstrap p | "
-              "thinned DeLong (n, p) | i.i.d. DeLong p (invalid) |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r.name}: {r.statement} | {r.lift_name} = {r.lift:+.4f} | {'yes' if r.fired else 'no'} | "
+            f"{_num(r.se)} ({_num(r.se_windows)}, {_num(r.se_training)}) | "
+            f"{'∞' if math.isinf(r.df) else format(r.df, '.1f')} | {_num(r.level)} | "
+            f"{_num(r.lower_bound, '+.4f')} | {'yes' if r.evidence_floor else 'no'} | {_num(r.p_bootstrap)} | "
+            f"{_num(r.mde, '+.4f')} | {_num(r.p_delong_thinned)} |"
+        )
+    lines += [
+        "",
+        "| fold | horizon | windows | Δ (predictions) | bootstrap se | bootstrap p | "
+        "thinned DeLong (n, p) | i.i.d. DeLong p (invalid) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for row in result.per_fold:
         boot, thin, iid = row["bootstrap"], row["delong_thinned"], row["delong_iid"]
-        lines.append(f"| {row['fold']} | h{row['horizon']} | {row['n_windows']} | "
-                     + (f"{boot['delta']:+.4f} | {boot['se']:.4f} | {_num(boot['p'])}" if boot else f"{iid['delta']:+.4f} | – | –")
-                     + f" | {thin['n']}, {_num(thin['p'])} | {_num(iid['p'])} |")
+        lines.append(
+            f"| {row['fold']} | h{row['horizon']} | {row['n_windows']} | "
+            + (
+                f"{boot['delta']:+.4f} | {boot['se']:.4f} | {_num(boot['p'])}"
+                if boot
+                else f"{iid['delta']:+.4f} | – | –"
+            )
+            + f" | {thin['n']}, {_num(thin['p'])} | {_num(iid['p'])} |"
+        )
     lines.append("")
 
     lines += _diagnostics_section(study)
     t = result.throughput
-    lines += ["## Training throughput (samples/s, median over epochs, mean over runs)", "",
-              f"| | {label[a]} | {label[b]} | B / A |", "|---|---|---|---|",
-              f"| samples/s | {_num(t[a], '.1f')} | {_num(t[b], '.1f')} | {_num(t['ratio'], '.3f')} |"]
+    lines += [
+        "## Training throughput (samples/s, median over epochs, mean over runs)",
+        "",
+        f"| | {label[a]} | {label[b]} | B / A |",
+        "|---|---|---|---|",
+        f"| samples/s | {_num(t[a], '.1f')} | {_num(t[b], '.1f')} | {_num(t['ratio'], '.3f')} |",
+    ]
     sampled = {v: [r for r in inputs.arm_runs(v) if r.gpu_utilization is not None] for v in (a, b)}
     if any(sampled.values()):  # on a GPU: is the slower arm starved, or just doing more work?
-        lines.append(f"| GPU utilisation % (median of system metrics, median over runs) | {_gpu_cell(sampled[a])} "
-                     f"| {_gpu_cell(sampled[b])} | |")
+        lines.append(
+            f"| GPU utilisation % (median of system metrics, median over runs) | {_gpu_cell(sampled[a])} "
+            f"| {_gpu_cell(sampled[b])} | |"
+        )
     lines.append("")
 
     lines += ["## Attention by lag (mean mass per query over lag buckets, mean over runs)", ""]
@@ -247,30 +368,41 @@ def _markdown(s: dict, inputs: Optional[SweepInputs], study: Optional[Study]) ->
         lines.append("No run logged diagnostics/attention_by_lag.npz.")
     else:
         edges = next(iter(profiles.values()))[0]
-        lines += ["| arm / query | " + " | ".join(_bucket(x, y) for x, y in zip(edges[:-1], edges[1:])) + " |",
-                  "|---|" + "---|" * (len(edges) - 1)]
+        lines += [
+            "| arm / query | " + " | ".join(_bucket(x, y) for x, y in zip(edges[:-1], edges[1:])) + " |",
+            "|---|" + "---|" * (len(edges) - 1),
+        ]
         for v in inputs.arms:
             if v in profiles:
                 _, mass, names = profiles[v]
-                lines += [f"| {v} / {q} | " + " | ".join(f"{x:.3f}" for x in mass[i]) + " |"
-                          for i, q in enumerate(names)]
+                lines += [
+                    f"| {v} / {q} | " + " | ".join(f"{x:.3f}" for x in mass[i]) + " |" for i, q in enumerate(names)
+                ]
         lines += ["", "Side by side in `attention_by_lag.png`."]
     lines.append("")
     lines += ["## Runs", "", "| run | MLflow run | windows |", "|---|---|---|"]
     lines += [f"| {k} | `{r['run_id']}` | {r['n_windows']} |" for k, r in s["runs"].items()]
     p = s["params"]
-    lines += ["", f"data_hash `{p.get('data_hash')}`, git_sha `{p.get('git_sha')}`, "
-              f"epochs {p.get('trainer.epochs')}, folds {p.get('data.n_folds')}, replicates {inputs.replicates}."]
+    lines += [
+        "",
+        f"data_hash `{p.get('data_hash')}`, git_sha `{p.get('git_sha')}`, "
+        f"epochs {p.get('trainer.epochs')}, folds {p.get('data.n_folds')}, replicates {inputs.replicates}.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def _attribution_section(study: Study) -> list[str]:
     if study.attribution is None:
         return []
-    lines = ["## Attribution: per-horizon queries or the context path?", "",
-             "`shared_skip` feeds one shared query's context to the same Path-A heads, so it differs from "
-             "`per_horizon` only in the queries. The same rule and evidence decide each comparison.", "",
-             "| comparison | decision | W | G | p |", "|---|---|---|---|---|"]
+    lines = [
+        "## Attribution: per-horizon queries or the context path?",
+        "",
+        "`shared_skip` feeds one shared query's context to the same Path-A heads, so it differs from "
+        "`per_horizon` only in the queries. The same rule and evidence decide each comparison.",
+        "",
+        "| comparison | decision | W | G | p |",
+        "|---|---|---|---|---|",
+    ]
     for r in (study.main, study.attribution, study.context_path):
         if r is not None:
             lines.append(f"| {r.control} → {r.treatment} | `{r.decision}` | {r.W:+.4f} | {r.G:+.4f} | {_num(r.p)} |")
@@ -278,12 +410,24 @@ def _attribution_section(study: Study) -> list[str]:
 
 
 def _diagnostics_section(study: Study) -> list[str]:
-    keys = ("grad_norm_pool_query", "grad_norm_trunk", "grad_norm_heads", "query_divergence",
-            "attention_entropy_ratio", "query_drift")
-    lines = ["## Learning signal (final epoch, median over runs)", "",
-             "| arm | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    keys = (
+        "grad_norm_pool_query",
+        "grad_norm_trunk",
+        "grad_norm_heads",
+        "query_divergence",
+        "attention_entropy_ratio",
+        "query_drift",
+    )
+    lines = [
+        "## Learning signal (final epoch, median over runs)",
+        "",
+        "| arm | " + " | ".join(keys) + " |",
+        "|---|" + "---|" * len(keys),
+    ]
     for arm, d in study.diagnostics.items():
-        lines.append(f"| {arm} | " + " | ".join(NOT_MEASURED if d.get(k) is None else f"{d[k]:.3g}" for k in keys) + " |")
+        lines.append(
+            f"| {arm} | " + " | ".join(NOT_MEASURED if d.get(k) is None else f"{d[k]:.3g}" for k in keys) + " |"
+        )
     lines += [""] + [f"- **flag**: {f}" for f in study.flags] + ([""] if study.flags else [])
     return lines
 
@@ -308,8 +452,9 @@ def _attention_profiles(inputs: SweepInputs) -> dict[str, tuple[np.ndarray, np.n
     out = {}
     for v in inputs.arms:
         atts = [a for r in inputs.arm_runs(v) if (a := r.attention) is not None]
-        if atts and all(np.array_equal(a.lag_edges, atts[0].lag_edges) and a.mass.shape == atts[0].mass.shape
-                        for a in atts):
+        if atts and all(
+            np.array_equal(a.lag_edges, atts[0].lag_edges) and a.mass.shape == atts[0].mass.shape for a in atts
+        ):
             out[v] = (atts[0].lag_edges, np.mean([a.mass for a in atts], axis=0), atts[0].query_names)
     return out
 
@@ -332,8 +477,9 @@ def _plot_auc(path: Path, inputs: SweepInputs, result: GateResult) -> Path:
     for k, (v, color) in enumerate(zip(arms, ("tab:blue", "tab:orange"))):
         a = result.auc[v]
         off = (k - 0.5) * 0.18
-        ax.errorbar(x + off, a["mean"], yerr=a["std"], fmt="o-", color=color, capsize=4,
-                    label=f"{'AB'[k]} {v} (mean ± std)")
+        ax.errorbar(
+            x + off, a["mean"], yerr=a["std"], fmt="o-", color=color, capsize=4, label=f"{'AB'[k]} {v} (mean ± std)"
+        )
         for f in range(inputs.n_folds):
             ax.scatter(x + off, a["per_fold"][f], s=12, color=color, alpha=0.45)
     ax.set_xticks(x, [f"h{h}" for h in hs])
@@ -369,8 +515,9 @@ def _plot_attention(path: Path, inputs: SweepInputs) -> Optional[Path]:
         edges, mass, names = profiles[v]
         for q, name in enumerate(names):
             ax.step(np.arange(mass.shape[1]), mass[q], where="mid", label=name)
-        ax.set_xticks(np.arange(mass.shape[1]), [_bucket(a, b) for a, b in zip(edges[:-1], edges[1:])],
-                      rotation=45, fontsize=7)
+        ax.set_xticks(
+            np.arange(mass.shape[1]), [_bucket(a, b) for a, b in zip(edges[:-1], edges[1:])], rotation=45, fontsize=7
+        )
         ax.set_xlabel("lag (snapshots before the window's end)")
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("mean attention mass")

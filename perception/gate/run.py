@@ -1,5 +1,6 @@
 """The decision gate (DESIGN §7): read a sweep's runs, decide ship_<treatment> / keep_<control> /
-inconclusive with the evidence (and the attribution when the sweep has shared_skip), or refuse naming what is wrong; write the report and log it to a
+inconclusive with the evidence (and the attribution when the sweep has shared_skip), or refuse naming what is wrong;
+write the report and log it to a
 gate run in MLflow (role=gate, nested under the sweep's parent run).
 
     outcome = run_gate("sweep-1a2b3c", config_name="local")
@@ -45,11 +46,22 @@ class GateOutcome:
 
     def json_line(self) -> dict:
         s = self.summary
-        return {"decision": self.decision, "W": s.get("W"), "G": s.get("G"), "p": s.get("p"),
-                "rule": s.get("rule"), "refused": self.refused, "reasons": self.reasons,
-                "sweep_id": s.get("sweep_id"), "report_dir": str(self.report_dir),
-                "gate_run_id": s.get("gate_run_id"), "design": s.get("design"), "look": s.get("look"),
-                "max_looks": s.get("max_looks"), "next_wave": s.get("next_wave")}
+        return {
+            "decision": self.decision,
+            "W": s.get("W"),
+            "G": s.get("G"),
+            "p": s.get("p"),
+            "rule": s.get("rule"),
+            "refused": self.refused,
+            "reasons": self.reasons,
+            "sweep_id": s.get("sweep_id"),
+            "report_dir": str(self.report_dir),
+            "gate_run_id": s.get("gate_run_id"),
+            "design": s.get("design"),
+            "look": s.get("look"),
+            "max_looks": s.get("max_looks"),
+            "next_wave": s.get("next_wave"),
+        }
 
 
 def run_gate(
@@ -84,8 +96,9 @@ def run_gate(
     inputs: Optional[SweepInputs] = None
     result = None
     try:
-        inputs = load_sweep(client, uri, experiment, sweep_id, control, treatment, ATTRIBUTION.read_beside(treatment),
-                            waves=look)
+        inputs = load_sweep(
+            client, uri, experiment, sweep_id, control, treatment, ATTRIBUTION.read_beside(treatment), waves=look
+        )
     except GateRefusal as refusal:
         reasons = refusal.reasons + _sync_hint(sweep_id)
         summary = refusal_json(sweep_id, reasons, recovered + refusal.notes, refusal.running)
@@ -104,8 +117,9 @@ def run_gate(
         else:
             result = study.main
             summary["notes"] = recovered + summary["notes"]
-            outcome = GateOutcome(result.decision, False, result.reasons + summary["notes"], out_dir,
-                                  EXIT_DECIDED, summary)
+            outcome = GateOutcome(
+                result.decision, False, result.reasons + summary["notes"], out_dir, EXIT_DECIDED, summary
+            )
 
     parent = inputs.parent_run_id if inputs else None
     gate_run_id = _start_gate_run(client, experiment, sweep_id, parent, outcome)
@@ -119,8 +133,9 @@ def run_gate(
     return outcome
 
 
-def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bool,
-            look: Optional[int] = None) -> tuple[Study, SweepInputs, dict]:
+def _decide(
+    inputs: SweepInputs, cfg, control: str, treatment: str, progress: bool, look: Optional[int] = None
+) -> tuple[Study, SweepInputs, dict]:
     """The fixed design's one look, or the sequential study at the look its complete waves reach (the
     design and boundaries as the parent run's gate_plan pre-registered them); with `look`, at that look."""
     where = f"sweep {inputs.sweep_id}: the parent run's {PLAN_TAG} tag"
@@ -137,10 +152,18 @@ def _decide(inputs: SweepInputs, cfg, control: str, treatment: str, progress: bo
     at_look = restrict(inputs, len(seq.looks))
     per_wave = len(inputs.arms) * inputs.n_folds
     used = seq.stopped_at or len(seq.looks)
-    summary = {**summary_json(seq.study, at_look, cfg), "design": SEQUENTIAL, "look": len(seq.looks),
-               "max_looks": seq.max_looks, "stopped_at": seq.stopped_at, "why_stopped": seq.why,
-               "looks": seq.looks, "next_wave": seq.next_wave, "boundaries": bounds.to_json(),
-               "cost": cost(used, seq.max_looks, per_wave)}
+    summary = {
+        **summary_json(seq.study, at_look, cfg),
+        "design": SEQUENTIAL,
+        "look": len(seq.looks),
+        "max_looks": seq.max_looks,
+        "stopped_at": seq.stopped_at,
+        "why_stopped": seq.why,
+        "looks": seq.looks,
+        "next_wave": seq.next_wave,
+        "boundaries": bounds.to_json(),
+        "cost": cost(used, seq.max_looks, per_wave),
+    }
     return seq.study, at_look, summary
 
 
@@ -148,14 +171,22 @@ def _check_look(look: int, bounds, inputs: SweepInputs) -> None:
     """A look names a wave that must be complete (a training of it that failed for good leaves it so):
     deciding an earlier look again instead would let the workflow go on past a lost wave."""
     if bounds is None:
-        raise GateRefusal([f"--look {look}: sweep {inputs.sweep_id}'s parent run pre-registered the fixed design "
-                           f"(one look); --look is for a sequential study"])
+        raise GateRefusal(
+            [
+                f"--look {look}: sweep {inputs.sweep_id}'s parent run pre-registered the fixed design "
+                f"(one look); --look is for a sequential study"
+            ]
+        )
     if look > bounds.max_looks:
         raise GateRefusal([f"--look {look}: the plan pre-registered at most {bounds.max_looks} looks"])
     missing = [r for r in range(look) if r not in inputs.replicates]
     if missing:
-        raise GateRefusal([f"look {look} decides replicate waves 0 … {look - 1}; replicate {missing[0]} has no "
-                           f"FINISHED run of {inputs.arms[0]} or {inputs.arms[1]} (its trainings failed or never ran)"])
+        raise GateRefusal(
+            [
+                f"look {look} decides replicate waves 0 … {look - 1}; replicate {missing[0]} has no "
+                f"FINISHED run of {inputs.arms[0]} or {inputs.arms[1]} (its trainings failed or never ran)"
+            ]
+        )
 
 
 def _send_kept_operations(sweep_id: str, uri: str) -> list[str]:
@@ -172,25 +203,32 @@ def _sync_hint(sweep_id: str) -> list[str]:
     if not kept:
         return []
     listing = ", ".join(f"{name}: {n}" for name, n in kept.items())
-    return [f"{sum(kept.values())} tracking operation(s) of this sweep are kept in its run directories and not "
-            f"in MLflow ({listing}): `perception-sweep sync --sweep-id {sweep_id}` sends them once the tracking "
-            f"server is reachable; then decide again"]
+    return [
+        f"{sum(kept.values())} tracking operation(s) of this sweep are kept in its run directories and not "
+        f"in MLflow ({listing}): `perception-sweep sync --sweep-id {sweep_id}` sends them once the tracking "
+        f"server is reachable; then decide again"
+    ]
 
 
 # A gate run per invocation, refusals included, so the UI shows why a sweep has no decision. A failure
 # to log is recorded in the report instead of losing the decision.
 
 
-def _start_gate_run(client: MlflowClient, experiment: str, sweep_id: str, parent: Optional[str],
-                    outcome: GateOutcome) -> Optional[str]:
+def _start_gate_run(
+    client: MlflowClient, experiment: str, sweep_id: str, parent: Optional[str], outcome: GateOutcome
+) -> Optional[str]:
     notes = outcome.summary.setdefault("notes", [])
     try:
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
             notes.append(f"experiment {experiment!r} does not exist: no gate run logged")
             return None
-        tags = {ROLE: ROLE_GATE, SWEEP_ID: sweep_id, "decision": outcome.decision or REFUSED,
-                "exploratory": str(bool(outcome.summary.get("exploratory"))).lower()}
+        tags = {
+            ROLE: ROLE_GATE,
+            SWEEP_ID: sweep_id,
+            "decision": outcome.decision or REFUSED,
+            "exploratory": str(bool(outcome.summary.get("exploratory"))).lower(),
+        }
         if outcome.summary.get("look") is not None:
             tags["look"] = str(outcome.summary["look"])
         parent = parent or find_parent_run(client, exp.experiment_id, sweep_id)  # refusals nest too
@@ -209,15 +247,24 @@ def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, fi
     s = outcome.summary
     attr = s.get("attribution") or {}
     mde = s.get("mde") or {}
-    metrics = {"gate_W": s.get("W"), "gate_G": s.get("G"), "gate_p": s.get("p"),
-               "gate_mde_W": mde.get("W"), "gate_mde_G": mde.get("G"),
-               **{f"gate_delta_{h}": d for h, d in (s.get("delta") or {}).items()},
-               **{f"gate_attr_{k}": attr.get(k) for k in ("W", "G", "p")}}
+    metrics = {
+        "gate_W": s.get("W"),
+        "gate_G": s.get("G"),
+        "gate_p": s.get("p"),
+        "gate_mde_W": mde.get("W"),
+        "gate_mde_G": mde.get("G"),
+        **{f"gate_delta_{h}": d for h, d in (s.get("delta") or {}).items()},
+        **{f"gate_attr_{k}": attr.get(k) for k in ("W", "G", "p")},
+    }
     if attr:
         metrics["gate_attr_ship"] = float(attr.get("decision") == f"ship_{s.get('treatment')}")
     try:
-        client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()
-                                          if v is not None and math.isfinite(v)])
+        client.log_batch(
+            run_id,
+            metrics=[
+                Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items() if v is not None and math.isfinite(v)
+            ],
+        )
         for f in files:
             client.log_artifact(run_id, str(f), artifact_path="gate")
         client.set_terminated(run_id, "FINISHED")
@@ -231,8 +278,14 @@ def _finish_gate_run(client: MlflowClient, run_id: str, outcome: GateOutcome, fi
         return False
 
 
-def _end_parent_run(client: MlflowClient, experiment: str, sweep_id: str, parent: Optional[str],
-                    outcome: GateOutcome, workflow_url: Optional[str]) -> None:
+def _end_parent_run(
+    client: MlflowClient,
+    experiment: str,
+    sweep_id: str,
+    parent: Optional[str],
+    outcome: GateOutcome,
+    workflow_url: Optional[str],
+) -> None:
     """The sweep's parent run ends with the outcome, so the list of sweeps shows it: FINISHED with
     the decision, FAILED when the gate refused; gate_W, gate_p, gate_mde_W (how large a true W it could
     see) and the workflow's page beside it; a decided or continuing study's per-fold comparison

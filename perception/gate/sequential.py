@@ -47,6 +47,7 @@ CONTINUE, SHIP, KEEP, INCONCLUSIVE = "continue", "ship", "keep", "inconclusive"
 class Boundaries:
     """The pre-registered boundaries of a sequential study of up to `max_looks` waves: at look k a rule holding
     α/2 rejects below half[k], one holding α (the other rule rejected) below full[k]."""
+
     alpha: float
     half: tuple[float, ...]
     full: tuple[float, ...]
@@ -65,9 +66,15 @@ class Boundaries:
 
     def to_json(self) -> dict:
         spending = SPENDING.replace("{rho}", f"{self.rho:g}") if self.method == METHOD else LEGACY_SPENDING
-        return {"alpha": self.alpha, "method": self.method, "rho": self.rho, "spending": spending,
-                "efficacy_alpha": list(self.full), "efficacy_alpha_half": list(self.half),
-                "futility_p": list(self.futility)}
+        return {
+            "alpha": self.alpha,
+            "method": self.method,
+            "rho": self.rho,
+            "spending": spending,
+            "efficacy_alpha": list(self.full),
+            "efficacy_alpha_half": list(self.half),
+            "futility_p": list(self.futility),
+        }
 
     @classmethod
     def from_json(cls, doc: dict, where: str) -> "Boundaries":
@@ -78,27 +85,36 @@ class Boundaries:
             fut = tuple(None if x is None else float(x) for x in doc["futility_p"])
             alpha, rho = float(doc["alpha"]), float(doc.get("rho", SPENDING_RHO))
             method = str(doc.get("method", "bonferroni"))
-            half = tuple(float(x) for x in doc["efficacy_alpha_half"]) if method == METHOD else \
-                tuple(a / 2 for a in full)
+            half = (
+                tuple(float(x) for x in doc["efficacy_alpha_half"]) if method == METHOD else tuple(a / 2 for a in full)
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"{where}: boundaries {doc!r} are malformed ({e!r}); expected alpha, method, rho, "
-                              f"efficacy_alpha and efficacy_alpha_half (one per look) and futility_p (one per look, "
-                              f"null at the last)")
+            raise ConfigError(
+                f"{where}: boundaries {doc!r} are malformed ({e!r}); expected alpha, method, rho, "
+                f"efficacy_alpha and efficacy_alpha_half (one per look) and futility_p (one per look, "
+                f"null at the last)"
+            )
         if not full or len(fut) != len(full) or len(half) != len(full) or fut[-1] is not None:
-            raise ConfigError(f"{where}: boundaries need one efficacy_alpha, efficacy_alpha_half and futility_p per "
-                              f"look, futility_p null at the last; got {list(full)}, {list(half)} and {list(fut)}")
+            raise ConfigError(
+                f"{where}: boundaries need one efficacy_alpha, efficacy_alpha_half and futility_p per "
+                f"look, futility_p null at the last; got {list(full)}, {list(half)} and {list(fut)}"
+            )
         if any(f is not None and not (0 < f < 1) for f in fut):
             raise ConfigError(f"{where}: futility_p {list(fut)} must lie in (0, 1)")
         if method == METHOD:
             expected = boundaries(len(full), alpha, rho, fut[0] if len(fut) > 1 and fut[0] is not None else FUTILITY_P)
             if not _close(full, expected.full) or not _close(half, expected.half):
-                raise ConfigError(f"{where}: efficacy_alpha {list(full)} / efficacy_alpha_half {list(half)} are not "
-                                  f"the {METHOD} boundaries of alpha {alpha:g}, rho {rho:g} over {len(full)} looks "
-                                  f"({[round(x, 5) for x in expected.full]} / {[round(x, 5) for x in expected.half]})")
+                raise ConfigError(
+                    f"{where}: efficacy_alpha {list(full)} / efficacy_alpha_half {list(half)} are not "
+                    f"the {METHOD} boundaries of alpha {alpha:g}, rho {rho:g} over {len(full)} looks "
+                    f"({[round(x, 5) for x in expected.full]} / {[round(x, 5) for x in expected.half]})"
+                )
         elif method != "bonferroni":
             raise ConfigError(f"{where}: boundaries method {method!r}; expected {METHOD!r}")
         elif any(not (0 <= a < 1) for a in full) or sum(full) > alpha * (1 + 1e-9):
-            raise ConfigError(f"{where}: efficacy_alpha {list(full)} must be in [0, 1) and sum to at most alpha {alpha:g}")
+            raise ConfigError(
+                f"{where}: efficacy_alpha {list(full)} must be in [0, 1) and sum to at most alpha {alpha:g}"
+            )
         return cls(alpha, half, full, fut, rho, method)
 
 
@@ -119,18 +135,22 @@ def nominal_levels(max_looks: int, level: float, rho: float) -> tuple[float, ...
     from scipy.stats import norm
 
     t = np.arange(1, max_looks + 1) / max_looks
-    increments = np.diff(np.concatenate([[0.0], level * t ** rho]))
+    increments = np.diff(np.concatenate([[0.0], level * t**rho]))
     step = 0.005
     grid = np.arange(-10.0 * math.sqrt(max_looks), 10.0 * math.sqrt(max_looks), step)  # (G,) values of S
     wave = norm.pdf(np.arange(-8.0 / step, 8.0 / step + 1) * step) * step  # (2M+1,) one wave's step, × width
     alive = norm.pdf(grid) * step  # (G,) mass of S_k on the grid while the study runs (k = 1 before look 1)
     out = []
     for k, inc in enumerate(increments, start=1):
+
         def crossing(b: float) -> float:  # P(still running at look k − 1, S_k ≥ b)
             return float(norm.sf(b)) if k == 1 else float(np.sum(alive * norm.sf(b - grid)))
 
-        bound = math.inf if inc <= 0 else float(
-            brentq(lambda b: crossing(b) - inc, -5.0 * math.sqrt(k), 12.0 * math.sqrt(k), xtol=1e-12))
+        bound = (
+            math.inf
+            if inc <= 0
+            else float(brentq(lambda b: crossing(b) - inc, -5.0 * math.sqrt(k), 12.0 * math.sqrt(k), xtol=1e-12))
+        )
         out.append(float(norm.sf(bound / math.sqrt(k))))
         if k > 1:
             alive = np.convolve(alive, wave, mode="same")  # (G,) S_k = S_{k−1} + one more wave
@@ -142,16 +162,24 @@ def boundaries(max_looks: int, alpha: float, rho: float = SPENDING_RHO, futility
     """Each rule's nominal levels at α/2 and at α, and the same futility bound at every look but the last."""
     if max_looks < 1:
         raise ConfigError(f"--max-replicates {max_looks}: expected 1 or more")
-    return Boundaries(alpha, nominal_levels(max_looks, alpha / 2, rho), nominal_levels(max_looks, alpha, rho),
-                      tuple([futility_p] * (max_looks - 1) + [None]), rho)
+    return Boundaries(
+        alpha,
+        nominal_levels(max_looks, alpha / 2, rho),
+        nominal_levels(max_looks, alpha, rho),
+        tuple([futility_p] * (max_looks - 1) + [None]),
+        rho,
+    )
 
 
 def plan_fields(design: str, max_replicates: int, alpha: float) -> dict:
     """What a sequential study adds to the parent run's gate_plan tag."""
     if design == FIXED:
         return {"design": FIXED}
-    return {"design": SEQUENTIAL, "max_replicates": int(max_replicates),
-            "boundaries": boundaries(max_replicates, alpha).to_json()}
+    return {
+        "design": SEQUENTIAL,
+        "max_replicates": int(max_replicates),
+        "boundaries": boundaries(max_replicates, alpha).to_json(),
+    }
 
 
 def planned_boundaries(plan: Optional[dict], where: str) -> Optional[Boundaries]:
@@ -162,8 +190,9 @@ def planned_boundaries(plan: Optional[dict], where: str) -> Optional[Boundaries]
         raise ConfigError(f"{where}: design {plan.get('design')!r}; expected one of {list(DESIGNS)}")
     bounds = Boundaries.from_json(plan.get("boundaries") or {}, where)
     if plan.get("max_replicates") != bounds.max_looks:
-        raise ConfigError(f"{where}: max_replicates {plan.get('max_replicates')!r} but "
-                          f"{bounds.max_looks} looks of boundaries")
+        raise ConfigError(
+            f"{where}: max_replicates {plan.get('max_replicates')!r} but {bounds.max_looks} looks of boundaries"
+        )
     return bounds
 
 
@@ -192,23 +221,47 @@ def look_verdict(rule1, rule2, look: int, bounds: Boundaries, noise_floor: float
         conclude(r, a_k if math.isfinite(p) and p < half else half, noise_floor)
     fired = next((r for r in rules if r.fired), None)
     if fired is not None and (fired.evidence_test or fired.evidence_floor):
-        return LookVerdict(look, SHIP, fired.name, f"look {look}: {fired.name}'s p = {fired.p_bootstrap:.4g} "
-                           f"< {fired.level:.4g}, its boundary at this look: efficacy boundary crossed",
-                           a_k, rules)
+        return LookVerdict(
+            look,
+            SHIP,
+            fired.name,
+            f"look {look}: {fired.name}'s p = {fired.p_bootstrap:.4g} "
+            f"< {fired.level:.4g}, its boundary at this look: efficacy boundary crossed",
+            a_k,
+            rules,
+        )
     futility = bounds.futility[look - 1]
     ps = [r.p_bootstrap for r in rules]
     if futility is not None and all(math.isfinite(p) and p > futility for p in ps):
-        return LookVerdict(look, KEEP, fired.name if fired else None,
-                           f"look {look}: both rules' p ({ps[0]:.3g}, {ps[1]:.3g}) > {futility:g}: "
-                           f"futility boundary crossed, a clear absence", a_k, rules)
+        return LookVerdict(
+            look,
+            KEEP,
+            fired.name if fired else None,
+            f"look {look}: both rules' p ({ps[0]:.3g}, {ps[1]:.3g}) > {futility:g}: "
+            f"futility boundary crossed, a clear absence",
+            a_k,
+            rules,
+        )
     if look < K:
-        return LookVerdict(look, CONTINUE, fired.name if fired else None,
-                           f"look {look}: no boundary crossed (efficacy p < {half:.4g}, futility p > "
-                           f"{futility:g}): the next wave trains", a_k, rules)
+        return LookVerdict(
+            look,
+            CONTINUE,
+            fired.name if fired else None,
+            f"look {look}: no boundary crossed (efficacy p < {half:.4g}, futility p > "
+            f"{futility:g}): the next wave trains",
+            a_k,
+            rules,
+        )
     if fired is None:
         return LookVerdict(look, KEEP, None, f"look {look} (the last): no rule fired", a_k, rules)
-    return LookVerdict(look, INCONCLUSIVE, fired.name, f"look {look} (the last): {fired.name} fired without "
-                       f"evidence at its level {fired.level:.4g}", a_k, rules)
+    return LookVerdict(
+        look,
+        INCONCLUSIVE,
+        fired.name,
+        f"look {look} (the last): {fired.name} fired without evidence at its level {fired.level:.4g}",
+        a_k,
+        rules,
+    )
 
 
 def settle(verdicts: list[LookVerdict]) -> Optional[LookVerdict]:

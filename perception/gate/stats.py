@@ -209,13 +209,14 @@ def block_bootstrap_aucs(
         out[key] = (observed, np.full((n_boot, h), np.nan))
     if not enough:
         return out
-    sorted_runs = {key: [PresortedAUC(s[k, j], y, k) for j, (k, y) in enumerate(zip(keeps, ys))]
-                   for key, s in scores.items()}
+    sorted_runs = {
+        key: [PresortedAUC(s[k, j], y, k) for j, (k, y) in enumerate(zip(keeps, ys))] for key, s in scores.items()
+    }
     done = 0
     for counts in block_counts(n, block_len, n_boot, rng):  # (chunk, N)
         for key, per_h in sorted_runs.items():
             for j, presorted in enumerate(per_h):
-                out[key][1][done:done + len(counts), j] = presorted.resampled(counts)
+                out[key][1][done : done + len(counts), j] = presorted.resampled(counts)
         done += len(counts)
     return out
 

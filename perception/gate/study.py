@@ -50,15 +50,23 @@ class Study:
     exploratory: list[str] = field(default_factory=list)  # how this gate differs from the plan
 
 
-def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str, progress: bool = True,
-                 boot: Optional[Resamples] = None) -> Study:
+def study_result(
+    inputs: SweepInputs,
+    cfg: GateConfig,
+    control: str,
+    treatment: str,
+    progress: bool = True,
+    boot: Optional[Resamples] = None,
+) -> Study:
     noise = None
     if len(inputs.replicates) == 1:
         noise = matching_noise(inputs.run(control, 0, inputs.replicates[0]).params, inputs.horizons)
     boot = boot or resample(inputs, cfg, progress)  # a sequential study draws once for all its looks
     study = Study(decide(inputs, cfg, control, treatment, boot, noise), noise=noise)
-    beside = {name: decide(inputs, cfg, a, b, boot, noise)
-              for name, (a, b) in ATTRIBUTION.comparisons(control, treatment, inputs.arms).items()}
+    beside = {
+        name: decide(inputs, cfg, a, b, boot, noise)
+        for name, (a, b) in ATTRIBUTION.comparisons(control, treatment, inputs.arms).items()
+    }
     study.attribution, study.context_path = beside.get("attribution"), beside.get("context_path")
     if study.attribution is not None:
         study.verdict = attribution_verdict(study.attribution, study.main)
@@ -66,9 +74,11 @@ def study_result(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: 
     study.flags = _flags(study, control, treatment)
     if study.flags and study.main.decision == f"ship_{treatment}" and study.attribution is None:
         study.main.reasons.append(
-            f"{UNATTRIBUTED}: " + "; ".join(study.flags)
+            f"{UNATTRIBUTED}: "
+            + "; ".join(study.flags)
             + ". Run the three-arm sweep to separate them: perception-sweep local --arms "
-            f"{','.join(ATTRIBUTION.arms)} (same overrides)")
+            f"{','.join(ATTRIBUTION.arms)} (same overrides)"
+        )
     elif study.verdict:
         study.main.reasons.append(f"attribution ({ATTRIBUTION.context_control} -> {treatment}): {study.verdict}")
     study.plan, study.exploratory = _against_plan(inputs, cfg, control, treatment)
@@ -80,8 +90,9 @@ def attribution_verdict(attr: GateResult, main: GateResult) -> str:
         return "per-horizon queries add lift beyond the context path"
     if attr.decision == f"keep_{attr.control}":
         if main.decision == f"ship_{main.treatment}":
-            return ("the lift is explained by feeding pooled context to the heads: per-horizon queries add "
-                    "none beyond it")
+            return (
+                "the lift is explained by feeding pooled context to the heads: per-horizon queries add none beyond it"
+            )
         return "per-horizon queries add no lift beyond the context path"
     return "the data cannot tell whether per-horizon queries add lift beyond the context path"
 
@@ -89,8 +100,14 @@ def attribution_verdict(attr: GateResult, main: GateResult) -> str:
 def _diagnostics(inputs: SweepInputs, arm: str) -> dict:
     runs = inputs.arm_runs(arm)
     out = {}
-    for key in ("grad_norm_pool_query", *TRUNK_GROUPS, "grad_norm_heads", "query_divergence",
-                "attention_entropy_ratio", "query_drift"):
+    for key in (
+        "grad_norm_pool_query",
+        *TRUNK_GROUPS,
+        "grad_norm_heads",
+        "query_divergence",
+        "attention_entropy_ratio",
+        "query_drift",
+    ):
         values = [r.diagnostics[key] for r in runs if key in r.diagnostics and math.isfinite(r.diagnostics[key])]
         out[key] = float(np.median(values)) if values else None
     trunk = [t for k in TRUNK_GROUPS if (t := out[k]) is not None]
@@ -103,36 +120,64 @@ def _flags(study: Study, control: str, treatment: str) -> list[str]:
     c = study.diagnostics.get(control, {})
     if c.get("grad_norm_pool_query") is not None and c.get("grad_norm_trunk"):
         if c["grad_norm_pool_query"] < NO_SIGNAL_RATIO * c["grad_norm_trunk"]:
-            flags.append(f"the control's pool query received no learning signal (gradient norm "
-                         f"{c['grad_norm_pool_query']:.3g} against the trunk's {c['grad_norm_trunk']:.3g})")
+            flags.append(
+                f"the control's pool query received no learning signal (gradient norm "
+                f"{c['grad_norm_pool_query']:.3g} against the trunk's {c['grad_norm_trunk']:.3g})"
+            )
     t = study.diagnostics.get(treatment, {})
-    if treatment == ATTRIBUTION.treatment and t.get("query_divergence") is not None and t["query_divergence"] < MIN_DIVERGENCE:
-        flags.append(f"the treatment's queries did not specialise (query divergence {t['query_divergence']:.3g} "
-                     f"< {MIN_DIVERGENCE:g})")
-    if treatment == ATTRIBUTION.treatment and t.get("attention_entropy_ratio") is not None \
-            and t["attention_entropy_ratio"] >= NEAR_UNIFORM:
-        flags.append(f"the treatment's queries stayed near uniform over the window (attention entropy "
-                     f"{t['attention_entropy_ratio']:.3g} of the uniform's, >= {NEAR_UNIFORM:g})")
+    if (
+        treatment == ATTRIBUTION.treatment
+        and t.get("query_divergence") is not None
+        and t["query_divergence"] < MIN_DIVERGENCE
+    ):
+        flags.append(
+            f"the treatment's queries did not specialise (query divergence {t['query_divergence']:.3g} "
+            f"< {MIN_DIVERGENCE:g})"
+        )
+    if (
+        treatment == ATTRIBUTION.treatment
+        and t.get("attention_entropy_ratio") is not None
+        and t["attention_entropy_ratio"] >= NEAR_UNIFORM
+    ):
+        flags.append(
+            f"the treatment's queries stayed near uniform over the window (attention entropy "
+            f"{t['attention_entropy_ratio']:.3g} of the uniform's, >= {NEAR_UNIFORM:g})"
+        )
     return flags
 
 
-def gate_plan(cfg: GateConfig, control: str, treatment: str, arms: list[str], replicates: int,
-              design: str = FIXED) -> dict:
+def gate_plan(
+    cfg: GateConfig, control: str, treatment: str, arms: list[str], replicates: int, design: str = FIXED
+) -> dict:
     """What a sweep pre-registers on its parent run before any training: rule, weights, thresholds, and
     for a sequential study its looks and boundaries (`replicates` is then the most it may train)."""
-    return {"control": control, "treatment": treatment, "arms": list(arms), "replicates": int(replicates),
-            "settings": plan_settings(cfg), **plan_fields(design, replicates, cfg.alpha)}
+    return {
+        "control": control,
+        "treatment": treatment,
+        "arms": list(arms),
+        "replicates": int(replicates),
+        "settings": plan_settings(cfg),
+        **plan_fields(design, replicates, cfg.alpha),
+    }
 
 
 def plan_settings(cfg: GateConfig) -> dict:
-    return {"weights": {str(h): float(w) for h, w in sorted(cfg.weights.items())}, "min_lift": cfg.min_lift,
-            "noise_floor": cfg.noise_floor, "shift_horizons": list(cfg.shift_horizons),
-            "shift_allows_loss": cfg.shift_allows_loss, "alpha": cfg.alpha, "multiplicity": MULTIPLICITY,
-            "n_bootstrap": cfg.n_bootstrap,
-            "seed": cfg.seed}
+    return {
+        "weights": {str(h): float(w) for h, w in sorted(cfg.weights.items())},
+        "min_lift": cfg.min_lift,
+        "noise_floor": cfg.noise_floor,
+        "shift_horizons": list(cfg.shift_horizons),
+        "shift_allows_loss": cfg.shift_allows_loss,
+        "alpha": cfg.alpha,
+        "multiplicity": MULTIPLICITY,
+        "n_bootstrap": cfg.n_bootstrap,
+        "seed": cfg.seed,
+    }
 
 
-def _against_plan(inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str) -> tuple[Optional[dict], list[str]]:
+def _against_plan(
+    inputs: SweepInputs, cfg: GateConfig, control: str, treatment: str
+) -> tuple[Optional[dict], list[str]]:
     text = inputs.parent_tags.get(PLAN_TAG)
     if not text:
         return None, []
@@ -140,9 +185,13 @@ def _against_plan(inputs: SweepInputs, cfg: GateConfig, control: str, treatment:
         plan = json.loads(text)
     except ValueError:
         return None, [f"the parent run's {PLAN_TAG} tag is not JSON"]
-    diffs = [f"{k}: planned {plan.get(k)!r}, gated {v!r}" for k, v in (("control", control), ("treatment", treatment))
-             if plan.get(k) != v]
+    diffs = [
+        f"{k}: planned {plan.get(k)!r}, gated {v!r}"
+        for k, v in (("control", control), ("treatment", treatment))
+        if plan.get(k) != v
+    ]
     planned = plan.get("settings", {})
-    diffs += [f"{k}: planned {planned.get(k)!r}, gated {v!r}" for k, v in plan_settings(cfg).items()
-              if planned.get(k) != v]
+    diffs += [
+        f"{k}: planned {planned.get(k)!r}, gated {v!r}" for k, v in plan_settings(cfg).items() if planned.get(k) != v
+    ]
     return plan, diffs

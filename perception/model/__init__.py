@@ -5,7 +5,12 @@ does not import torch: `perception-data build` has no use for it."""
 
 from perception.lazy import lazy_names
 
-_WHERE = {"AttentionPoolVariant": "config", "ModelConfig": "config", "OpsBackend": "config",
-          "PerceptionModel": "model", "masked_bce": "loss"}
+_WHERE = {
+    "AttentionPoolVariant": "config",
+    "ModelConfig": "config",
+    "OpsBackend": "config",
+    "PerceptionModel": "model",
+    "masked_bce": "loss",
+}
 __all__ = sorted(_WHERE)
 __getattr__ = lazy_names(__name__, _WHERE)

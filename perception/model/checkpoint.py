@@ -81,7 +81,9 @@ def load_model(path: str | os.PathLike, model) -> dict[str, str]:
         raise CheckpointError(f"checkpoint {path} lacks tensor {missing[0]!r} (missing: {missing})")
     unexpected = [n for n in tensors if n not in expected]
     if unexpected:
-        raise CheckpointError(f"checkpoint {path} has tensor {unexpected[0]!r}, which the model does not (extra: {unexpected})")
+        raise CheckpointError(
+            f"checkpoint {path} has tensor {unexpected[0]!r}, which the model does not (extra: {unexpected})"
+        )
     _check_shapes(path, tensors, expected, list(expected))
     model.load_state_dict(tensors, strict=True)
     return meta

@@ -27,8 +27,7 @@ def masked_bce(
         weights = torch.as_tensor(weights, dtype=logits.dtype, device=logits.device)
         if weights.shape != logits.shape[-1:]:
             raise ValueError(
-                f"masked_bce: weights {tuple(weights.shape)} must have one value per horizon "
-                f"({logits.shape[-1]})"
+                f"masked_bce: weights {tuple(weights.shape)} must have one value per horizon ({logits.shape[-1]})"
             )
         m = m * weights
     loss = F.binary_cross_entropy_with_logits(logits, y.to(logits.dtype), reduction="none")

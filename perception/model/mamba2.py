@@ -38,7 +38,9 @@ def within_chunk_decay(Adt: torch.Tensor, cs: torch.Tensor, from_cumsum: bool) -
         return torch.exp(segment_sums(Adt))
     t = cs.shape[-1]
     causal = torch.ones(t, t, dtype=torch.bool, device=cs.device).tril()
-    return torch.exp((cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(~causal, -math.inf))  # -inf before exp: no inf * 0 in backward
+    return torch.exp(
+        (cs.unsqueeze(-1) - cs.unsqueeze(-2)).masked_fill(~causal, -math.inf)
+    )  # -inf before exp: no inf * 0 in backward
 
 
 def ssd_scan(
@@ -128,24 +130,23 @@ def causal_conv_shifted(xbc: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     padded = F.pad(xbc, (0, 0, d - 1, 0))  # (B, K + d - 1, C), zeros before t = 0
     out = bias + padded[:, :k] * w[:, 0]
     for j in range(1, d):
-        out = out + padded[:, j:j + k] * w[:, j]
+        out = out + padded[:, j : j + k] * w[:, j]
     return out
 
 
 class Mamba2Mixer(nn.Module):
     """in_proj -> [z, xBC, dt]; causal depthwise conv + SiLU on xBC; SSD; gated RMSNorm; out_proj."""
 
-    def __init__(self, d_model: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int,
-                 ssd: str = "chunked"):
+    def __init__(
+        self, d_model: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int, ssd: str = "chunked"
+    ):
         super().__init__()
         self.ssd = as_enum(SSDBackend, ssd, "model.mamba.ssd")
         if self.ssd is SSDBackend.fla:
             require_fla()
         d_inner = expand * d_model
         if d_inner % headdim:
-            raise ConfigError(
-                f"model.mamba.headdim={headdim} must divide expand * d_model = {d_inner}"
-            )
+            raise ConfigError(f"model.mamba.headdim={headdim} must divide expand * d_model = {d_inner}")
         if chunk < 1 or d_conv < 1:
             raise ConfigError(f"model.mamba.chunk={chunk} and d_conv={d_conv} must be >= 1")
         self.d_inner, self.d_state, self.headdim, self.chunk = d_inner, d_state, headdim, chunk
@@ -181,9 +182,7 @@ class Mamba2Mixer(nn.Module):
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         """u: (B, K, D) -> (B, K, D)."""
         b, k, _ = u.shape
-        z, xbc, dt = self.in_proj(u).split(
-            [self.d_inner, self.d_inner + 2 * self.d_state, self.n_heads], dim=-1
-        )
+        z, xbc, dt = self.in_proj(u).split([self.d_inner, self.d_inner + 2 * self.d_state, self.n_heads], dim=-1)
         xbc = F.silu(self._conv(xbc, self.conv))  # (B, K, conv_dim)
         x, B, C = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, K, heads)
@@ -225,8 +224,17 @@ class Mamba2Block(nn.Module):
 class Mamba2(nn.Module):
     """L pre-norm residual Mamba2 blocks: (B, K, D) -> (B, K, D)."""
 
-    def __init__(self, d_model: int, n_layers: int, d_state: int, headdim: int, expand: int, d_conv: int, chunk: int,
-                 ssd: str = "chunked"):
+    def __init__(
+        self,
+        d_model: int,
+        n_layers: int,
+        d_state: int,
+        headdim: int,
+        expand: int,
+        d_conv: int,
+        chunk: int,
+        ssd: str = "chunked",
+    ):
         super().__init__()
         self.layers = nn.ModuleList(
             Mamba2Block(d_model, d_state=d_state, headdim=headdim, expand=expand, d_conv=d_conv, chunk=chunk, ssd=ssd)

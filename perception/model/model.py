@@ -45,8 +45,9 @@ class PerceptionModel(nn.Module):
 
         with torch.random.fork_rng(devices=[]):  # module constructors must not move the global RNG
             self.vsn = VSN(self.n_features, int(cfg.vsn.d_var), d)
-            self.mamba = Mamba2(d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk),
-                                m.ssd)
+            self.mamba = Mamba2(
+                d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk), m.ssd
+            )
             self.ln_b = nn.LayerNorm(d)
             self.pool = AttentionPool(self.n_queries, d, per_horizon, backend)
             self.inv_pool = InvertedPool(backend) if cfg.inverted_pool else None
@@ -58,7 +59,13 @@ class PerceptionModel(nn.Module):
         self.register_buffer("dt_scale", torch.ones(()), persistent=True)  # median Δt of training data
 
         twin = "/twin" if cfg.twin else ""
-        for name, module in (("vsn", self.vsn), ("mamba", self.mamba), ("pool", self.pool), ("cfc", self.cfc), ("head", self.head)):
+        for name, module in (
+            ("vsn", self.vsn),
+            ("mamba", self.mamba),
+            ("pool", self.pool),
+            ("cfc", self.cfc),
+            ("head", self.head),
+        ):
             module.reset_parameters(module_generator(seed, name + (twin if name in ARM_MODULES else "")))
         self.ln_b.reset_parameters()  # ones / zeros: nothing to draw
         if cfg.compile_trunk:
@@ -108,4 +115,3 @@ class PerceptionModel(nn.Module):
         if return_attention:
             return logits, self.pool.weights(lnb)
         return logits
-

@@ -74,8 +74,15 @@ def ssd_fla_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tens
 
     with torch.cuda.device(q.device):
         o, _ = chunk_simple_gla_fwd(
-            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=_cumsum(g, scale=RCP_LN2), g_gamma=None,
-            scale=1.0, initial_state=None, output_final_state=False, chunk_size=FLA_CHUNK,
+            q=q.contiguous(),
+            k=k.contiguous(),
+            v=v.contiguous(),
+            g=_cumsum(g, scale=RCP_LN2),
+            g_gamma=None,
+            scale=1.0,
+            initial_state=None,
+            output_final_state=False,
+            chunk_size=FLA_CHUNK,
         )
     return o.to(q.dtype)
 
@@ -95,8 +102,16 @@ def ssd_fla_bwd(
 
     with torch.cuda.device(q.device):
         dq, dk, dv, dg, _ = chunk_simple_gla_bwd(
-            q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=_cumsum(g, scale=RCP_LN2), g_gamma=None,
-            initial_state=None, do=grad_o.contiguous(), dht=None, scale=1.0, chunk_size=FLA_CHUNK,
+            q=q.contiguous(),
+            k=k.contiguous(),
+            v=v.contiguous(),
+            g=_cumsum(g, scale=RCP_LN2),
+            g_gamma=None,
+            initial_state=None,
+            do=grad_o.contiguous(),
+            dht=None,
+            scale=1.0,
+            chunk_size=FLA_CHUNK,
         )
         dg = _cumsum(dg, reverse=True)  # the gradient of the chunk-local cumsum
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(g.dtype)
@@ -124,7 +139,9 @@ def ssd_scan_fla(
     """`ssd_scan`'s contract (x: (b, K, h, p), dt: (b, K, h), A: (h,), B, C: (b, K, n), D: (h,) -> (b, K, h, p))
     on CUDA tensors. q, k, v take x's dtype (bf16 under autocast); the decay stays fp32."""
     if not x.is_cuda:
-        raise ConfigError(f"model.mamba.ssd=fla runs on CUDA tensors only; got {x.device}. Use model.mamba.ssd=chunked.")
+        raise ConfigError(
+            f"model.mamba.ssd=fla runs on CUDA tensors only; got {x.device}. Use model.mamba.ssd=chunked."
+        )
     b, k, h, _ = x.shape
     n = B.shape[-1]
     q = C.to(x.dtype).unsqueeze(2).expand(b, k, h, n).contiguous()  # (b, K, h, n)

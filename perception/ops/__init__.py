@@ -55,7 +55,9 @@ def _cfc_kernel_takes(backend: str, x_proj: torch.Tensor, h0: torch.Tensor, *wei
 def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D)."""
     if use_kernels(backend, lnb, q) and _pool_kernel_takes(backend, lnb, q):
-        return torch.ops.perception.attention_pool(lnb, q)[0]  # [1:] are softmax statistics and scores kept for backward
+        return torch.ops.perception.attention_pool(lnb, q)[
+            0
+        ]  # [1:] are softmax statistics and scores kept for backward
     return attention_pool_ref(lnb, q)
 
 

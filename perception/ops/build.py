@@ -22,8 +22,10 @@ def build(verbose: bool = False) -> Path:
     from torch.utils.cpp_extension import load
 
     if extension.nvcc_path() is None:
-        raise SystemExit("perception.ops.build: nvcc not found; install the CUDA toolkit matching torch "
-                         f"{torch.__version__} (CUDA {torch.version.cuda}) or set CUDA_HOME")
+        raise SystemExit(
+            "perception.ops.build: nvcc not found; install the CUDA toolkit matching torch "
+            f"{torch.__version__} (CUDA {torch.version.cuda}) or set CUDA_HOME"
+        )
     archs = extension.arch_list()
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     extension.LIB_DIR.mkdir(parents=True, exist_ok=True)
@@ -41,8 +43,12 @@ def build(verbose: bool = False) -> Path:
         staged = target.with_suffix(".so.tmp")
         shutil.copyfile(built, staged)
         os.replace(staged, target)  # a loader never sees a half-copied library
-    manifest = {"torch": torch.__version__, "cuda": torch.version.cuda, "archs": archs,
-                "sources": [Path(s).name for s in extension.sources()]}
+    manifest = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "archs": archs,
+        "sources": [Path(s).name for s in extension.sources()],
+    }
     atomic_write_text(extension.manifest_path(), json.dumps(manifest, indent=2) + "\n")
     # The temp file behind the atomic write is private (0600); a shared install's other users must read it.
     os.chmod(extension.manifest_path(), 0o644)

@@ -26,8 +26,13 @@ def _cfc_scan_fake(x_proj, ts, h0, w_rec, w_out, b_out):
     torch._check(x_proj.dim() == 3, lambda: f"{op}: x_proj must be (B, K, U), got {list(x_proj.shape)}")
     b, k, d = x_proj.shape
     check_fp32(op, x_proj=x_proj, ts=ts, h0=h0, w_rec=w_rec, w_out=w_out, b_out=b_out)
-    for name, t, shape in [("ts", ts, (b, k)), ("h0", h0, (b, d)), ("w_rec", w_rec, (d, d)),
-                           ("w_out", w_out, (4 * d, d)), ("b_out", b_out, (4 * d,))]:
+    for name, t, shape in [
+        ("ts", ts, (b, k)),
+        ("h0", h0, (b, d)),
+        ("w_rec", w_rec, (d, d)),
+        ("w_out", w_out, (4 * d, d)),
+        ("b_out", b_out, (4 * d,)),
+    ]:
         check_shape(op, name, t, shape)
     check_width(op, d, KERNEL_WIDTHS)
     return x_proj.new_empty((b, k, d))
@@ -39,8 +44,13 @@ def _cfc_scan_bwd_fake(grad_h, gates, z, ts, w_rec, w_out):
     torch._check(grad_h.dim() == 3, lambda: f"{op}: grad_h must be (B, K, D), got {list(grad_h.shape)}")
     b, k, d = grad_h.shape
     check_fp32(op, grad_h=grad_h, gates=gates, z=z, ts=ts, w_rec=w_rec, w_out=w_out)
-    for name, t, shape in [("gates", gates, (b, k, 4 * d)), ("z", z, (b, k, d)), ("ts", ts, (b, k)),
-                           ("w_rec", w_rec, (d, d)), ("w_out", w_out, (4 * d, d))]:
+    for name, t, shape in [
+        ("gates", gates, (b, k, 4 * d)),
+        ("z", z, (b, k, d)),
+        ("ts", ts, (b, k)),
+        ("w_rec", w_rec, (d, d)),
+        ("w_out", w_out, (4 * d, d)),
+    ]:
         check_shape(op, name, t, shape)
     check_width(op, d, KERNEL_WIDTHS)
     return grad_h.new_empty((b, k, d)), grad_h.new_empty((b, k, 4 * d)), grad_h.new_empty((b, d))

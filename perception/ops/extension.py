@@ -69,7 +69,7 @@ def manifest_path() -> Path:
 
 
 def _arch_tag(arch: str) -> int:
-    """"8.9" -> 89, "9.0a" -> 90, "8.9+PTX" -> 89."""
+    """ "8.9" -> 89, "9.0a" -> 90, "8.9+PTX" -> 89."""
     return int("".join(c for c in arch.replace("+PTX", "") if c.isdigit()))
 
 

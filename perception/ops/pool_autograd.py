@@ -23,8 +23,9 @@ def _check_pool_inputs(op: str, lnb: torch.Tensor, q: torch.Tensor) -> None:
     _check_lnb(op, lnb)
     check_fp32(op, q=q)
     torch._check(q.dim() == 2, lambda: f"{op}: q must be (Q, D), got shape {list(q.shape)}")
-    torch._check(q.shape[1] == lnb.shape[2],
-                 lambda: f"{op}: q must be (Q, D) with D = {lnb.shape[2]}, got shape {list(q.shape)}")
+    torch._check(
+        q.shape[1] == lnb.shape[2], lambda: f"{op}: q must be (Q, D) with D = {lnb.shape[2]}, got shape {list(q.shape)}"
+    )
     torch._check(q.shape[0] >= 1, lambda: f"{op}: Q must be >= 1, got q {list(q.shape)}")
 
 

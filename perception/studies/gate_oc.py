@@ -60,8 +60,11 @@ def plan(name: str, n: int | None, rows: Sequence[dict] = ()) -> list[Setting]:
     if name == "null":
         return [Setting(r, tau, 0.0, n or 300) for r in (1, 2, 3) for tau in (0.005, 0.015)]
     if name == "power":
-        return [Setting(r, tau, d, n or 60, kind="power") for r, tau in ((3, 0.005), (3, 0.015), (1, 0.005))
-                for d in (0.005, 0.01, 0.02, 0.04)]
+        return [
+            Setting(r, tau, d, n or 60, kind="power")
+            for r, tau in ((3, 0.005), (3, 0.015), (1, 0.005))
+            for d in (0.005, 0.01, 0.02, 0.04)
+        ]
     if name == "mde":  # δ = the median MDE the gate reports for this setting's null worlds
         return [Setting(r, tau, mde_of_null(rows, r, tau), n or 300, kind="mde") for r, tau in MDE_SETTINGS]
     raise SystemExit(f"unknown plan {name!r}: expected null, power or mde")
@@ -71,8 +74,14 @@ def mde_of_null(rows: Sequence[dict], replicates: int, tau: float) -> float:
     """The median minimum detectable W over the null worlds of (R, τ) among `rows` (a world decided twice, by the
     installed gate and in process, counts once: the same world by name)."""
     unique = {(row["setting"], row["world"]): row for row in rows}
-    null = [row for row in unique.values() if row["kind"] == "null" and row["replicates"] == replicates
-            and row["tau"] == tau and row.get("se_W") is not None]
+    null = [
+        row
+        for row in unique.values()
+        if row["kind"] == "null"
+        and row["replicates"] == replicates
+        and row["tau"] == tau
+        and row.get("se_W") is not None
+    ]
     if len(null) < 100:
         raise SystemExit(f"{len(null)} null worlds at R = {replicates}, τ = {tau}: run --plan null first (100 or more)")
     return round(float(np.median(current_mde_W(null))), 4)
@@ -96,8 +105,11 @@ def current_mde_W(rows: list[dict]) -> list[float]:
     from perception.gate.evidence import minimum_detectable
 
     cfg = load_gate_config("local")
-    return [minimum_detectable(r["se_W"], math.inf if r.get("df_W") is None else r["df_W"], cfg.alpha / 2,
-                               cfg.min_lift) for r in rows if r.get("se_W") is not None]
+    return [
+        minimum_detectable(r["se_W"], math.inf if r.get("df_W") is None else r["df_W"], cfg.alpha / 2, cfg.min_lift)
+        for r in rows
+        if r.get("se_W") is not None
+    ]
 
 
 # ---------------------------------------------------------------- worlds
@@ -126,7 +138,7 @@ def world_cells(s: Setting, seed: int, folds: int = 3) -> dict[tuple[str, int, i
         common = np.stack([_moving_average(rng, n, WINDOW // STRIDE) for _ in HORIZONS], axis=1)  # (n, H)
         mask = np.ones((n, hz), dtype=bool)
         for j, h in enumerate(HORIZONS):
-            mask[n - max(1, h // STRIDE):, j] = False  # labels past the fold's end do not exist
+            mask[n - max(1, h // STRIDE) :, j] = False  # labels past the fold's end do not exist
         index = fold * 1_000_000 + WINDOW + STRIDE * np.arange(n, dtype=np.int64)
         # a difference between the arms that this fold has and no replicate changes (none by default)
         fold_effect = s.fold_sd * rng.normal(size=hz) if s.fold_sd else 0.0 * planted
@@ -135,8 +147,12 @@ def world_cells(s: Setting, seed: int, folds: int = 3) -> dict[tuple[str, int, i
                 auc = np.asarray(BASE_AUC) + lift + s.tau * rng.normal(size=hz)  # the cell's training effect
                 own = np.stack([_moving_average(rng, n, WINDOW // STRIDE) for _ in HORIZONS], axis=1)
                 score = separation(auc) * y + math.sqrt(s.shared) * common + math.sqrt(1 - s.shared) * own
-                cells[(arm, fold, rep)] = {"probs": (1 / (1 + np.exp(-score))).astype(np.float32),
-                                           "labels": y.astype(np.uint8), "mask": mask, "index": index}
+                cells[(arm, fold, rep)] = {
+                    "probs": (1 / (1 + np.exp(-score))).astype(np.float32),
+                    "labels": y.astype(np.uint8),
+                    "mask": mask,
+                    "index": index,
+                }
     return cells
 
 
@@ -169,14 +185,42 @@ def run_worlds(task: tuple[Setting, list[int], str]) -> list[dict]:
         client = MlflowClient(tracking_uri=uri)
         client.create_experiment("perception-ab", artifact_location=(tmp / "artifacts").as_uri())
         for i in worlds:
-            spec = SweepSpec(mu_a=[0.0] * 5, mu_b=[0.0] * 5, horizons=list(HORIZONS), n_windows=s.windows,
-                             window=WINDOW, stride=STRIDE, epochs=2, seed=world_seed(s, i), replicates=s.replicates)
+            spec = SweepSpec(
+                mu_a=[0.0] * 5,
+                mu_b=[0.0] * 5,
+                horizons=list(HORIZONS),
+                n_windows=s.windows,
+                window=WINDOW,
+                stride=STRIDE,
+                epochs=2,
+                seed=world_seed(s, i),
+                replicates=s.replicates,
+            )
             log_sweep(client, f"oc-{i}", spec, world_cells(s, world_seed(s, i)), attention=False)  # decisions only
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-               "MLFLOW_DISABLE_TELEMETRY": "true"}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+        }
         ids = [a for i in worlds for a in ("--sweep-id", f"oc-{i}")]
-        done = subprocess.run([gate_command(), *ids, "--tracking-uri", uri, "--config", "local",
-                               "--out", str(tmp / "report"), "--no-progress"], capture_output=True, text=True, env=env)
+        done = subprocess.run(
+            [
+                gate_command(),
+                *ids,
+                "--tracking-uri",
+                uri,
+                "--config",
+                "local",
+                "--out",
+                str(tmp / "report"),
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         # one --sweep-id writes its report into --out itself, several each into --out/<sweep_id>
         reports = {i: tmp / "report" / (f"oc-{i}" if len(worlds) > 1 else "") / "report.json" for i in worlds}
         decided = {i: json.loads(f.read_text()) for i, f in reports.items() if f.is_file()}
@@ -200,32 +244,86 @@ def decide_in_process(task: tuple[Setting, list[int], str]) -> list[dict]:
         t0 = time.perf_counter()
         runs = {}
         for (arm, fold, rep), c in world_cells(s, world_seed(s, i)).items():
-            final = np.array([stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
-                              for j in range(len(HORIZONS))])  # (H,) what a training logs as val_auc_h{h}
-            runs[(arm, fold, rep)] = ArmRun(f"{arm}-{fold}-{rep}", arm, fold, rep, final, None,
-                                            Predictions(c["probs"], c["labels"], c["mask"], c["index"]), None, {})
-        inputs = SweepInputs(f"oc-{i}", "", "", None, list(HORIZONS), WINDOW, STRIDE, 3, {}, runs,
-                             ["shared", "per_horizon"], list(range(s.replicates)))
+            final = np.array(
+                [
+                    stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
+                    for j in range(len(HORIZONS))
+                ]
+            )  # (H,) what a training logs as val_auc_h{h}
+            runs[(arm, fold, rep)] = ArmRun(
+                f"{arm}-{fold}-{rep}",
+                arm,
+                fold,
+                rep,
+                final,
+                None,
+                Predictions(c["probs"], c["labels"], c["mask"], c["index"]),
+                None,
+                {},
+            )
+        inputs = SweepInputs(
+            f"oc-{i}",
+            "",
+            "",
+            None,
+            list(HORIZONS),
+            WINDOW,
+            STRIDE,
+            3,
+            {},
+            runs,
+            ["shared", "per_horizon"],
+            list(range(s.replicates)),
+        )
         g = decide(inputs, cfg, "shared", "per_horizon", resample(inputs, cfg, progress=False))
-        r = {"decision": g.decision, "rule": g.rule, "W": g.W, "G": g.G, "p": g.p, "rules": [vars(x) for x in g.rules],
-             "mde": g.mde, "training_noise": g.training_noise}
+        r = {
+            "decision": g.decision,
+            "rule": g.rule,
+            "W": g.W,
+            "G": g.G,
+            "p": g.p,
+            "rules": [vars(x) for x in g.rules],
+            "mde": g.mde,
+            "training_noise": g.training_noise,
+        }
         rows.append(_row(s, i, 0, "", r, round(time.perf_counter() - t0, 2)))
     return rows
 
 
 def _row(s: Setting, i: int, returncode: int, stderr: str, r: dict, seconds: float) -> dict:
-    row = {"setting": s.name, **asdict(s), "world": i, "seed": world_seed(s, i), "returncode": returncode,
-           "seconds": seconds}
+    row = {
+        "setting": s.name,
+        **asdict(s),
+        "world": i,
+        "seed": world_seed(s, i),
+        "returncode": returncode,
+        "seconds": seconds,
+    }
     if not r or r.get("refused"):
         return {**row, "decision": None, "error": (stderr[-1500:] or "no report").strip()}
     rules = {x["name"]: x for x in r["rules"]}
     finite = lambda x: x if x is not None and math.isfinite(x) else None  # noqa: E731  (as report.json has them)
-    numbers = {"W": r["W"], "G": r["G"], "p": r["p"],
-               "se_W": rules["rule 1"]["se"], "df_W": rules["rule 1"]["df"], "p_W": rules["rule 1"]["p_bootstrap"],
-               "se_G": rules["rule 2"]["se"], "df_G": rules["rule 2"]["df"], "p_G": rules["rule 2"]["p_bootstrap"],
-               "mde_W": r["mde"]["W"], "mde_G": r["mde"]["G"]}
-    return {**row, "decision": r["decision"], "rule": r["rule"], **{k: finite(v) for k, v in numbers.items()},
-            "variance": rules["rule 1"]["variance"], "training_noise": r["training_noise"][:60]}
+    numbers = {
+        "W": r["W"],
+        "G": r["G"],
+        "p": r["p"],
+        "se_W": rules["rule 1"]["se"],
+        "df_W": rules["rule 1"]["df"],
+        "p_W": rules["rule 1"]["p_bootstrap"],
+        "se_G": rules["rule 2"]["se"],
+        "df_G": rules["rule 2"]["df"],
+        "p_G": rules["rule 2"]["p_bootstrap"],
+        "mde_W": r["mde"]["W"],
+        "mde_G": r["mde"]["G"],
+    }
+    return {
+        **row,
+        "decision": r["decision"],
+        "rule": r["rule"],
+        **{k: finite(v) for k, v in numbers.items()},
+        "variance": rules["rule 1"]["variance"],
+        "training_noise": r["training_noise"][:60],
+    }
 
 
 def migrated_store(folder: Path) -> str:
@@ -248,10 +346,16 @@ def decided_rows(rows: list[dict]) -> list[dict]:
     return list(first.values())
 
 
-def interleaved_batches(settings: list[Setting], left: dict[str, list[int]], batch: int) -> list[tuple[Setting, list[int]]]:
+def interleaved_batches(
+    settings: list[Setting], left: dict[str, list[int]], batch: int
+) -> list[tuple[Setting, list[int]]]:
     """Batch by batch across the settings, so a run cut short leaves every setting about as far along."""
-    return [(s, left[s.name][k:k + batch]) for k in range(0, max(map(len, left.values()), default=0), batch)
-            for s in settings if left[s.name][k:k + batch]]
+    return [
+        (s, left[s.name][k : k + batch])
+        for k in range(0, max(map(len, left.values()), default=0), batch)
+        for s in settings
+        if left[s.name][k : k + batch]
+    ]
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
@@ -274,20 +378,33 @@ def summarize(rows: list[dict], null_rows: list[dict] | None = None) -> list[dic
         lo, hi = wilson(ships, len(rs))
         se = np.array([r["se_W"] for r in rs if r.get("se_W") is not None])
         err = np.array([r["W"] - r["delta"] for r in rs])
-        row = {"setting": name, "kind": s0["kind"], "replicates": s0["replicates"], "tau": s0["tau"],
-               "delta": s0["delta"], "windows": s0["windows"], "n": len(rs), "ships": ships,
-               "rate": ships / len(rs), "wilson95": [lo, hi],
-               "by_rule": {k: sum(r["decision"] == "ship_per_horizon" and r["rule"] == k for r in rs)
-                           for k in ("rule 1", "rule 2")},
-               "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
-               "variance": s0.get("variance"), "W_bias": float(err.mean()),
-               "sd_W_over_se": float(err.std(ddof=1) / math.sqrt(np.mean(se ** 2))) if len(se) > 1 else None,
-               "median_mde_W": float(np.median(current_mde_W(rs) or [math.nan])),
-               "median_world_s": float(np.median([r["seconds"] for r in rs]))}
+        row = {
+            "setting": name,
+            "kind": s0["kind"],
+            "replicates": s0["replicates"],
+            "tau": s0["tau"],
+            "delta": s0["delta"],
+            "windows": s0["windows"],
+            "n": len(rs),
+            "ships": ships,
+            "rate": ships / len(rs),
+            "wilson95": [lo, hi],
+            "by_rule": {
+                k: sum(r["decision"] == "ship_per_horizon" and r["rule"] == k for r in rs) for k in ("rule 1", "rule 2")
+            },
+            "decisions": {d: sum(r["decision"] == d for r in rs) for d in sorted({r["decision"] for r in rs})},
+            "variance": s0.get("variance"),
+            "W_bias": float(err.mean()),
+            "sd_W_over_se": float(err.std(ddof=1) / math.sqrt(np.mean(se**2))) if len(se) > 1 else None,
+            "median_mde_W": float(np.median(current_mde_W(rs) or [math.nan])),
+            "median_world_s": float(np.median([r["seconds"] for r in rs])),
+        }
         if row["kind"] == "null":
             row["target"] = f"rate <= {TARGET_FALSE_SHIP}, Wilson upper <= {TARGET_UPPER}, n >= 300"
             row["met"] = row["rate"] <= TARGET_FALSE_SHIP and hi <= TARGET_UPPER and len(rs) >= 300
-        elif row["kind"] == "mde" and row["delta"] != planned_mde(rows if null_rows is None else null_rows, row["replicates"], row["tau"]):
+        elif row["kind"] == "mde" and row["delta"] != planned_mde(
+            rows if null_rows is None else null_rows, row["replicates"], row["tau"]
+        ):
             row["target"] = "none: δ of an earlier plan or MDE formula (a point of the power curve)"
         elif row["kind"] == "mde":
             # δ came from the null worlds; the worlds at δ should report about the same (se shrinks a little with δ)
@@ -309,7 +426,11 @@ def cell_lifts(task: tuple[Setting, list[int]]) -> list[list]:
         lift = np.zeros((3, s.replicates, len(HORIZONS)))
         for (arm, fold, rep), c in cells.items():
             sign = 1.0 if arm == "per_horizon" else -1.0
-            lift[fold, rep] += sign * np.array([stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
-                                                for j in range(len(HORIZONS))])
+            lift[fold, rep] += sign * np.array(
+                [
+                    stats.auc(c["probs"][c["mask"][:, j], j], c["labels"][c["mask"][:, j], j])
+                    for j in range(len(HORIZONS))
+                ]
+            )
         out.append(lift.tolist())
     return out

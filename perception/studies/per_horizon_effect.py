@@ -8,8 +8,11 @@ import numpy as np
 
 from perception.contract import QUERY_DIAGNOSTICS as DIAGNOSTICS
 
-CONTRASTS = {"per_horizon - shared_skip": ("per_horizon", "shared_skip"),
-             "per_horizon - shared": ("per_horizon", "shared"), "shared_skip - shared": ("shared_skip", "shared")}
+CONTRASTS = {
+    "per_horizon - shared_skip": ("per_horizon", "shared_skip"),
+    "per_horizon - shared": ("per_horizon", "shared"),
+    "shared_skip - shared": ("shared_skip", "shared"),
+}
 
 
 def epoch_line(line: str) -> tuple[int, int, dict] | None:
@@ -46,20 +49,41 @@ def summarize(runs: list[dict]) -> dict:
             if a not in arms or b not in arms:
                 continue
             d = auc[b] - auc[a]
-            contrasts[name] = {f"h{h}": {"mean": float(d[:, j].mean()), "sd": float(d[:, j].std(ddof=1)) if len(d) > 1 else None,
-                                         "positive": int((d[:, j] > 0).sum())} for j, h in enumerate(horizons)}
-        settings.append({
-            "world": world, "arms": list(arms), "extra": list(extra), "mode": mode, "n_seeds": len(rows), "seeds": sorted(r["seed"] for r in rows),
-            "horizons": horizons, "auc_mean": {arm: dict(zip((f"h{h}" for h in horizons), auc[arm].mean(axis=0).tolist()))
-                                               for arm in arms},
-            "contrasts": contrasts,
-            "decisions": {d: sum(str(r["decision"]) == d for r in rows) for d in sorted({str(r["decision"]) for r in rows})},
-            "verdicts": {v: sum(str(r["verdict"]) == v for r in rows) for v in sorted({str(r["verdict"]) for r in rows})},
-            "diagnostics_median": {arm: {k: _median([r["diagnostics"][arm][k] for r in rows]) for k in DIAGNOSTICS}
-                                   for arm in arms},
-            "W_mean": _mean([r.get("W") for r in rows]),  # the gate's weighted lift (sweeps only)
-            "median_sweep_s": float(np.median([r["seconds"] for r in rows])), "machine": rows[0].get("machine"),
-        })
+            contrasts[name] = {
+                f"h{h}": {
+                    "mean": float(d[:, j].mean()),
+                    "sd": float(d[:, j].std(ddof=1)) if len(d) > 1 else None,
+                    "positive": int((d[:, j] > 0).sum()),
+                }
+                for j, h in enumerate(horizons)
+            }
+        settings.append(
+            {
+                "world": world,
+                "arms": list(arms),
+                "extra": list(extra),
+                "mode": mode,
+                "n_seeds": len(rows),
+                "seeds": sorted(r["seed"] for r in rows),
+                "horizons": horizons,
+                "auc_mean": {
+                    arm: dict(zip((f"h{h}" for h in horizons), auc[arm].mean(axis=0).tolist())) for arm in arms
+                },
+                "contrasts": contrasts,
+                "decisions": {
+                    d: sum(str(r["decision"]) == d for r in rows) for d in sorted({str(r["decision"]) for r in rows})
+                },
+                "verdicts": {
+                    v: sum(str(r["verdict"]) == v for r in rows) for v in sorted({str(r["verdict"]) for r in rows})
+                },
+                "diagnostics_median": {
+                    arm: {k: _median([r["diagnostics"][arm][k] for r in rows]) for k in DIAGNOSTICS} for arm in arms
+                },
+                "W_mean": _mean([r.get("W") for r in rows]),  # the gate's weighted lift (sweeps only)
+                "median_sweep_s": float(np.median([r["seconds"] for r in rows])),
+                "machine": rows[0].get("machine"),
+            }
+        )
     return {"settings": settings}
 
 
@@ -70,12 +94,24 @@ def print_summary(doc: dict) -> None:
         print("| contrast | " + " | ".join(f"h{h}" for h in s["horizons"]) + " |")
         print("|---|" + "---|" * len(s["horizons"]))
         for name, per_h in s["contrasts"].items():
-            print(f"| {name} | " + " | ".join(f"{v['mean']:+.4f} ± {v['sd']:.4f} ({v['positive']}/{s['n_seeds']} > 0)"
-                                               if v["sd"] is not None else f"{v['mean']:+.4f}" for v in per_h.values()) + " |")
+            print(
+                f"| {name} | "
+                + " | ".join(
+                    f"{v['mean']:+.4f} ± {v['sd']:.4f} ({v['positive']}/{s['n_seeds']} > 0)"
+                    if v["sd"] is not None
+                    else f"{v['mean']:+.4f}"
+                    for v in per_h.values()
+                )
+                + " |"
+            )
         print(f"decisions {s['decisions']}; attribution verdicts {s['verdicts']}")
-        print("diagnostics (median): " + "; ".join(
-            f"{arm}: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items() if v is not None)
-            for arm, d in s["diagnostics_median"].items()))
+        print(
+            "diagnostics (median): "
+            + "; ".join(
+                f"{arm}: " + ", ".join(f"{k} {v:.3f}" for k, v in d.items() if v is not None)
+                for arm, d in s["diagnostics_median"].items()
+            )
+        )
 
 
 def _mean(values: list) -> float | None:

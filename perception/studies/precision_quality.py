@@ -29,9 +29,15 @@ def summarise(rows: list[dict], base_seed: int) -> dict:
     if len(fp32) < 2:
         raise SystemExit(f"need at least 2 finished fp32 runs for a spread; have {len(fp32)}")
     horizons = sorted(fp32[0]["auc"], key=int)
-    spread = {h: dict(min=min(r["auc"][h] for r in fp32), max=max(r["auc"][h] for r in fp32),
-                      mean=statistics.mean(r["auc"][h] for r in fp32), sd=statistics.stdev(r["auc"][h] for r in fp32))
-              for h in horizons}
+    spread = {
+        h: dict(
+            min=min(r["auc"][h] for r in fp32),
+            max=max(r["auc"][h] for r in fp32),
+            mean=statistics.mean(r["auc"][h] for r in fp32),
+            sd=statistics.stdev(r["auc"][h] for r in fp32),
+        )
+        for h in horizons
+    }
     fp32_by_seed = {r["seed"]: r for r in fp32}
     if base_seed not in fp32_by_seed:
         raise SystemExit(f"the fp32 run of seed {base_seed} did not finish: no same-seed comparison")
@@ -47,10 +53,13 @@ def summarise(rows: list[dict], base_seed: int) -> dict:
         for h in horizons:
             deltas = [r["auc"][h] - fp32_by_seed[r["seed"]]["auc"][h] for r in its]
             auc = statistics.mean(r["auc"][h] for r in its)
-            cell = dict(auc=auc, delta_same_seed=first["auc"][h] - fp32_by_seed[first["seed"]]["auc"][h],
-                        deltas={str(r["seed"]): d for r, d in zip(its, deltas)},
-                        within_sd=all(abs(d) <= spread[h]["sd"] for d in deltas),
-                        inside_range=spread[h]["min"] <= auc <= spread[h]["max"])
+            cell = dict(
+                auc=auc,
+                delta_same_seed=first["auc"][h] - fp32_by_seed[first["seed"]]["auc"][h],
+                deltas={str(r["seed"]): d for r, d in zip(its, deltas)},
+                within_sd=all(abs(d) <= spread[h]["sd"] for d in deltas),
+                inside_range=spread[h]["min"] <= auc <= spread[h]["max"],
+            )
             if len(its) >= 2:
                 cell["equivalence"] = equivalence(deltas, spread[h]["sd"])
             per_h[h] = cell
@@ -60,6 +69,11 @@ def summarise(rows: list[dict], base_seed: int) -> dict:
         else:
             verdict = "holds" if all(v["within_sd"] for v in per_h.values()) else "differs"
         rates = [r["samples_per_s"] for r in its if r.get("samples_per_s")]
-        settings[name] = dict(per_horizon=per_h, seeds=[r["seed"] for r in its], verdict=verdict,
-                              holds=verdict == "holds", samples_per_s=statistics.mean(rates) if rates else None)
+        settings[name] = dict(
+            per_horizon=per_h,
+            seeds=[r["seed"] for r in its],
+            verdict=verdict,
+            holds=verdict == "holds",
+            samples_per_s=statistics.mean(rates) if rates else None,
+        )
     return dict(horizons=horizons, fp32_spread=spread, fp32_runs=len(fp32), settings=settings)

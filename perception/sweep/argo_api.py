@@ -27,8 +27,9 @@ def token_from_env(env: Mapping[str, str] = os.environ) -> str:
     """The bearer token, from ARGO_TOKEN only: an argument would land in shell history and `ps`."""
     token = env.get(TOKEN_ENV, "").strip()
     if not token:
-        raise ConfigError(f"{TOKEN_ENV} is not set: export the Argo server's bearer token "
-                          f"(e.g. ARGO_TOKEN=\"$(argo auth token)\")")
+        raise ConfigError(
+            f'{TOKEN_ENV} is not set: export the Argo server\'s bearer token (e.g. ARGO_TOKEN="$(argo auth token)")'
+        )
     return token
 
 
@@ -74,8 +75,9 @@ class ArgoServer:
 
         self.target, self.host, self.namespace = target, target.host, target.namespace
         self.token = token or token_from_env()
-        self.service = WorkflowsService(host=self.host, token=self.token, namespace=self.namespace,
-                                        verify_ssl=target.verify_tls, session=_Session())
+        self.service = WorkflowsService(
+            host=self.host, token=self.token, namespace=self.namespace, verify_ssl=target.verify_tls, session=_Session()
+        )
 
     def link(self, name: str) -> str:
         """The workflow's page in the Argo UI."""
@@ -85,8 +87,11 @@ class ArgoServer:
         """Posts a built hera Workflow; returns the name the server gave it."""
         from hera.workflows.models import WorkflowCreateRequest
 
-        created = self._call("submitting", lambda: self.service.create_workflow(
-            WorkflowCreateRequest(workflow=workflow), namespace=self.namespace), "")
+        created = self._call(
+            "submitting",
+            lambda: self.service.create_workflow(WorkflowCreateRequest(workflow=workflow), namespace=self.namespace),
+            "",
+        )
         return created.metadata.name
 
     def get(self, name: str):
@@ -94,8 +99,9 @@ class ArgoServer:
         return self._call("reading", lambda: self.service.get_workflow(name, namespace=self.namespace), name)
 
     def list(self, label_selector: Optional[str] = None) -> list:
-        found = self._call("listing", lambda: self.service.list_workflows(
-            namespace=self.namespace, label_selector=label_selector), "")
+        found = self._call(
+            "listing", lambda: self.service.list_workflows(namespace=self.namespace, label_selector=label_selector), ""
+        )
         return list(found.items or [])
 
     def stop(self, name: str, message: str = "") -> None:
@@ -118,14 +124,20 @@ class ArgoServer:
         token = self.service.token
         assert token is not None  # the service was given one (__init__)
         try:
-            resp = self.service.session.get(url, params=params, headers={"Authorization": token},
-                                            verify=self.service.verify_ssl, stream=True,
-                                            timeout=(REQUEST_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S))
+            resp = self.service.session.get(
+                url,
+                params=params,
+                headers={"Authorization": token},
+                verify=self.service.verify_ssl,
+                stream=True,
+                timeout=(REQUEST_TIMEOUT_S, None if follow else REQUEST_TIMEOUT_S),
+            )
         except _Refused as exc:
             raise _http_error(what, url, exc.status, self._clean(exc.text)) from None
         except requests.RequestException as exc:
-            raise ArgoError(f"{what} at {url} failed: {type(exc).__name__}: {self._clean(str(exc))}",
-                            transient=True) from exc
+            raise ArgoError(
+                f"{what} at {url} failed: {type(exc).__name__}: {self._clean(str(exc))}", transient=True
+            ) from exc
         with resp:
             for raw in resp.iter_lines(decode_unicode=True):
                 if raw:
@@ -143,16 +155,21 @@ class ArgoServer:
             status = getattr(exc, "status_code", None)
             raise _http_error(f"{what} {name or 'workflows'}", where, status, self._clean(str(exc))) from None
         except requests.RequestException as exc:
-            raise ArgoError(f"{what} {name or 'workflows'} at {where} failed: {type(exc).__name__}: "
-                            f"{self._clean(str(exc))}", transient=True) from None
+            raise ArgoError(
+                f"{what} {name or 'workflows'} at {where} failed: {type(exc).__name__}: {self._clean(str(exc))}",
+                transient=True,
+            ) from None
 
     def _clean(self, text: str) -> str:
         return redact(text, [self.token, self.service.token or ""])
 
 
 def _http_error(what: str, where: str, status: Optional[int], text: str) -> ArgoError:
-    hint = {401: " (is ARGO_TOKEN current? `argo auth token`)", 403: " (the token's account lacks this right)",
-            404: " (check the name and --namespace)"}.get(status or 0, "")
+    hint = {
+        401: " (is ARGO_TOKEN current? `argo auth token`)",
+        403: " (the token's account lacks this right)",
+        404: " (check the name and --namespace)",
+    }.get(status or 0, "")
     transient = status is None or status >= 500 or status == 429
     return ArgoError(f"{what} at {where} failed with HTTP {status}{hint}: {text.strip()[:300]}", status, transient)
 

@@ -43,11 +43,19 @@ def parse_bool(value: str, where: str) -> bool:
     raise ConfigError(f"{where}: expected true or false (or 1/0, t/f), got {value!r}")
 
 
-def resolve(host: Optional[str] = None, namespace: Optional[str] = None, secure: Optional[str] = None,
-            insecure: bool = False, env: Mapping[str, str] = os.environ) -> Optional[ArgoTarget]:
+def resolve(
+    host: Optional[str] = None,
+    namespace: Optional[str] = None,
+    secure: Optional[str] = None,
+    insecure: bool = False,
+    env: Mapping[str, str] = os.environ,
+) -> Optional[ArgoTarget]:
     """The server from the options and the environment; None when neither names one."""
-    where, host = (f"--host {host!r}", host) if host else (f"{SERVER_ENV}={env.get(SERVER_ENV)!r}",
-                                                           env.get(SERVER_ENV, "").strip())
+    where, host = (
+        (f"--host {host!r}", host)
+        if host
+        else (f"{SERVER_ENV}={env.get(SERVER_ENV)!r}", env.get(SERVER_ENV, "").strip())
+    )
     if not host:
         return None
     if secure is not None:
@@ -57,11 +65,17 @@ def resolve(host: Optional[str] = None, namespace: Optional[str] = None, secure:
         secure_value = parse_bool(env[SECURE_ENV].strip(), secure_where)
     else:
         secure_where, secure_value = "", True
-    skip_verify = insecure or (bool(env.get(SKIP_VERIFY_ENV, "").strip())
-                               and parse_bool(env[SKIP_VERIFY_ENV].strip(), f"{SKIP_VERIFY_ENV}={env[SKIP_VERIFY_ENV]}"))
+    skip_verify = insecure or (
+        bool(env.get(SKIP_VERIFY_ENV, "").strip())
+        and parse_bool(env[SKIP_VERIFY_ENV].strip(), f"{SKIP_VERIFY_ENV}={env[SKIP_VERIFY_ENV]}")
+    )
     url = _url(host, where, secure_value, secure_where, env.get(BASE_HREF_ENV, ""))
-    return ArgoTarget(host=url, namespace=namespace or env.get(NAMESPACE_ENV, "").strip() or DEFAULT_NAMESPACE,
-                      verify_tls=not skip_verify, plain_http=url.startswith("http://"))
+    return ArgoTarget(
+        host=url,
+        namespace=namespace or env.get(NAMESPACE_ENV, "").strip() or DEFAULT_NAMESPACE,
+        verify_tls=not skip_verify,
+        plain_http=url.startswith("http://"),
+    )
 
 
 def _url(host: str, where: str, secure: bool, secure_where: str, base_href: str) -> str:
@@ -69,11 +83,15 @@ def _url(host: str, where: str, secure: bool, secure_where: str, base_href: str)
         host = ("https://" if secure else "http://") + host
     parsed = urlparse(host)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"{where}: expected the Argo server as host:port (e.g. argo.example.com:2746) or "
-                          f"its URL (e.g. https://argo.example.com)")
+        raise ConfigError(
+            f"{where}: expected the Argo server as host:port (e.g. argo.example.com:2746) or "
+            f"its URL (e.g. https://argo.example.com)"
+        )
     if parsed.scheme == "http" and secure and not secure_where:
-        raise ConfigError(f"{where}: plain http would send the bearer token (ARGO_TOKEN) unencrypted; use "
-                          f"https://, or ask for plain http with --secure=false (or {SECURE_ENV}=false)")
+        raise ConfigError(
+            f"{where}: plain http would send the bearer token (ARGO_TOKEN) unencrypted; use "
+            f"https://, or ask for plain http with --secure=false (or {SECURE_ENV}=false)"
+        )
     if parsed.scheme == "http" and secure:
         raise ConfigError(f"{where} is plain http but {secure_where} asks for TLS: use https:// or host:port")
     if parsed.scheme == "https" and not secure:

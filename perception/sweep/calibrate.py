@@ -31,10 +31,19 @@ SEED_ARMS = ("shared", "per_horizon")
 SEED_BASE = 90_000  # apart from the seeds studies/validity.py measures false-ship rates with
 
 
-def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cpu_workers: int = 1,
-              seed_base: int = SEED_BASE, out: Optional[Path] = None, arms: Sequence[str] = SEED_ARMS,
-              write: bool = True, into_package: bool = False,
-              say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> Optional[Path]:
+def calibrate(
+    experiment: str,
+    sweeps: int,
+    overrides: Sequence[str] = (),
+    *,
+    cpu_workers: int = 1,
+    seed_base: int = SEED_BASE,
+    out: Optional[Path] = None,
+    arms: Sequence[str] = SEED_ARMS,
+    write: bool = True,
+    into_package: bool = False,
+    say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> Optional[Path]:
     """Runs the A/A sweeps and writes the noise file; returns its path (None with `write` off)."""
     from perception.sweep.design import Design
     from perception.sweep.local import run_local_sweep
@@ -55,23 +64,35 @@ def calibrate(experiment: str, sweeps: int, overrides: Sequence[str] = (), *, cp
             seed = seed_base + k
             sweep_id = f"calibrate-{experiment}-{arm}-{seed}".replace("_", "-")
             say(f"calibrate: A/A sweep {len(ids) + 1}/{len(arms) * sweeps}: {arm} against its twin, seed {seed}")
-            result = run_local_sweep(sweep_id, [f"experiment={experiment}", f"seed={seed}",
-                                                f"data.synthetic_seed={seed}", *overrides],
-                                     design=Design.of(aa=True, control=arm), cpu_workers=cpu_workers)
+            result = run_local_sweep(
+                sweep_id,
+                [f"experiment={experiment}", f"seed={seed}", f"data.synthetic_seed={seed}", *overrides],
+                design=Design.of(aa=True, control=arm),
+                cpu_workers=cpu_workers,
+            )
             gate = result.gate
             if gate is None or gate.refused:
-                raise PerceptionError(f"calibrate: A/A sweep {sweep_id} has no decision ("
-                                      + "; ".join(getattr(gate, "reasons", None) or ["no gate"])
-                                      + "); fix it and re-run the same command to resume")
+                raise PerceptionError(
+                    f"calibrate: A/A sweep {sweep_id} has no decision ("
+                    + "; ".join(getattr(gate, "reasons", None) or ["no gate"])
+                    + "); fix it and re-run the same command to resume"
+                )
             auc = gate.summary["auc"]
-            cells.setdefault(arm, []).append(np.asarray(auc[arm + TWIN_SUFFIX]["per_fold"])
-                                             - np.asarray(auc[arm]["per_fold"]))  # (F, H)
+            cells.setdefault(arm, []).append(
+                np.asarray(auc[arm + TWIN_SUFFIX]["per_fold"]) - np.asarray(auc[arm]["per_fold"])
+            )  # (F, H)
             ids.append((sweep_id, gate.summary.get("params", {}).get("git_sha")))
     if not write:
         say(f"calibrate: {len(ids)} A/A sweep(s) decided; no noise file written (--no-write)")
         return None
-    doc = noise_document(experiment, overrides, {a: np.concatenate(c) for a, c in cells.items()},
-                         seeds=[seed_base, seed_base + sweeps - 1], sweeps=ids, n_sweeps=sweeps)
+    doc = noise_document(
+        experiment,
+        overrides,
+        {a: np.concatenate(c) for a, c in cells.items()},
+        seeds=[seed_base, seed_base + sweeps - 1],
+        sweeps=ids,
+        n_sweeps=sweeps,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     say(f"calibrate: wrote {path}: " + ", ".join(f"{a}: {m['n_cells']} cells" for a, m in doc["arms"].items()))
@@ -90,8 +111,14 @@ def noise_file_path(experiment: str, out: Optional[Path] = None, into_package: b
     return (shipped_dir() if into_package else noise_dir()) / f"{experiment}.json"
 
 
-def noise_document(experiment: str, overrides: Sequence[str], deltas: dict[str, np.ndarray],
-                   seeds: list[int], sweeps: list[tuple[str, Optional[str]]], n_sweeps: int) -> dict:
+def noise_document(
+    experiment: str,
+    overrides: Sequence[str],
+    deltas: dict[str, np.ndarray],
+    seeds: list[int],
+    sweeps: list[tuple[str, Optional[str]]],
+    n_sweeps: int,
+) -> dict:
     """The noise file: what it applies to (`match`), the cells' covariance per arm, and its provenance."""
     from perception.gate.noise import MATCH_KEYS, measure
     from perception.train.compose import composed
@@ -100,10 +127,21 @@ def noise_document(experiment: str, overrides: Sequence[str], deltas: dict[str, 
     cfg = composed([f"experiment={experiment}", *overrides])
     params = {**flatten_config(cfg), "experiment": str(cfg.experiment_name)}
     extra = " " + " ".join(overrides) if overrides else ""
-    return {"match": {k: params[k] for k in MATCH_KEYS}, "horizons": list(cfg.data.horizons),
-            "arms": measure(deltas),
-            "source": (f"perception-sweep calibrate --experiment {experiment} --sweeps {n_sweeps}"
-                       f"{extra}: A/A sweeps (each seed arm against its twin), seeds {seeds[0]}..{seeds[1]}"),
-            "measured": {"host": platform.node(), "machine": platform.machine(), "platform": platform.platform(),
-                         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "overrides": list(overrides),
-                         "sweeps": [s for s, _ in sweeps], "git_sha": sorted({g for _, g in sweeps if g})}}
+    return {
+        "match": {k: params[k] for k in MATCH_KEYS},
+        "horizons": list(cfg.data.horizons),
+        "arms": measure(deltas),
+        "source": (
+            f"perception-sweep calibrate --experiment {experiment} --sweeps {n_sweeps}"
+            f"{extra}: A/A sweeps (each seed arm against its twin), seeds {seeds[0]}..{seeds[1]}"
+        ),
+        "measured": {
+            "host": platform.node(),
+            "machine": platform.machine(),
+            "platform": platform.platform(),
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "overrides": list(overrides),
+            "sweeps": [s for s, _ in sweeps],
+            "git_sha": sorted({g for _, g in sweeps if g}),
+        },
+    }

@@ -56,8 +56,10 @@ def _local(args: argparse.Namespace) -> int:
     result = run_local_sweep(args.sweep_id, args.overrides, design=_design(args), cpu_workers=args.cpu_workers)
     failed = [r.spec.label for r in result.runs if r.status == "failed"]
     gate = result.gate
-    print(f"sweep {result.sweep_id}: {sum(r.status != 'failed' for r in result.runs)}/{len(result.runs)} runs "
-          f"finished" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    print(
+        f"sweep {result.sweep_id}: {sum(r.status != 'failed' for r in result.runs)}/{len(result.runs)} runs "
+        f"finished" + (f"; failed: {', '.join(failed)}" if failed else "")
+    )
     if gate.refused:
         print("decision: refused — " + "; ".join(gate.reasons))
     else:
@@ -81,9 +83,17 @@ def _calibrate(args: argparse.Namespace) -> int:
 
     if args.cpu_workers < 1:
         raise ConfigError(f"--cpu-workers {args.cpu_workers}: expected 1 or more")
-    path = calibrate(args.experiment, args.sweeps, args.overrides, cpu_workers=args.cpu_workers,
-                     seed_base=args.seed_base, out=args.out, arms=tuple(args.arms.split(",")),
-                     write=not args.no_write, into_package=args.into_package)
+    path = calibrate(
+        args.experiment,
+        args.sweeps,
+        args.overrides,
+        cpu_workers=args.cpu_workers,
+        seed_base=args.seed_base,
+        out=args.out,
+        arms=tuple(args.arms.split(",")),
+        write=not args.no_write,
+        into_package=args.into_package,
+    )
     print(f"noise file: {path}" if path is not None else "noise file: not written (--no-write)")
     return 0
 
@@ -91,8 +101,14 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     from perception.sweep.prepare import prepare
 
-    parent = prepare(args.sweep_id, args.overrides, args.parent_run_id_file, design=_design(args),
-                     outputs=args.outputs, gate_config=args.gate_config)
+    parent = prepare(
+        args.sweep_id,
+        args.overrides,
+        args.parent_run_id_file,
+        design=_design(args),
+        outputs=args.outputs,
+        gate_config=args.gate_config,
+    )
     print(parent)
     return 0
 
@@ -111,8 +127,10 @@ def _render(args: argparse.Namespace) -> int:
 
         errors = schema_errors(yaml.safe_load(text))
         if errors:
-            raise PerceptionError("the render does not validate against the Argo schema: "
-                                  + "; ".join(f"{w}: {m[:200]}" for w, m in errors[:5]))
+            raise PerceptionError(
+                "the render does not validate against the Argo schema: "
+                + "; ".join(f"{w}: {m[:200]}" for w, m in errors[:5])
+            )
         print("Workflow OK (strict Argo v4.1.2 schema)", file=sys.stderr)
     if args.out:
         atomic_write_text(args.out, text)
@@ -167,8 +185,11 @@ def _wait(server, name: str, poll_interval: float, timeout: Optional[float]) -> 
     try:
         waited = follow.wait(lambda: server.get(name), poll_interval, timeout, lambda line: print(line, flush=True))
     except KeyboardInterrupt:
-        print(f"{PROG}: stopped following; {name} keeps running: perception-sweep status {name} "
-              f"--host {server.host} --namespace {server.namespace}", file=sys.stderr)
+        print(
+            f"{PROG}: stopped following; {name} keeps running: perception-sweep status {name} "
+            f"--host {server.host} --namespace {server.namespace}",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     if waited.last is None:
         print(f"{PROG}: the Argo server never answered about {name} within {timeout:g} s", file=sys.stderr)
@@ -176,12 +197,16 @@ def _wait(server, name: str, poll_interval: float, timeout: Optional[float]) -> 
     s = waited.last
     code = follow.outcome(s)
     if waited.timed_out:
-        print(f"timed out after {timeout:g} s; {name} is {s.phase}: "
-              f"perception-sweep status {name} --host {server.host} --namespace {server.namespace}")
+        print(
+            f"timed out after {timeout:g} s; {name} is {s.phase}: "
+            f"perception-sweep status {name} --host {server.host} --namespace {server.namespace}"
+        )
         code = EXIT_TIMED_OUT
     else:
-        print(f"decision: {s.decision or 'none'}" + ("" if s.decision else f" ({name} {s.phase}"
-                                                      + (f": {s.message})" if s.message else ")")))
+        print(
+            f"decision: {s.decision or 'none'}"
+            + ("" if s.decision else f" ({name} {s.phase}" + (f": {s.message})" if s.message else ")"))
+        )
     for line in follow.summary_lines(s, server.link(name)):
         print(line)
     assert code is not None  # the workflow finished, or the wait timed out
@@ -212,8 +237,10 @@ def _stop(args: argparse.Namespace) -> int:
     server = _server(args)
     _get(server, args.name)
     server.stop(args.name, args.message)
-    print(f"stopping {args.name}: running steps end, exit handlers still run; "
-          f"follow with: perception-sweep status {args.name} --host {server.host} --namespace {server.namespace}")
+    print(
+        f"stopping {args.name}: running steps end, exit handlers still run; "
+        f"follow with: perception-sweep status {args.name} --host {server.host} --namespace {server.namespace}"
+    )
     return 0
 
 
@@ -225,8 +252,10 @@ def _get(server, name: str):
         return server.get(name)
     except ArgoError as exc:
         if exc.status == 404:
-            raise ConfigError(f"NAME {name!r}: no such workflow in namespace {server.namespace!r} at "
-                              f"{server.host} (names as `submit` printed them, e.g. ab-sweep-x7k2p)") from exc
+            raise ConfigError(
+                f"NAME {name!r}: no such workflow in namespace {server.namespace!r} at "
+                f"{server.host} (names as `submit` printed them, e.g. ab-sweep-x7k2p)"
+            ) from exc
         raise
 
 
@@ -243,11 +272,15 @@ def _target(args: argparse.Namespace, required: bool = True):
 
     target = resolve(args.host, args.namespace, args.secure, args.insecure)
     if target is None and required:
-        raise ConfigError("no Argo server: pass --host (e.g. --host https://argo.example.com) or set "
-                          "ARGO_SERVER=host:port")
+        raise ConfigError(
+            "no Argo server: pass --host (e.g. --host https://argo.example.com) or set ARGO_SERVER=host:port"
+        )
     if target is not None and target.plain_http:
-        print(f"{PROG}: warning: plain http: the bearer token goes to {target.host} unencrypted "
-              f"(asked for with --secure=false or ARGO_SECURE=false)", file=sys.stderr)
+        print(
+            f"{PROG}: warning: plain http: the bearer token goes to {target.host} unencrypted "
+            f"(asked for with --secure=false or ARGO_SECURE=false)",
+            file=sys.stderr,
+        )
     return target
 
 
@@ -277,17 +310,28 @@ def _ui(args: argparse.Namespace) -> int:
         base, log = f"http://{args.host}:{args.port}", perception_home() / "mlflow-ui.log"
         server = ui.serve(uri, args.host, args.port, perception_home() / "mlartifacts", log)
     deciding = ", ".join(f"h{h}" for h in view.deciding)
-    print(f"sweep {view.sweep_id}: columns " + ", ".join(
-        [*(f"val_auc_h{h}" for h in view.deciding), "variant", "fold", "replicate",
-         *(f"val_auc_h{h}" for h in view.horizons if h not in view.deciding), "val_auc_mean"])
-          + (f" (the deciding horizon{'s' if len(view.deciding) > 1 else ''} {deciding} first)" if deciding else ""),
-          flush=True)
+    print(
+        f"sweep {view.sweep_id}: columns "
+        + ", ".join(
+            [
+                *(f"val_auc_h{h}" for h in view.deciding),
+                "variant",
+                "fold",
+                "replicate",
+                *(f"val_auc_h{h}" for h in view.horizons if h not in view.deciding),
+                "val_auc_mean",
+            ]
+        )
+        + (f" (the deciding horizon{'s' if len(view.deciding) > 1 else ''} {deciding} first)" if deciding else ""),
+        flush=True,
+    )
     print(f"open first: {view.url(base, 'fold')}", flush=True)
     print(f"grouped by fold (each fold's arms side by side): {view.url(base, 'fold')}", flush=True)
     print(f"grouped by variant (a group row: the arm's mean over folds): {view.url(base, 'variant')}", flush=True)
     if view.comparison_url(base):
-        print(f"per-fold tables (A, B, B − A per horizon) and auc_by_horizon.png: {view.comparison_url(base)}",
-              flush=True)
+        print(
+            f"per-fold tables (A, B, B − A per horizon) and auc_by_horizon.png: {view.comparison_url(base)}", flush=True
+        )
     print(f"filter: {view.search_filter}", flush=True)
     if server is None:
         print(f"the MLflow UI of {uri}", flush=True)
@@ -327,26 +371,43 @@ def _workflow_params(args: argparse.Namespace) -> dict[str, str]:
         counts[name] = None if value is None else int(value)
     kind = params.get("design", "fixed")
     n = replicates_flag(kind, counts["replicates"], counts["max-replicates"])  # the flags name -p's too
-    Design.of(params.get("arms") or None, n, params.get("aa") == "true",
-              params.get("control") or None, params.get("treatment") or None, kind)
+    Design.of(
+        params.get("arms") or None,
+        n,
+        params.get("aa") == "true",
+        params.get("control") or None,
+        params.get("treatment") or None,
+        kind,
+    )
     return params
 
 
 def _design_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--arms", help="arms to train, e.g. shared,per_horizon,shared_skip (default: shared,per_horizon)")
     s.add_argument("--replicates", type=int, default=None, help="seed replicates per arm and fold (default 1)")
-    s.add_argument("--aa", nargs="?", const="true", default=None, choices=["true", "false"],
-                   help="A/A test: the control against its twin (another seed for the pool query and heads)")
+    s.add_argument(
+        "--aa",
+        nargs="?",
+        const="true",
+        default=None,
+        choices=["true", "false"],
+        help="A/A test: the control against its twin (another seed for the pool query and heads)",
+    )
     s.add_argument("--control", help="the gate's arm A (default: shared)")
     s.add_argument("--treatment", help="the gate's arm B (default: per_horizon)")
 
 
 def _sequential_options(s: argparse.ArgumentParser, default: Optional[str] = "fixed") -> None:
-    s.add_argument("--design", choices=["fixed", "sequential"], default=default,
-                   help="fixed: every replicate, then the gate once (takes --replicates); sequential: waves of "
-                        "one replicate each, the gate after every wave, stop when it settles (takes --max-replicates)")
-    s.add_argument("--max-replicates", type=int, default=None,
-                   help="--design sequential: the most waves it may train (default 3)")
+    s.add_argument(
+        "--design",
+        choices=["fixed", "sequential"],
+        default=default,
+        help="fixed: every replicate, then the gate once (takes --replicates); sequential: waves of "
+        "one replicate each, the gate after every wave, stop when it settles (takes --max-replicates)",
+    )
+    s.add_argument(
+        "--max-replicates", type=int, default=None, help="--design sequential: the most waves it may train (default 3)"
+    )
 
 
 def _design(args: argparse.Namespace):
@@ -360,9 +421,15 @@ def _design(args: argparse.Namespace):
 def _design_params(args: argparse.Namespace) -> dict[str, str]:
     """The design flags of render/submit as workflow parameters (checked here, before anything is posted)."""
     _design(args)
-    named = {"arms": args.arms, "replicates": None if args.replicates is None else str(args.replicates),
-             "aa": args.aa, "control": args.control, "treatment": args.treatment, "design": args.design,
-             "max-replicates": None if args.max_replicates is None else str(args.max_replicates)}
+    named = {
+        "arms": args.arms,
+        "replicates": None if args.replicates is None else str(args.replicates),
+        "aa": args.aa,
+        "control": args.control,
+        "treatment": args.treatment,
+        "design": args.design,
+        "max-replicates": None if args.max_replicates is None else str(args.max_replicates),
+    }
     return {k: v for k, v in named.items() if v is not None}
 
 
@@ -372,8 +439,12 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("local", help="run the trainings (arms x folds x replicates) here, then the gate")
     s.add_argument("--sweep-id", type=sweep_id_option, help="resume this sweep (default: a new id)")
-    s.add_argument("--cpu-workers", type=int, default=1,
-                   help="without GPUs, train this many runs side by side, one core each (default 1)")
+    s.add_argument(
+        "--cpu-workers",
+        type=int,
+        default=1,
+        help="without GPUs, train this many runs side by side, one core each (default 1)",
+    )
     _design_options(s)
     _sequential_options(s)
     s.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. experiment=ci")
@@ -382,47 +453,79 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("prepare", help="fill the feature cache and create the parent run (workflow step)")
     s.add_argument("--sweep-id", type=sweep_id_option, required=True)
     s.add_argument("--parent-run-id-file", type=Path, help="also write the parent run id here")
-    s.add_argument("--outputs", type=Path, help="write the step's output parameters here (parent-run-id, runs, "
-                                                "wave, control, treatment, gate-config)")
-    s.add_argument("--gate-config", default="auto",
-                   help="conf/gate/<name>.yaml for the plan; auto: the experiment's (default)")
+    s.add_argument(
+        "--outputs",
+        type=Path,
+        help="write the step's output parameters here (parent-run-id, runs, wave, control, treatment, gate-config)",
+    )
+    s.add_argument(
+        "--gate-config", default="auto", help="conf/gate/<name>.yaml for the plan; auto: the experiment's (default)"
+    )
     _design_options(s)
     _sequential_options(s)
     s.add_argument("overrides", nargs="*")
     s.set_defaults(run=_prepare)
 
-    for name, helptext in (("render", "print the Argo Workflow as YAML"),
-                           ("submit", "submit the Argo Workflow (token from ARGO_TOKEN)")):
+    for name, helptext in (
+        ("render", "print the Argo Workflow as YAML"),
+        ("submit", "submit the Argo Workflow (token from ARGO_TOKEN)"),
+    ):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--smoke", action="store_true", help="experiment ci on CPU pods: minutes, no GPU")
         _design_options(s)
         _sequential_options(s, default=None)  # the same as -p design=… -p max-replicates=…
-        s.add_argument("--sweep-id", type=sweep_id_option,
-                       help="continue this sweep: finished runs are skipped, unfinished ones resume "
-                            "(the same as -p sweep-id=ID; default: a new sweep)")
-        s.add_argument("-p", "--param", action="append", metavar="NAME=VALUE",
-                       help="workflow parameter, e.g. -p tag=v1.2.0 -p epochs=10")
+        s.add_argument(
+            "--sweep-id",
+            type=sweep_id_option,
+            help="continue this sweep: finished runs are skipped, unfinished ones resume "
+            "(the same as -p sweep-id=ID; default: a new sweep)",
+        )
+        s.add_argument(
+            "-p",
+            "--param",
+            action="append",
+            metavar="NAME=VALUE",
+            help="workflow parameter, e.g. -p tag=v1.2.0 -p epochs=10",
+        )
         if name == "render":
             s.add_argument("--out", type=Path, help="write here instead of stdout")
-            s.add_argument("--check", action="store_true", help="validate the render against the strict Argo "
-                                                                "schema first (exit 1 if it does not)")
-            s.add_argument("--list-parameters", action="store_true",
-                           help="print the workflow's parameters (name, default, meaning) as a Markdown table")
+            s.add_argument(
+                "--check",
+                action="store_true",
+                help="validate the render against the strict Argo schema first (exit 1 if it does not)",
+            )
+            s.add_argument(
+                "--list-parameters",
+                action="store_true",
+                help="print the workflow's parameters (name, default, meaning) as a Markdown table",
+            )
             s.set_defaults(run=_render)
         else:
             _server_options(s)
-            s.add_argument("--dry-run", action="store_true",
-                           help="render, validate strictly and print the request body that would be posted; "
-                                "send nothing (no server or token needed)")
-            s.add_argument("--wait", action="store_true",
-                           help="follow the workflow to its end; exit with the gate's decision (see Exit codes)")
-            s.add_argument("--poll-interval", type=float, default=30.0, metavar="S",
-                           help="seconds between polls with --wait (default 30)")
+            s.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="render, validate strictly and print the request body that would be posted; "
+                "send nothing (no server or token needed)",
+            )
+            s.add_argument(
+                "--wait",
+                action="store_true",
+                help="follow the workflow to its end; exit with the gate's decision (see Exit codes)",
+            )
+            s.add_argument(
+                "--poll-interval",
+                type=float,
+                default=30.0,
+                metavar="S",
+                help="seconds between polls with --wait (default 30)",
+            )
             s.add_argument("--timeout", type=float, metavar="S", help="give up waiting after S seconds (exit 124)")
             s.set_defaults(run=_submit)
 
-    s = sub.add_parser("validate", help="check rendered workflow files against the strict Argo schema "
-                                        "(exit 1 naming every problem)")
+    s = sub.add_parser(
+        "validate", help="check rendered workflow files against the strict Argo schema (exit 1 naming every problem)"
+    )
     s.add_argument("files", nargs="+", type=Path, metavar="FILE", help="e.g. wf.yaml from perception-sweep render")
     s.set_defaults(run=_validate)
 
@@ -444,35 +547,68 @@ def parser() -> argparse.ArgumentParser:
     _server_options(s)
     s.set_defaults(run=_stop)
 
-    s = sub.add_parser("calibrate", help="measure an experiment's training noise with A/A sweeps and write the "
-                                         "noise file the one-replicate gate uses")
-    s.add_argument("--experiment", required=True, metavar="NAME",
-                   help="the Hydra experiment to measure (conf/experiment/NAME.yaml), e.g. production")
+    s = sub.add_parser(
+        "calibrate",
+        help="measure an experiment's training noise with A/A sweeps and write the "
+        "noise file the one-replicate gate uses",
+    )
+    s.add_argument(
+        "--experiment",
+        required=True,
+        metavar="NAME",
+        help="the Hydra experiment to measure (conf/experiment/NAME.yaml), e.g. production",
+    )
     s.add_argument("--sweeps", type=int, default=5, help="A/A sweeps per seed arm (default 5: 15 cells an arm)")
-    s.add_argument("--cpu-workers", type=int, default=1,
-                   help="without GPUs, train this many runs side by side, one core each (default 1)")
+    s.add_argument(
+        "--cpu-workers",
+        type=int,
+        default=1,
+        help="without GPUs, train this many runs side by side, one core each (default 1)",
+    )
     s.add_argument("--seed-base", type=int, default=90_000, help="the first sweep's seed (default 90000)")
-    s.add_argument("--arms", default="shared,per_horizon",
-                   help="the seed arms to twin (default shared,per_horizon; the gate uses the widest measured)")
+    s.add_argument(
+        "--arms",
+        default="shared,per_horizon",
+        help="the seed arms to twin (default shared,per_horizon; the gate uses the widest measured)",
+    )
     where = s.add_mutually_exclusive_group()
-    where.add_argument("--out", type=Path, help="write the noise file here (default: "
-                                                "$PERCEPTION_HOME/noise/<experiment>.json, which the gate reads "
-                                                "before the shipped files)")
-    where.add_argument("--into-package", action="store_true",
-                       help="write the shipped file, perception/gate/noise/<experiment>.json in the installed "
-                            "package (for maintainers refreshing the files the package ships)")
-    s.add_argument("--no-write", action="store_true",
-                   help="train and decide the A/A sweeps only; a later call without it writes the file from "
-                        "them all (the workflow runs one sweep a pod)")
-    s.add_argument("overrides", nargs="*", help="Hydra overrides for every run (the file matches only runs "
-                                                "made with the same epochs and data scale)")
+    where.add_argument(
+        "--out",
+        type=Path,
+        help="write the noise file here (default: "
+        "$PERCEPTION_HOME/noise/<experiment>.json, which the gate reads "
+        "before the shipped files)",
+    )
+    where.add_argument(
+        "--into-package",
+        action="store_true",
+        help="write the shipped file, perception/gate/noise/<experiment>.json in the installed "
+        "package (for maintainers refreshing the files the package ships)",
+    )
+    s.add_argument(
+        "--no-write",
+        action="store_true",
+        help="train and decide the A/A sweeps only; a later call without it writes the file from "
+        "them all (the workflow runs one sweep a pod)",
+    )
+    s.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides for every run (the file matches only runs made with the same epochs and data scale)",
+    )
     s.set_defaults(run=_calibrate)
 
-    s = sub.add_parser("ui", help="open the MLflow UI on a sweep's training runs: prints the runs view's URLs "
-                                  "(grouped by variant, by fold); starts the UI for a local store")
+    s = sub.add_parser(
+        "ui",
+        help="open the MLflow UI on a sweep's training runs: prints the runs view's URLs "
+        "(grouped by variant, by fold); starts the UI for a local store",
+    )
     s.add_argument("--sweep-id", type=sweep_id_option, help="the sweep (default: the latest)")
-    s.add_argument("--tracking-uri", help="default: MLFLOW_TRACKING_URI, else $PERCEPTION_HOME/mlflow.db; a "
-                                          "server's URL is pointed at, a local store is served")
+    s.add_argument(
+        "--tracking-uri",
+        help="default: MLFLOW_TRACKING_URI, else $PERCEPTION_HOME/mlflow.db; a "
+        "server's URL is pointed at, a local store is served",
+    )
     add_mlflow_experiment(s)  # and --experiment, its former spelling, with a notice
     s.add_argument("--host", default="127.0.0.1", help="where a local store's UI listens (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=5000, help="its port (default 5000)")
@@ -486,13 +622,26 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _server_options(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--host", help="the Argo server: https://argo.example.com, or host:port as the argo CLI takes "
-                                  "it (default: ARGO_SERVER)")
+    s.add_argument(
+        "--host",
+        help="the Argo server: https://argo.example.com, or host:port as the argo CLI takes it (default: ARGO_SERVER)",
+    )
     s.add_argument("--namespace", help="default: ARGO_NAMESPACE, else perception")
-    s.add_argument("--secure", nargs="?", const="true", metavar="BOOL",
-                   help="--secure=false: plain http, the token sent unencrypted (default: ARGO_SECURE, else true)")
-    s.add_argument("-k", "--insecure", "--insecure-skip-verify", dest="insecure", action="store_true",
-                   help="TLS without checking the server's certificate (default: ARGO_INSECURE_SKIP_VERIFY)")
+    s.add_argument(
+        "--secure",
+        nargs="?",
+        const="true",
+        metavar="BOOL",
+        help="--secure=false: plain http, the token sent unencrypted (default: ARGO_SECURE, else true)",
+    )
+    s.add_argument(
+        "-k",
+        "--insecure",
+        "--insecure-skip-verify",
+        dest="insecure",
+        action="store_true",
+        help="TLS without checking the server's certificate (default: ARGO_INSECURE_SKIP_VERIFY)",
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

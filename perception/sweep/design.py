@@ -20,6 +20,7 @@ from perception.paths import run_dir
 class Design:
     """Which arms train, how many replicates, and which two the gate compares. A sequential study trains
     its replicates wave by wave, up to `replicates`, and stops at the first look the gate settles."""
+
     arms: tuple[str, ...] = DEFAULT_ARMS
     replicates: int = 1
     control: str = DEFAULT_CONTROL
@@ -31,8 +32,15 @@ class Design:
         return self.kind == SEQUENTIAL
 
     @classmethod
-    def of(cls, arms: Optional[str] = None, replicates: int = 1, aa: bool = False,
-           control: Optional[str] = None, treatment: Optional[str] = None, kind: str = FIXED) -> "Design":
+    def of(
+        cls,
+        arms: Optional[str] = None,
+        replicates: int = 1,
+        aa: bool = False,
+        control: Optional[str] = None,
+        treatment: Optional[str] = None,
+        kind: str = FIXED,
+    ) -> "Design":
         """From the command line: `--aa` trains the control against its twin (the A/A test)."""
         if kind not in DESIGNS:
             raise ConfigError(f"--design {kind!r}: expected one of {list(DESIGNS)}")
@@ -42,8 +50,9 @@ class Design:
         return dataclasses.replace(cls._arms(arms, replicates, aa, control, treatment), kind=kind)
 
     @classmethod
-    def _arms(cls, arms: Optional[str], replicates: int, aa: bool, control: Optional[str],
-              treatment: Optional[str]) -> "Design":
+    def _arms(
+        cls, arms: Optional[str], replicates: int, aa: bool, control: Optional[str], treatment: Optional[str]
+    ) -> "Design":
         if aa:
             # the workflow always passes its `arms` parameter: the default list means "not chosen"
             if (arms and parse_arms(arms) != DEFAULT_ARMS) or treatment:
@@ -88,22 +97,33 @@ def plan_tags(design: Design, gate_config: str, overrides: Sequence[str] = ()) -
     from perception.gate.config import load_gate_config
     from perception.gate.study import PLAN_TAG, gate_plan
 
-    plan = gate_plan(load_gate_config(gate_config, overrides), design.control, design.treatment,
-                     list(design.arms), design.replicates, design.kind)
+    plan = gate_plan(
+        load_gate_config(gate_config, overrides),
+        design.control,
+        design.treatment,
+        list(design.arms),
+        design.replicates,
+        design.kind,
+    )
     return {PLAN_TAG: json.dumps({**plan, "config": gate_config}, sort_keys=True)}
 
 
 def replicates_flag(kind: str, replicates: Optional[int], max_replicates: Optional[int]) -> int:
     """A fixed design takes --replicates (default 1), a sequential one --max-replicates (default 3)."""
     if replicates is not None and max_replicates is not None:
-        raise ConfigError(f"--replicates {replicates} and --max-replicates {max_replicates} cannot be combined: "
-                          f"--design fixed takes --replicates, --design sequential takes --max-replicates")
+        raise ConfigError(
+            f"--replicates {replicates} and --max-replicates {max_replicates} cannot be combined: "
+            f"--design fixed takes --replicates, --design sequential takes --max-replicates"
+        )
     if kind == SEQUENTIAL and replicates is not None:
-        raise ConfigError(f"--design sequential takes --max-replicates (the most waves it may train, default "
-                          f"{DEFAULT_MAX_REPLICATES}), not --replicates {replicates}")
+        raise ConfigError(
+            f"--design sequential takes --max-replicates (the most waves it may train, default "
+            f"{DEFAULT_MAX_REPLICATES}), not --replicates {replicates}"
+        )
     if kind != SEQUENTIAL and max_replicates is not None:
-        raise ConfigError(f"--max-replicates {max_replicates} needs --design sequential; --design fixed "
-                          f"takes --replicates")
+        raise ConfigError(
+            f"--max-replicates {max_replicates} needs --design sequential; --design fixed takes --replicates"
+        )
     if kind == SEQUENTIAL:
         return DEFAULT_MAX_REPLICATES if max_replicates is None else max_replicates
     return 1 if replicates is None else replicates

@@ -48,6 +48,7 @@ class Step:
 @dataclass(frozen=True)
 class Look:
     """One look of a sequential study, from its step's inputs and outputs."""
+
     look: int
     max_looks: Optional[int]  # from the gate's line, else the workflow's max-replicates
     phase: str
@@ -58,8 +59,11 @@ class Look:
     def line(self) -> str:
         head = f"look {self.look}/{self.max_looks or '?'}: "
         if self.decision is None:
-            return head + ("no decision" + (f" (step {self.phase})" if self.phase in ("Failed", "Error") else "")
-                           if self.phase in FINISHED else self.phase.lower())
+            return head + (
+                "no decision" + (f" (step {self.phase})" if self.phase in ("Failed", "Error") else "")
+                if self.phase in FINISHED
+                else self.phase.lower()
+            )
         numbers = ", ".join(f"{k} {v:+.4f}" for k, v in (("W", self.W), ("G", self.G)) if v is not None)
         return head + self.decision + (f" ({numbers})" if numbers else "")
 
@@ -110,8 +114,10 @@ def sweep_id_of(workflow) -> str:
 
 
 def _parameters(workflow) -> dict[str, Optional[str]]:
-    return {p.name: p.value for p in ((workflow.spec.arguments.parameters or []) if workflow.spec
-                                      and workflow.spec.arguments else [])}
+    return {
+        p.name: p.value
+        for p in ((workflow.spec.arguments.parameters or []) if workflow.spec and workflow.spec.arguments else [])
+    }
 
 
 def outcome(s: Snapshot) -> Optional[int]:
@@ -151,8 +157,11 @@ def changes(before: Optional[Snapshot], after: Snapshot, now: Optional[datetime]
 
 def status_lines(s: Snapshot) -> list[str]:
     """The `status` table: the workflow, each step, the decision."""
-    lines = [f"{s.name}: {s.phase}" + (f", progress {s.progress}" if s.progress else "")
-             + (f" ({s.message})" if s.message else "")]
+    lines = [
+        f"{s.name}: {s.phase}"
+        + (f", progress {s.progress}" if s.progress else "")
+        + (f" ({s.message})" if s.message else "")
+    ]
     width = max([len(st.label) for st in s.steps] + [4])
     for st in s.steps:
         extra = f"  retries {st.retries}" if st.retries else ""
@@ -175,9 +184,14 @@ class Waited:
     timed_out: bool
 
 
-def wait(get: Callable[[], object], poll_interval: float, timeout: Optional[float],
-         out: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> Waited:
+def wait(
+    get: Callable[[], object],
+    poll_interval: float,
+    timeout: Optional[float],
+    out: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Waited:
     """Polls `get()` (the workflow) until it ends or `timeout` seconds pass, printing changes.
 
     An unreachable server or a 5xx is waited out (one line when it goes, one when it is back): a
@@ -275,16 +289,25 @@ def _looks(nodes: dict, attempts: set, max_replicates: Optional[str]) -> tuple[L
     looks = {}
     for n in nodes.values():
         number = str(_inputs(n).get("look") or "")
-        if template_of(n) != LOOK_TEMPLATE or n.type not in ("Retry", "Pod") or n.id in attempts \
-                or not number.isdigit():
+        if (
+            template_of(n) != LOOK_TEMPLATE
+            or n.type not in ("Retry", "Pod")
+            or n.id in attempts
+            or not number.isdigit()
+        ):
             continue
         out = _outputs(n)
         line = _json_line(out.get(SUMMARY_OUTPUT, ""))
         decision = out.get(DECISION_OUTPUT)
         most = line.get("max_looks") or (int(max_replicates) if max_replicates and max_replicates.isdigit() else None)
-        looks[int(number)] = Look(int(number), most, n.phase or "Pending",
-                                  None if decision in (None, *NO_DECISION) else decision,
-                                  _number(line.get("W")), _number(line.get("G")))
+        looks[int(number)] = Look(
+            int(number),
+            most,
+            n.phase or "Pending",
+            None if decision in (None, *NO_DECISION) else decision,
+            _number(line.get("W")),
+            _number(line.get("G")),
+        )
     return tuple(looks[k] for k in sorted(looks))
 
 

@@ -64,8 +64,15 @@ class SweepResult:
 
 
 # ---- steps -----------------------------------------------------------------------------------
-def _train_one(spec: RunSpec, args: list[str], env: dict[str, str], log: Optional[Path], home: Path,
-               sweep_id: str, trainers: Trainers) -> RunOutcome:
+def _train_one(
+    spec: RunSpec,
+    args: list[str],
+    env: dict[str, str],
+    log: Optional[Path],
+    home: Path,
+    sweep_id: str,
+    trainers: Trainers,
+) -> RunOutcome:
     t0 = time.perf_counter()
     directory = spec.directory(sweep_id, home)
     if log is None:  # sequential: the trainer's own progress bar goes to the terminal
@@ -79,8 +86,9 @@ def _train_one(spec: RunSpec, args: list[str], env: dict[str, str], log: Optiona
     ok = rc == 0 and done is not None
     holder = read_holder(directory / RUN_LOCK) if rc == EXIT_USAGE else None
     note = f"trained by another process, {holder.describe()}" if holder and holder.pid != pid else None
-    return RunOutcome(spec, "finished" if ok else "failed", seconds,
-                      done.get("run_id") if done else None, rc, log, note)
+    return RunOutcome(
+        spec, "finished" if ok else "failed", seconds, done.get("run_id") if done else None, rc, log, note
+    )
 
 
 def _read_done(directory: Path) -> Optional[dict]:
@@ -132,14 +140,25 @@ def run_local_sweep(
         say(note)
     first_tags = {**plan_tags(design, gate_config), PRECISION_TAG: started or precision}
     log = sweep_dir(sweep_id, home) / SWEEP_LOG
-    with _sweep_lock_and_parent(sweep_id, home, uri, cfg.tracking.experiment, first_tags, say, log,
-                                early.getvalue()) as parent:
-        where = (f"{len(gpus)} GPU(s) in parallel" if gpus else
-                 f"{cpu_workers} at a time on CPU" if lanes else "sequentially on CPU")
-        waves = (f" in waves of {len(runs) // design.replicates}, the gate after each (sequential design)"
-                 if design.sequential else "")
-        say(f"sweep {sweep_id}: {'up to ' if design.sequential else ''}{len(runs)} runs {where}{waves}; "
-            f"parent run {parent}; tracking {uri}; MLflow's messages in {log}")
+    with _sweep_lock_and_parent(
+        sweep_id, home, uri, cfg.tracking.experiment, first_tags, say, log, early.getvalue()
+    ) as parent:
+        where = (
+            f"{len(gpus)} GPU(s) in parallel"
+            if gpus
+            else f"{cpu_workers} at a time on CPU"
+            if lanes
+            else "sequentially on CPU"
+        )
+        waves = (
+            f" in waves of {len(runs) // design.replicates}, the gate after each (sequential design)"
+            if design.sequential
+            else ""
+        )
+        say(
+            f"sweep {sweep_id}: {'up to ' if design.sequential else ''}{len(runs)} runs {where}{waves}; "
+            f"parent run {parent}; tracking {uri}; MLflow's messages in {log}"
+        )
         result = SweepResult(sweep_id, parent)
 
         _send_kept_operations(sweep_id, home, uri, say)  # a finished run is complete in MLflow before it is skipped
@@ -162,8 +181,21 @@ def run_local_sweep(
                 build_features(overrides, env, data_command)
                 built.append(True)
             for wave in plan_waves(pending, lanes):
-                _train_wave(wave, result, len(runs), t_start, lanes, trainer, overrides, sweep_id, parent, home,
-                            env, trainers, say)
+                _train_wave(
+                    wave,
+                    result,
+                    len(runs),
+                    t_start,
+                    lanes,
+                    trainer,
+                    overrides,
+                    sweep_id,
+                    parent,
+                    home,
+                    env,
+                    trainers,
+                    say,
+                )
 
         run_gate: Callable[..., Any]  # the gate given, else perception-gate's
         if gate is None:
@@ -173,8 +205,15 @@ def run_local_sweep(
 
         def decide(**look: int) -> Any:
             say(f"gate: sweep {sweep_id}, config {gate_config}, {design.control} -> {design.treatment}")
-            return run_gate(sweep_id, tracking_uri=uri, experiment=cfg.tracking.experiment, config_name=gate_config,
-                            control=design.control, treatment=design.treatment, **look)
+            return run_gate(
+                sweep_id,
+                tracking_uri=uri,
+                experiment=cfg.tracking.experiment,
+                config_name=gate_config,
+                control=design.control,
+                treatment=design.treatment,
+                **look,
+            )
 
         if not design.sequential:
             train(runs)
@@ -195,16 +234,33 @@ def run_local_sweep(
         return result
 
 
-def _train_wave(wave: list[tuple[RunSpec, Optional[str]]], result: SweepResult, total: int, t_start: float,
-                lanes: list[str], trainer: list[str], overrides: Sequence[str], sweep_id: str, parent: str,
-                home: Path, env: dict[str, str], trainers: Trainers, say: Callable[[str], None]) -> None:
+def _train_wave(
+    wave: list[tuple[RunSpec, Optional[str]]],
+    result: SweepResult,
+    total: int,
+    t_start: float,
+    lanes: list[str],
+    trainer: list[str],
+    overrides: Sequence[str],
+    sweep_id: str,
+    parent: str,
+    home: Path,
+    env: dict[str, str],
+    trainers: Trainers,
+    say: Callable[[str], None],
+) -> None:
     """One round of trainings side by side (one per lane), each the installed perception-train."""
     for spec, device in wave:
         d = spec.directory(sweep_id, home)
         verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
-        say(f"[{len(result.runs) + 1 + wave.index((spec, device))}/{total}] {spec.label}: {verb}"
-            + (f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
-               if device is not None else ""))
+        say(
+            f"[{len(result.runs) + 1 + wave.index((spec, device))}/{total}] {spec.label}: {verb}"
+            + (
+                f" on {'CPU' if device == CPU_LANE else f'GPU {device}'} (log {d / 'train.log'})"
+                if device is not None
+                else ""
+            )
+        )
 
     def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
         spec, device = item
@@ -233,9 +289,11 @@ def look_line(gate: Any) -> str:
         return "look: refused — " + "; ".join(gate.reasons)
     look: dict = next((r for r in s.get("looks", []) if r["look"] == s.get("look")), {})
     fmt = lambda x, f: "–" if x is None else format(x, f)  # noqa: E731
-    head = (f"look {s.get('look')}/{s.get('max_looks')}: W {fmt(look.get('W'), '+.4f')}, G {fmt(look.get('G'), '+.4f')}, "
-            f"p(W) {fmt(look.get('p_W'), '.3g')}, p(G) {fmt(look.get('p_G'), '.3g')}, "
-            f"alpha_k {fmt(look.get('efficacy_alpha'), '.3g')} -> {gate.decision}")
+    head = (
+        f"look {s.get('look')}/{s.get('max_looks')}: W {fmt(look.get('W'), '+.4f')}, G {fmt(look.get('G'), '+.4f')}, "
+        f"p(W) {fmt(look.get('p_W'), '.3g')}, p(G) {fmt(look.get('p_G'), '.3g')}, "
+        f"alpha_k {fmt(look.get('efficacy_alpha'), '.3g')} -> {gate.decision}"
+    )
     return head + (f" ({s.get('why_stopped')})" if s.get("why_stopped") else "")
 
 
@@ -247,7 +305,10 @@ def _send_kept_operations(sweep_id: str, home: Path, uri: str, say: Callable[[st
 
     recovery = recover_sweep(sweep_id, home, uri)
     if recovery.sent:
-        say(f"sent {recovery.sent} tracking operation(s) the sweep's runs kept while the tracking server was unreachable")
+        say(
+            f"sent {recovery.sent} tracking operation(s) the sweep's runs kept while the tracking server was "
+            "unreachable"
+        )
     for line in recovery.completed:
         say(f"completed from its ledger: {line}")
     for line in recovery.stuck:
@@ -261,15 +322,26 @@ def _mlflow_run_id(directory: Path, uri: str) -> Optional[str]:
 
 
 @contextmanager
-def _sweep_lock_and_parent(sweep_id: str, home: Path, uri: str, experiment: str, plan: dict[str, str],
-                           say: Callable[[str], None], log: Path, logged_before: str = "") -> Iterator[str]:
+def _sweep_lock_and_parent(
+    sweep_id: str,
+    home: Path,
+    uri: str,
+    experiment: str,
+    plan: dict[str, str],
+    say: Callable[[str], None],
+    log: Path,
+    logged_before: str = "",
+) -> Iterator[str]:
     """Holds the sweep's lock (a second start on this id exits 2 here) and yields its parent run, which
     ends KILLED or FAILED should the sweep end by an exception: a re-run sets it RUNNING again. Meanwhile
     MLflow's INFO lines go to the sweep's `log` (after `logged_before`), not the terminal."""
     from perception.tracking import ensure_parent_run
 
-    with sweep_lock(sweep_dir(sweep_id, home), sweep_id), open(log, "a", encoding="utf-8") as log_file, \
-            mlflow_info_into(log_file):
+    with (
+        sweep_lock(sweep_dir(sweep_id, home), sweep_id),
+        open(log, "a", encoding="utf-8") as log_file,
+        mlflow_info_into(log_file),
+    ):
         log_file.write(logged_before)
         parent = ensure_parent_run(sweep_id, uri, experiment, plan)
         try:
@@ -297,7 +369,9 @@ def _progress_line(out: RunOutcome, result: SweepResult, total: int, elapsed: fl
         body = f"finished in {out.seconds:.1f} s (run {out.run_id})"
     else:
         where = f"; log {out.log}" if out.log else ""
-        body = f"FAILED (exit {out.returncode}) after {out.seconds:.1f} s{where}" + (f": {out.note}" if out.note else "")
+        body = f"FAILED (exit {out.returncode}) after {out.seconds:.1f} s{where}" + (
+            f": {out.note}" if out.note else ""
+        )
     return head + body + f" · elapsed {_clock(elapsed)}" + (f" · ETA {_clock(eta)}" if n < total else "")
 
 

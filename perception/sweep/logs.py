@@ -43,8 +43,9 @@ def pods_by_step(workflow) -> dict[str, list[tuple[str, str]]]:
             continue
         label = step_label(n)
         pods = [nodes[c] for c in (n.children or []) if c in nodes] if n.type == "Retry" else [n]
-        out[label] = [(pod_name(name, p, version), label if len(pods) == 1 else f"{label}({i})")
-                      for i, p in enumerate(pods)]
+        out[label] = [
+            (pod_name(name, p, version), label if len(pods) == 1 else f"{label}({i})") for i, p in enumerate(pods)
+        ]
     return out
 
 
@@ -56,8 +57,10 @@ def select(workflow, task: str) -> list[tuple[str, str]]:
     matching = [s.label for s in snapshot(workflow).steps if s.template == task]
     if matching:
         return [pod for label in matching for pod in by_step.get(label, [])]
-    raise ConfigError(f"--task {task!r}: no such step in {workflow.metadata.name}; expected one of "
-                      f"{sorted(by_step) or ['(no pods yet)']}")
+    raise ConfigError(
+        f"--task {task!r}: no such step in {workflow.metadata.name}; expected one of "
+        f"{sorted(by_step) or ['(no pods yet)']}"
+    )
 
 
 def print_logs(server, name: str, task: Optional[str], follow: bool, out: Callable[[str], None]) -> int:
@@ -77,4 +80,3 @@ def print_logs(server, name: str, task: Optional[str], follow: bool, out: Callab
             out(f"{label}: {line.content}")
             n += 1
     return n
-

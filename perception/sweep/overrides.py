@@ -12,8 +12,16 @@ if TYPE_CHECKING:
 
 AUTO_GATE_CONFIG = "auto"  # the gate config the experiment's defaults choose (experiment_gate_config)
 # Set per run by the sweep itself; a user override would silently break the study's design.
-RESERVED_KEYS = ("sweep_id", "arm", "replicate", "model.attention_pool", "model.shared_context_to_heads",
-                 "model.twin", "data.fold", "tracking.parent_run_id")
+RESERVED_KEYS = (
+    "sweep_id",
+    "arm",
+    "replicate",
+    "model.attention_pool",
+    "model.shared_context_to_heads",
+    "model.twin",
+    "data.fold",
+    "tracking.parent_run_id",
+)
 
 
 def check_overrides(overrides: Sequence[str]) -> None:
@@ -22,8 +30,9 @@ def check_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(f"{o!r}: the sweep takes Hydra overrides only (key=value), not flags")
         key = o.lstrip("+~").split("=", 1)[0]
         if key in RESERVED_KEYS:
-            raise ConfigError(f"override {o!r}: {key} is set by the sweep for each run; remove it "
-                              f"(use --sweep-id to name the sweep)")
+            raise ConfigError(
+                f"override {o!r}: {key} is set by the sweep for each run; remove it (use --sweep-id to name the sweep)"
+            )
 
 
 def experiment_gate_config(cfg: "Config") -> str:
@@ -34,7 +43,8 @@ def experiment_gate_config(cfg: "Config") -> str:
         raise ConfigError(
             f"experiment {cfg.experiment_name!r} chooses no gate config: add `- override /gate: NAME` to the "
             f"defaults of conf/experiment/{cfg.experiment_name}.yaml, NAME one of {available_configs()} "
-            f"(conf/gate/NAME.yaml), or pass the override gate=NAME")
+            f"(conf/gate/NAME.yaml), or pass the override gate=NAME"
+        )
     return str(cfg.gate)
 
 

@@ -16,8 +16,9 @@ def names_precision(overrides: Sequence[str]) -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == PRECISION_TAG for o in overrides)
 
 
-def pin_precision(sweep_id: str, started: Optional[str], composed: str,
-                  overrides: Sequence[str]) -> tuple[list[str], Optional[str]]:
+def pin_precision(
+    sweep_id: str, started: Optional[str], composed: str, overrides: Sequence[str]
+) -> tuple[list[str], Optional[str]]:
     """The overrides the sweep's trainings run with, and a note when they differ from what was asked.
     `started`: the parent run's tag (None: a sweep started before the tag existed, or just now)."""
     if started is None or started == composed:
@@ -26,7 +27,10 @@ def pin_precision(sweep_id: str, started: Optional[str], composed: str,
         raise ConfigError(
             f"trainer.precision={composed}: sweep {sweep_id} was started at trainer.precision={started} (its parent "
             f"run's tag {PRECISION_TAG}) and the gate refuses arms trained at different precisions; continue it at "
-            f"{started} or start a new sweep id")
-    return ([*overrides, f"{PRECISION_TAG}={started}"],
-            f"sweep {sweep_id} was started at trainer.precision={started}: it continues at {started}, not at today's "
-            f"default {composed} (a new sweep id trains at {composed})")
+            f"{started} or start a new sweep id"
+        )
+    return (
+        [*overrides, f"{PRECISION_TAG}={started}"],
+        f"sweep {sweep_id} was started at trainer.precision={started}: it continues at {started}, not at today's "
+        f"default {composed} (a new sweep id trains at {composed})",
+    )

@@ -37,9 +37,15 @@ def build_features(overrides: Sequence[str], env: dict[str, str], data_command: 
         raise PerceptionError(f"perception-data build failed (exit {rc})")
 
 
-def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optional[Path] = None,
-            data_command: Optional[list[str]] = None, design: Optional[Design] = None,
-            outputs: Optional[Path] = None, gate_config: str = AUTO_GATE_CONFIG) -> str:
+def prepare(
+    sweep_id: str,
+    overrides: Sequence[str],
+    parent_run_id_file: Optional[Path] = None,
+    data_command: Optional[list[str]] = None,
+    design: Optional[Design] = None,
+    outputs: Optional[Path] = None,
+    gate_config: str = AUTO_GATE_CONFIG,
+) -> str:
     """The feature cache plus the sweep's parent run (with its gate plan); returns its id. `outputs`
     receives the step's output parameters as files: parent-run-id, runs (the trainings to fan out,
     JSON), wave (one wave's trainings, for a sequential study's waves), control, treatment and
@@ -72,8 +78,10 @@ def prepare(sweep_id: str, overrides: Sequence[str], parent_run_id_file: Optiona
 
 def fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
     """The workflow's training items (withParam): one per arm, fold and replicate."""
-    return [{"arm": s.arm, "fold": str(s.fold), "replicate": str(s.replicate)}
-            for s in study_runs(n_folds, design.arms, design.replicates)]
+    return [
+        {"arm": s.arm, "fold": str(s.fold), "replicate": str(s.replicate)}
+        for s in study_runs(n_folds, design.arms, design.replicates)
+    ]
 
 
 def wave_fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:

@@ -13,7 +13,8 @@ _FIELD = re.compile(
     (\b(?:proxy-)?authorization|\bcookie|\bset-cookie|\bx-api-key|\bapi[-_]?key|\b(?:access[-_]|id[-_]|bearer[-_])?token
        |\bpassword|\bsecret)
     (["']?\s*[:=]\s*\[?\s*["']?)
-    ((?:(?:bearer|basic)\s+)?[^\s"',\]}&;]+)""")
+    ((?:(?:bearer|basic)\s+)?[^\s"',\]}&;]+)"""
+)
 _SCHEME = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 
 

@@ -20,9 +20,11 @@ def workflow_file() -> Path:
     for path in candidates:
         if path.is_file():
             return path
-    raise ConfigError("workflows/ab_sweep.py not found (looked at "
-                      + ", ".join(str(c) for c in candidates)
-                      + "); run from a clone of the repository or set PERCEPTION_WORKFLOW_FILE")
+    raise ConfigError(
+        "workflows/ab_sweep.py not found (looked at "
+        + ", ".join(str(c) for c in candidates)
+        + "); run from a clone of the repository or set PERCEPTION_WORKFLOW_FILE"
+    )
 
 
 def _installed_copy() -> Path:

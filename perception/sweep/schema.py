@@ -31,8 +31,11 @@ def strict_validator(kind: str = "Workflow"):
     definitions[QUANTITY] = {"type": ["string", "number"]}  # cpu: 2
     # One kind as the root (the schema's own root is a oneOf whose errors are unreadable); the
     # definitions stay in the document so "#/definitions/..." references resolve.
-    root = {"$schema": schema["$schema"], "$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}",
-            "definitions": definitions}
+    root = {
+        "$schema": schema["$schema"],
+        "$ref": f"#/definitions/io.argoproj.workflow.v1alpha1.{kind}",
+        "definitions": definitions,
+    }
     Draft202012Validator.check_schema(root)
     return Draft202012Validator(root)
 
@@ -40,8 +43,10 @@ def strict_validator(kind: str = "Workflow"):
 def schema_errors(doc: dict, kind: str = "Workflow") -> list[tuple[str, str]]:
     """(path, message) per violation, sorted by path; empty when the document validates."""
     errors = strict_validator(kind).iter_errors(doc)
-    return [("/".join(map(str, e.absolute_path)) or "<root>", e.message)
-            for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))]
+    return [
+        ("/".join(map(str, e.absolute_path)) or "<root>", e.message)
+        for e in sorted(errors, key=lambda e: list(map(str, e.absolute_path)))
+    ]
 
 
 def file_errors(path: Path) -> list[str]:
@@ -61,6 +66,7 @@ def file_errors(path: Path) -> list[str]:
             kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
             problems.append(f"{path}: document {i}: kind {kind!r}, expected Workflow")
             continue
-        problems += [f"{path}: {doc['kind']} {where}: {message[:300]}"
-                     for where, message in schema_errors(doc, doc["kind"])]
+        problems += [
+            f"{path}: {doc['kind']} {where}: {message[:300]}" for where, message in schema_errors(doc, doc["kind"])
+        ]
     return problems

@@ -31,8 +31,9 @@ class DryRun:
     url: Optional[str]  # where it would post it; None without a server
 
 
-def submit(target: ArgoTarget, smoke: bool = False, params: Optional[Mapping[str, str]] = None,
-           token: Optional[str] = None) -> Submitted:
+def submit(
+    target: ArgoTarget, smoke: bool = False, params: Optional[Mapping[str, str]] = None, token: Optional[str] = None
+) -> Submitted:
     server = ArgoServer(target, token)
     w = _workflow(target, smoke, params)
     sweep_id = next((p.value for p in w.arguments if p.name == "sweep-id"), "")
@@ -45,8 +46,7 @@ def submit(target: ArgoTarget, smoke: bool = False, params: Optional[Mapping[str
     return Submitted(name, target.namespace, server.link(name))
 
 
-def dry_run(target: Optional[ArgoTarget], smoke: bool = False,
-            params: Optional[Mapping[str, str]] = None) -> DryRun:
+def dry_run(target: Optional[ArgoTarget], smoke: bool = False, params: Optional[Mapping[str, str]] = None) -> DryRun:
     """What `submit` would post, checked as `submit` checks it; the running-sweep check needs the
     server and is left out."""
     w = _workflow(target, smoke, params)
@@ -78,8 +78,10 @@ def request_body(built) -> dict:
 def check_strictly(workflow: dict) -> None:
     errors = schema_errors(workflow)
     if errors:
-        raise ConfigError("the rendered workflow does not validate against the Argo schema: "
-                          + "; ".join(f"{where}: {message[:200]}" for where, message in errors[:5]))
+        raise ConfigError(
+            "the rendered workflow does not validate against the Argo schema: "
+            + "; ".join(f"{where}: {message[:200]}" for where, message in errors[:5])
+        )
 
 
 def refuse_if_running(server: ArgoServer, sweep_id: str) -> None:
@@ -89,5 +91,7 @@ def refuse_if_running(server: ArgoServer, sweep_id: str) -> None:
     if running:
         names = ", ".join(f"{w.metadata.name} ({(w.status.phase if w.status else None) or 'Pending'})" for w in running)
         first = running[0].metadata.name
-        raise ConfigError(f"--sweep-id {sweep_id}: {names} is still working on this sweep; wait for it "
-                          f"(perception-sweep status {first}) or stop it (perception-sweep stop {first}) first")
+        raise ConfigError(
+            f"--sweep-id {sweep_id}: {names} is still working on this sweep; wait for it "
+            f"(perception-sweep status {first}) or stop it (perception-sweep stop {first}) first"
+        )

@@ -76,8 +76,9 @@ class SweepView:
     def url(self, base: str, grouping: str = GROUPINGS[0]) -> str:
         """The runs page of this sweep with the shared view of `grouping`."""
         # the view carries the filter: with a search parameter in the URL beside it, the UI ignores the view
-        query = urlencode({SHARE_URL_PARAM: self.share_keys[grouping], "workflowType": "machine_learning"},
-                          quote_via=quote)
+        query = urlencode(
+            {SHARE_URL_PARAM: self.share_keys[grouping], "workflowType": "machine_learning"}, quote_via=quote
+        )
         return f"{base.rstrip('/')}/#/experiments/{self.experiment_id}/runs?{query}"
 
 
@@ -91,20 +92,30 @@ def prepare_view(client, experiment: str, sweep_id: Optional[str]) -> SweepView:
     returns what the URLs are made of."""
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise ConfigError(f"--mlflow-experiment {experiment!r}: no such MLflow experiment at {client.tracking_uri} "
-                          "(run a sweep first, or pass --tracking-uri)")
+        raise ConfigError(
+            f"--mlflow-experiment {experiment!r}: no such MLflow experiment at {client.tracking_uri} "
+            "(run a sweep first, or pass --tracking-uri)"
+        )
     sweep_id = sweep_id or _latest_sweep(client, exp.experiment_id, experiment)
     runs = client.search_runs([exp.experiment_id], filter_string=training_filter(sweep_id), max_results=1000)
     if not runs:
-        raise ConfigError(f"--sweep-id {sweep_id!r}: no training runs of that sweep in experiment {experiment!r} "
-                          f"at {client.tracking_uri}")
+        raise ConfigError(
+            f"--sweep-id {sweep_id!r}: no training runs of that sweep in experiment {experiment!r} "
+            f"at {client.tracking_uri}"
+        )
     horizons = sorted({int(m.group(1)) for r in runs for k in r.data.metrics if (m := AUC_METRIC.match(k))})
     parent = _parent_run(client, exp.experiment_id, sweep_id)
     deciding = tuple(h for h in _planned_weights(parent) if h in horizons)
     horizons = [*deciding, *(h for h in horizons if h not in deciding)]  # the columns that decide come first
-    view = SweepView(exp.experiment_id, sweep_id, training_filter(sweep_id), horizons,
-                     {g: f"perception.{sweep_id}.by-{g}" for g in GROUPINGS}, deciding,
-                     parent.info.run_id if parent else None)
+    view = SweepView(
+        exp.experiment_id,
+        sweep_id,
+        training_filter(sweep_id),
+        horizons,
+        {g: f"perception.{sweep_id}.by-{g}" for g in GROUPINGS},
+        deciding,
+        parent.info.run_id if parent else None,
+    )
     now_ms = int(time.time() * 1000)
     for grouping, key in view.share_keys.items():
         state = json.dumps(view_state(view.search_filter, horizons, grouping, deciding), separators=(",", ":"))
@@ -119,18 +130,37 @@ def view_state(search_filter: str, horizons: list[int], grouping: str, deciding:
     after the run's name: at 1280 px the UI's assistant panel, open by default, hides what lies further
     right (MLflow 3.17.2; tests/sweep/test_ui_browser.py checks it in headless Chromium)."""
     first = [_column("metrics", f"val_auc_h{h}") for h in deciding]
-    columns = (first + [_column("tags", t) for t in IDENTITY_TAGS]
-               + [_column("metrics", f"val_auc_h{h}") for h in horizons if h not in deciding]
-               + [_column("metrics", m) for m in SUMMARY_METRICS])
+    columns = (
+        first
+        + [_column("tags", t) for t in IDENTITY_TAGS]
+        + [_column("metrics", f"val_auc_h{h}") for h in horizons if h not in deciding]
+        + [_column("metrics", m) for m in SUMMARY_METRICS]
+    )
     return {
-        "searchFilter": search_filter, "orderByKey": _column("tags", "fold"), "orderByAsc": True,
-        "startTime": "ALL", "lifecycleFilter": "Active", "modelVersionFilter": "All Runs", "datasetsFilter": [],
-        "selectedColumns": columns, "columnOrder": columns, "columnWidths": {},
-        "runsExpanded": {}, "runsPinned": [], "runsHidden": [], "runsVisibilityMap": {}, "runsHiddenMode": "SHOW_ALL",
-        "viewMaximized": False, "runListHidden": False, "isAccordionReordered": False,
+        "searchFilter": search_filter,
+        "orderByKey": _column("tags", "fold"),
+        "orderByAsc": True,
+        "startTime": "ALL",
+        "lifecycleFilter": "Active",
+        "modelVersionFilter": "All Runs",
+        "datasetsFilter": [],
+        "selectedColumns": columns,
+        "columnOrder": columns,
+        "columnWidths": {},
+        "runsExpanded": {},
+        "runsPinned": [],
+        "runsHidden": [],
+        "runsVisibilityMap": {},
+        "runsHiddenMode": "SHOW_ALL",
+        "viewMaximized": False,
+        "runListHidden": False,
+        "isAccordionReordered": False,
         "groupBy": {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": grouping}]},
-        "groupsExpanded": {}, "useGroupedValuesInCharts": False, "hideEmptyCharts": True,
-        "autoRefreshEnabled": True, "chartsSearchFilter": "val_auc",
+        "groupsExpanded": {},
+        "useGroupedValuesInCharts": False,
+        "hideEmptyCharts": True,
+        "autoRefreshEnabled": True,
+        "chartsSearchFilter": "val_auc",
         "globalLineChartConfig": {"xAxisKey": "step", "lineSmoothness": 0, "selectedXAxisMetricKey": ""},
     }
 
@@ -141,8 +171,12 @@ def _column(kind: str, name: str) -> str:
 
 
 def _parent_run(client, experiment_id: str, sweep_id: str):
-    found = client.search_runs([experiment_id], filter_string=f"tags.sweep_id = '{sweep_id}' AND tags.role = 'sweep'",
-                               order_by=["attributes.start_time DESC"], max_results=1)
+    found = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.sweep_id = '{sweep_id}' AND tags.role = 'sweep'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     return found[0] if found else None
 
 
@@ -157,11 +191,14 @@ def _planned_weights(parent) -> list[int]:
 
 
 def _latest_sweep(client, experiment_id: str, experiment: str) -> str:
-    parents = client.search_runs([experiment_id], filter_string="tags.role = 'sweep'",
-                                 order_by=["attributes.start_time DESC"], max_results=1)
+    parents = client.search_runs(
+        [experiment_id], filter_string="tags.role = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1
+    )
     if not parents or "sweep_id" not in parents[0].data.tags:
-        raise ConfigError(f"no sweep in experiment {experiment!r} at {client.tracking_uri}: "
-                          "run one first (perception-sweep local), or pass --sweep-id")
+        raise ConfigError(
+            f"no sweep in experiment {experiment!r} at {client.tracking_uri}: "
+            "run one first (perception-sweep local), or pass --sweep-id"
+        )
     latest = parents[0]  # a tag read from the store goes into a filter: checked like a typed id
     return check_sweep_id(latest.data.tags["sweep_id"], f"tag sweep_id of the latest sweep's run {latest.info.run_id}")
 
@@ -177,8 +214,22 @@ def serve(store_uri: str, host: str, port: int, artifacts: Path, log: Path) -> s
     """Starts `mlflow server` on a local store, in its own process group and writing to `log`;
     returns once it answers."""
     _check_port_free(host, port)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store_uri, "--host", host,
-           "--port", str(port), "--workers", "1", "--default-artifact-root", artifacts.as_uri()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        store_uri,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--default-artifact-root",
+        artifacts.as_uri(),
+    ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # a viewer needs no job workers
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
@@ -198,8 +249,10 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise ConfigError(f"--port {port}: {host}:{port} is in use ({exc.strerror}); pick another with --port, "
-                              "or point at a running server with --tracking-uri http://…") from exc
+            raise ConfigError(
+                f"--port {port}: {host}:{port} is in use ({exc.strerror}); pick another with --port, "
+                "or point at a running server with --tracking-uri http://…"
+            ) from exc
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -223,8 +276,10 @@ def wait_healthy(base: str, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise PerceptionError(f"mlflow server exited with {proc.returncode} before answering; its log {log}:\n"
-                                  + log.read_text(errors="replace")[-2000:])
+            raise PerceptionError(
+                f"mlflow server exited with {proc.returncode} before answering; its log {log}:\n"
+                + log.read_text(errors="replace")[-2000:]
+            )
         try:
             if requests.get(f"{base}/health", timeout=2).status_code == 200:
                 return

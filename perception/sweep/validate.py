@@ -39,6 +39,7 @@ def check_parameters(defaults: Mapping[str, str], values: Mapping[str, str], sha
 
 def fill(shared: Sequence[str], values: Mapping[str, str]) -> list[str]:
     """The overrides as a pod runs them: each placeholder replaced by its parameter's value."""
+
     def value(m: re.Match) -> str:
         if m.group(1) not in values:
             raise ConfigError(f"the workflow's overrides name parameter {m.group(1)!r}, which it does not define")
@@ -55,8 +56,10 @@ def _checked(overrides: Sequence[str]):
 
     cfg = composed(overrides)
     if enum_value(cfg.data.source) == "dbn" and not cfg.data.paths:
-        raise ConfigError("data.paths is empty: data=dbn needs DBN files or globs on the market-data volume, "
-                          "e.g. -p 'data-paths=[/data/ES/*.dbn.zst]'")
+        raise ConfigError(
+            "data.paths is empty: data=dbn needs DBN files or globs on the market-data volume, "
+            "e.g. -p 'data-paths=[/data/ES/*.dbn.zst]'"
+        )
     if not (isinstance(cfg.trainer.epochs, int) and cfg.trainer.epochs >= 1):
         raise ConfigError(f"trainer.epochs={cfg.trainer.epochs}: expected a positive integer")
     return cfg

@@ -50,28 +50,42 @@ class MlflowServer:
 
     def start(self) -> None:
         cmd = [
-            sys.executable, "-m", "mlflow", "server",
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--workers", str(self.workers),
-            "--backend-store-uri", self.backend_store_uri or f"sqlite:///{self.root / 'mlflow.db'}",
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+            "--backend-store-uri",
+            self.backend_store_uri or f"sqlite:///{self.root / 'mlflow.db'}",
             "--serve-artifacts",
-            "--artifacts-destination", str(self.root / "artifacts"),
+            "--artifacts-destination",
+            str(self.root / "artifacts"),
         ]
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
         env.pop("MLFLOW_TRACKING_URI", None)
         if self.auth_database_uri:
             cmd += ["--app-name", "basic-auth"]
             ini = self.root / "basic_auth.ini"
-            ini.write_text("[mlflow]\ndefault_permission = READ\n"
-                           f"database_uri = {self.auth_database_uri}\nadmin_username = {USERNAME}\n"
-                           "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                           f"auth_cache_ttl_seconds = {self.auth_cache_s}\n")
-            env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_PASSWORD=self.password,
-                       MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(32))  # CSRF key, one per start as in the pod
+            ini.write_text(
+                "[mlflow]\ndefault_permission = READ\n"
+                f"database_uri = {self.auth_database_uri}\nadmin_username = {USERNAME}\n"
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                f"auth_cache_ttl_seconds = {self.auth_cache_s}\n"
+            )
+            env.update(
+                MLFLOW_AUTH_CONFIG_PATH=str(ini),
+                MLFLOW_AUTH_ADMIN_PASSWORD=self.password,
+                MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(32),
+            )  # CSRF key, one per start as in the pod
         with open(self.log, "ab") as log_f:
-            self._proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env, cwd=self.root,
-                                          start_new_session=True)
+            self._proc = subprocess.Popen(
+                cmd, stdout=log_f, stderr=subprocess.STDOUT, env=env, cwd=self.root, start_new_session=True
+            )
         wait_healthy(self.uri, self._proc, self.log)
 
     def stop(self) -> None:

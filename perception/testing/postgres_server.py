@@ -39,8 +39,10 @@ def server_bin_dir() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]), reverse=True)
     if found:
         return Path(found[0]).parent
-    raise RuntimeError("PostgreSQL's server programs (initdb, postgres) are neither on PATH nor under "
-                       "/usr/lib/postgresql/*/bin: install Debian's `postgresql` package (.ci/run does)")
+    raise RuntimeError(
+        "PostgreSQL's server programs (initdb, postgres) are neither on PATH nor under "
+        "/usr/lib/postgresql/*/bin: install Debian's `postgresql` package (.ci/run does)"
+    )
 
 
 @dataclass
@@ -59,18 +61,31 @@ class Postgres:
 
     def uri(self, database: str = "mlflow") -> str:
         # The driver named: SQLAlchemy 2.1's default for a bare postgresql:// is psycopg 3, not psycopg2
-        return "postgresql+psycopg2" + self.dsn(database)[len("postgresql"):]
+        return "postgresql+psycopg2" + self.dsn(database)[len("postgresql") :]
 
     def dsn(self, database: str = "mlflow") -> str:
         return f"postgresql://{USER}:{self.password}@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> None:
-        cmd = [str(server_bin_dir() / "postgres"), "-D", str(self.data_dir), "-h", "127.0.0.1",
-               "-p", str(self.port), "-k", "", "-c", f"fsync={'on' if self.durable else 'off'}",
-               "-c", "max_connections=200"]
+        cmd = [
+            str(server_bin_dir() / "postgres"),
+            "-D",
+            str(self.data_dir),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-k",
+            "",
+            "-c",
+            f"fsync={'on' if self.durable else 'off'}",
+            "-c",
+            "max_connections=200",
+        ]
         with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                          cwd=self.data_dir, **_as_owner())
+            self._proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.data_dir, **_as_owner()
+            )
         self._wait_ready()
 
     def stop(self, fast: bool = True) -> None:
@@ -100,15 +115,19 @@ class Postgres:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self._proc.returncode}; its log {self.log}:\n"
-                                   + self.log.read_text(errors="replace")[-2000:])
+                raise RuntimeError(
+                    f"postgres exited with {self._proc.returncode}; its log {self.log}:\n"
+                    + self.log.read_text(errors="replace")[-2000:]
+                )
             try:
                 psycopg2.connect(self.dsn("postgres"), connect_timeout=2).close()
                 return
             except psycopg2.OperationalError:
                 time.sleep(0.2)
-        raise RuntimeError(f"postgres on port {self.port} did not accept connections within "
-                           f"{START_TIMEOUT_S:.0f} s; its log {self.log}")
+        raise RuntimeError(
+            f"postgres on port {self.port} did not accept connections within "
+            f"{START_TIMEOUT_S:.0f} s; its log {self.log}"
+        )
 
 
 @contextmanager
@@ -126,9 +145,28 @@ def postgres(durable: bool = True) -> Iterator[Postgres]:
         if owner is not None:  # root: the cluster's files belong to the postgres account
             for path in (home, pwfile):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
-        subprocess.run([str(server_bin_dir() / "initdb"), "-D", str(data_dir), "-U", USER, "--pwfile", str(pwfile),
-                        "--auth", "scram-sha-256", "-E", "UTF8", "--locale", "C", "--no-sync"],
-                       check=True, capture_output=True, cwd=home, **_as_owner())
+        subprocess.run(
+            [
+                str(server_bin_dir() / "initdb"),
+                "-D",
+                str(data_dir),
+                "-U",
+                USER,
+                "--pwfile",
+                str(pwfile),
+                "--auth",
+                "scram-sha-256",
+                "-E",
+                "UTF8",
+                "--locale",
+                "C",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=home,
+            **_as_owner(),
+        )
         pwfile.unlink()
         pg.start()
         try:
@@ -152,8 +190,10 @@ def _owner() -> Optional[pwd.struct_passwd]:
     try:
         return pwd.getpwnam("postgres")
     except KeyError:
-        raise RuntimeError("PostgreSQL cannot run as root and there is no `postgres` account to run it as: "
-                           "install Debian's `postgresql` package, which creates it (.ci/run does)") from None
+        raise RuntimeError(
+            "PostgreSQL cannot run as root and there is no `postgres` account to run it as: "
+            "install Debian's `postgresql` package, which creates it (.ci/run does)"
+        ) from None
 
 
 def _as_owner() -> dict:

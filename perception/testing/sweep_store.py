@@ -61,7 +61,7 @@ def fold_predictions(spec: SweepSpec, fold: int, replicate: int = 0) -> dict[str
     index = fold * 100_000 + spec.window + spec.stride * np.arange(n, dtype=np.int64)
     mask = np.ones((n, h), dtype=bool)
     for j, hz in enumerate(spec.horizons):  # labels past the fold's last snapshot do not exist
-        mask[n - max(1, hz // spec.stride):, j] = False
+        mask[n - max(1, hz // spec.stride) :, j] = False
     advantage = np.zeros(n)
     if spec.episodes is not None:
         signs = np.asarray(spec.episodes[fold], dtype=float)
@@ -110,49 +110,123 @@ def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment
                 if (variant, fold) in spec.skip or spec.skip_replicate == (variant, fold, rep):
                     continue
                 if rep:
-                    log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
-                             Path(tmp), replicate=rep)
+                    log_run(
+                        client,
+                        exp_id,
+                        parent.info.run_id,
+                        sweep_id,
+                        spec,
+                        variant,
+                        fold,
+                        preds[variant],
+                        Path(tmp),
+                        replicate=rep,
+                    )
                     continue
                 if spec.duplicate == (variant, fold):
-                    log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
-                             Path(tmp), auc_shift=-0.05)
+                    log_run(
+                        client,
+                        exp_id,
+                        parent.info.run_id,
+                        sweep_id,
+                        spec,
+                        variant,
+                        fold,
+                        preds[variant],
+                        Path(tmp),
+                        auc_shift=-0.05,
+                    )
                     time.sleep(0.01)  # a strictly later end time for the run that counts
-                chosen[(variant, fold)] = log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant,
-                                                   fold, preds[variant], Path(tmp))
+                chosen[(variant, fold)] = log_run(
+                    client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant], Path(tmp)
+                )
                 if spec.duplicate == (variant, fold):
-                    log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant],
-                             Path(tmp), finish=False)
+                    log_run(
+                        client,
+                        exp_id,
+                        parent.info.run_id,
+                        sweep_id,
+                        spec,
+                        variant,
+                        fold,
+                        preds[variant],
+                        Path(tmp),
+                        finish=False,
+                    )
     client.set_terminated(parent.info.run_id)
     return chosen
 
 
-def log_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec,
-              cells: dict[tuple[str, int, int], dict[str, np.ndarray]], experiment: str = "perception-ab",
-              attention: bool = True) -> None:
+def log_sweep(
+    client: MlflowClient,
+    sweep_id: str,
+    spec: SweepSpec,
+    cells: dict[tuple[str, int, int], dict[str, np.ndarray]],
+    experiment: str = "perception-ab",
+    attention: bool = True,
+) -> None:
     """Logs a sweep of given predictions, {(variant, fold, replicate): npz fields}, as build_sweep does
     (without diagnostics/attention_by_lag.npz when `attention` is false: runs may lack it)."""
     exp_id = _experiment_id(client, experiment)
     parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     with tempfile.TemporaryDirectory() as tmp:
         for (variant, fold, rep), pred in sorted(cells.items()):
-            log_run(client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, pred, Path(tmp), replicate=rep,
-                     attention=attention)
+            log_run(
+                client,
+                exp_id,
+                parent.info.run_id,
+                sweep_id,
+                spec,
+                variant,
+                fold,
+                pred,
+                Path(tmp),
+                replicate=rep,
+                attention=attention,
+            )
     client.set_terminated(parent.info.run_id)
 
 
-def log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp: Path,
-             auc_shift: float = 0.0, finish: bool = True, replicate: int = 0, attention: bool = True) -> str:
-    tags = {"mlflow.parentRunId": parent_id, "sweep_id": sweep_id, "variant": variant,
-            "fold": str(fold), "role": "train"}
+def log_run(
+    client,
+    exp_id,
+    parent_id,
+    sweep_id,
+    spec,
+    variant,
+    fold,
+    pred,
+    tmp: Path,
+    auc_shift: float = 0.0,
+    finish: bool = True,
+    replicate: int = 0,
+    attention: bool = True,
+) -> str:
+    tags = {
+        "mlflow.parentRunId": parent_id,
+        "sweep_id": sweep_id,
+        "variant": variant,
+        "fold": str(fold),
+        "role": "train",
+    }
     if spec.replicates > 1:
         tags["replicate"] = str(replicate)
     run = client.create_run(exp_id, tags=tags, run_name=f"{variant}-f{fold}")
     rid = run.info.run_id
-    params = {"data.window": spec.window, "data.window_stride": spec.stride, "data.horizons": str(spec.horizons),
-              "data.n_folds": 3, "data.fold": fold, "data.embargo": "None", "seed": spec.seed + replicate,
-              **spec.extra_params,
-              "trainer.epochs": spec.epochs, "model.attention_pool": variant,
-              "git_sha": "0123abc", "data_hash": "feedbeef"}
+    params = {
+        "data.window": spec.window,
+        "data.window_stride": spec.stride,
+        "data.horizons": str(spec.horizons),
+        "data.n_folds": 3,
+        "data.fold": fold,
+        "data.embargo": "None",
+        "seed": spec.seed + replicate,
+        **spec.extra_params,
+        "trainer.epochs": spec.epochs,
+        "model.attention_pool": variant,
+        "git_sha": "0123abc",
+        "data_hash": "feedbeef",
+    }
     params.update(spec.param_override.get((variant, fold), {}))
     aucs = {}
     for j, h in enumerate(spec.horizons):
@@ -165,14 +239,24 @@ def log_run(client, exp_id, parent_id, sweep_id, spec, variant, fold, pred, tmp:
     for epoch in range(spec.epochs):
         late = spec.epochs - 1 - epoch  # earlier epochs a little worse
         metrics += [Metric(f"val_auc_h{h}", a - 0.01 * late, now, epoch) for h, a in aucs.items()]
-        metrics += [Metric("val_auc_mean", float(np.mean(list(aucs.values()))) - 0.01 * late, now, epoch),
-                    Metric("train_loss", 0.69 - 0.01 * epoch, now, epoch),
-                    Metric("val_loss", 0.69 - 0.005 * epoch, now, epoch),
-                    Metric("samples_per_s", spec.samples_per_s[min(list(spec.arms()).index(variant), 1)]
-                           * (1 + 0.01 * epoch), now, epoch)]
+        metrics += [
+            Metric("val_auc_mean", float(np.mean(list(aucs.values()))) - 0.01 * late, now, epoch),
+            Metric("train_loss", 0.69 - 0.01 * epoch, now, epoch),
+            Metric("val_loss", 0.69 - 0.005 * epoch, now, epoch),
+            Metric(
+                "samples_per_s",
+                spec.samples_per_s[min(list(spec.arms()).index(variant), 1)] * (1 + 0.01 * epoch),
+                now,
+                epoch,
+            ),
+        ]
         metrics += [Metric(k, float(v), now, epoch) for k, v in spec.diagnostics.get(variant, {}).items()]
-    client.log_batch(rid, metrics=metrics, params=[Param(k, str(v)) for k, v in params.items()],
-                     tags=[RunTag("mlflow.runName", f"{variant}-f{fold}")])
+    client.log_batch(
+        rid,
+        metrics=metrics,
+        params=[Param(k, str(v)) for k, v in params.items()],
+        tags=[RunTag("mlflow.runName", f"{variant}-f{fold}")],
+    )
     if spec.no_predictions != (variant, fold):
         d = tmp / rid / "predictions"
         d.mkdir(parents=True)

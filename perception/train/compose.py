@@ -71,8 +71,12 @@ def config_error_message(exc: BaseException) -> str:
     while seen is not None:
         lines = [ln.strip() for ln in str(seen).splitlines() if ln.strip() and not ln.strip().startswith(NOISE_LINES)]
         text = " ".join(lines)
-        if text and text != "None" and not any(f in text for f in TEMPLATE_FIELDS) \
-                and not any(text in p for p in parts):
+        if (
+            text
+            and text != "None"
+            and not any(f in text for f in TEMPLATE_FIELDS)
+            and not any(text in p for p in parts)
+        ):
             parts.append(text)
         seen = seen.__cause__ or seen.__context__
     return ": ".join(parts)

@@ -30,9 +30,15 @@ def build(overrides: Sequence[str], progress: bool = True) -> dict:
     if not cfg.cache:
         raise ConfigError("data.cache=false: `perception-data build` fills the cache; drop the override")
     ds = load_dataset(cfg, progress=progress, map_features=True)
-    return {"data_hash": ds.data_hash, "cache": str(ds.cache_path), "T": len(ds),
-            "F": len(ds.feature_names), "drop_counts": ds.drop_counts, "summary": ds.summary,
-            "peak_rss_mb": peak_rss_mb()}
+    return {
+        "data_hash": ds.data_hash,
+        "cache": str(ds.cache_path),
+        "T": len(ds),
+        "F": len(ds.feature_names),
+        "drop_counts": ds.drop_counts,
+        "summary": ds.summary,
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -54,13 +60,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("dropped:   " + (", ".join(f"{k}={v}" for k, v in drops.items()) if drops else "none"))
     summary = info["summary"]
     if summary:
-        print(f"records:   {summary['records_read']} read from {summary['files']} files, "
-              f"{summary['snapshots']} snapshots in {summary['segments']} segments "
-              f"({summary['rolls']} instrument changes)")
+        print(
+            f"records:   {summary['records_read']} read from {summary['files']} files, "
+            f"{summary['snapshots']} snapshots in {summary['segments']} segments "
+            f"({summary['rolls']} instrument changes)"
+        )
         for row in summary["instruments"]:
             names = ",".join(row["symbols"]) or "-"
-            print(f"  instrument {row['instrument_id']} ({names}): {row['records']} records, "
-                  f"{row['first']} .. {row['last']}, {row['files']} files")
+            print(
+                f"  instrument {row['instrument_id']} ({names}): {row['records']} records, "
+                f"{row['first']} .. {row['last']}, {row['files']} files"
+            )
         for path in summary.get("files_read_whole", []):
             print(f"  {path}: records out of order by more than a chunk; read whole")
     print(f"peak RSS:  {info['peak_rss_mb']:.0f} MB (the file readers are threads of this process)")

@@ -66,8 +66,11 @@ def save_attention_by_lag(npz_path: Path, png_path: Path, acc: AttentionByLag, n
     for q, name in enumerate(names):
         ax.step(np.arange(len(widths)), mass[q], where="mid", label=name)
     ax.set_xticks(np.arange(len(widths)))
-    ax.set_xticklabels([f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in zip(acc.edges[:-1], acc.edges[1:])],
-                       rotation=45, fontsize=7)
+    ax.set_xticklabels(
+        [f"{a}-{b - 1}" if b - a > 1 else str(a) for a, b in zip(acc.edges[:-1], acc.edges[1:])],
+        rotation=45,
+        fontsize=7,
+    )
     ax.set_xlabel("lag bucket (snapshots before the window's end)")
     ax.set_ylabel("mean attention mass")
     ax.set_title(title)
@@ -89,8 +92,9 @@ class GradNorms:
     since the CfC forgets h_0), the trunk groups give the scale to judge it against."""
 
     def __init__(self, model: torch.nn.Module):
-        self.groups = {g: [p for n, p in model.named_parameters() if n.startswith(prefix)]
-                       for g, prefix in GRAD_GROUPS.items()}
+        self.groups = {
+            g: [p for n, p in model.named_parameters() if n.startswith(prefix)] for g, prefix in GRAD_GROUPS.items()
+        }
         self.device = next(model.parameters()).device
         self.sums: torch.Tensor | None = None  # (groups,) float64 on the model's device: no sync per step
         self.steps = 0
@@ -136,7 +140,10 @@ class AttentionStats:
 
     def metrics(self) -> dict[str, float]:
         n = max(self.windows, 1)
-        return {"query_divergence": float(self.divergence) / n, "attention_entropy_ratio": float(self.entropy_ratio) / n}
+        return {
+            "query_divergence": float(self.divergence) / n,
+            "attention_entropy_ratio": float(self.entropy_ratio) / n,
+        }
 
 
 def query_drift(query: torch.Tensor, initial: torch.Tensor) -> float:

@@ -35,10 +35,21 @@ class EpochTotals:
         return self.seen / max(self.seconds, 1e-9)
 
 
-def train_epoch(model: torch.nn.Module, batches: Iterable[Batch], optimizer: torch.optim.Optimizer, scheduler,
-                loss_fn: Callable, *, precision: str, device: torch.device, grad_clip: float, epoch: int,
-                grad_norms: Optional[GradNorms] = None, bar=None,
-                after_step: Optional[Callable[[], object]] = None) -> EpochTotals:
+def train_epoch(
+    model: torch.nn.Module,
+    batches: Iterable[Batch],
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    loss_fn: Callable,
+    *,
+    precision: str,
+    device: torch.device,
+    grad_clip: float,
+    epoch: int,
+    grad_norms: Optional[GradNorms] = None,
+    bar=None,
+    after_step: Optional[Callable[[], object]] = None,
+) -> EpochTotals:
     totals, t0 = EpochTotals(), time.perf_counter()
     pending: Optional[tuple[int, torch.Tensor, int]] = None  # (batch number, loss, windows) of the step before
 

@@ -40,8 +40,9 @@ def per_horizon_auc(probs: np.ndarray, labels: np.ndarray, mask: np.ndarray, hor
 
 
 @torch.no_grad()
-def evaluate(model, loader, loss_fn, horizons: list[int], window: int, device: torch.device,
-             precision: str = "fp32") -> Evaluation:
+def evaluate(
+    model, loader, loss_fn, horizons: list[int], window: int, device: torch.device, precision: str = "fp32"
+) -> Evaluation:
     model.eval()
     acc, attn_stats = AttentionByLag(window, model.n_queries), AttentionStats()
     probs, labels, masks, index = [], [], [], []

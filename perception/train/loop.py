@@ -32,7 +32,7 @@ from perception.train.progress import progress
 from perception.train.run_record import RunRecord, sigterm_deferred, write_config
 from perception.train.runlog import LOG_FILE, RunLog
 from perception.train.schedule import warmup_cosine
-from perception.train.state import Position, latest_checkpoint, load_state, save_checkpoint
+from perception.train.state import Position, load_state, save_checkpoint
 from perception.train.validate import check_config, check_resume, resolve_device
 
 if TYPE_CHECKING:
@@ -83,13 +83,18 @@ def _train_locked(cfg: Config, overrides: Sequence[str], place: RunPlace) -> dic
         pending = len(ledger.unsent())
         if pending:  # finished during an outage: send what was kept
             ok = ledger.flush(force=True)
-            print(f"[perception] sent {pending - len(ledger.unsent())} of {pending} pending tracking operations"
-                  + ("" if ok else f"; still unreachable: {ledger.failures()[-1]}"))
+            print(
+                f"[perception] sent {pending - len(ledger.unsent())} of {pending} pending tracking operations"
+                + ("" if ok else f"; still unreachable: {ledger.failures()[-1]}")
+            )
         print(f"[perception] {place.dir.name} of sweep {place.sweep_id} already finished; nothing to do")
         return json.loads(done.read_text())["metrics"]
     write_config(place.dir, cfg, overrides)
-    record = RunRecord(RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment),
-                       bool(cfg.tracking.system_metrics), settles_parent=not cfg.tracking.parent_run_id)
+    record = RunRecord(
+        RunLedger(place.dir, tracking_uri(cfg.tracking.uri, place.home), cfg.tracking.experiment),
+        bool(cfg.tracking.system_metrics),
+        settles_parent=not cfg.tracking.parent_run_id,
+    )
     with RunLog(place.dir / LOG_FILE) as log:
         try:
             return _train(cfg, place, resume_from, record)
@@ -115,10 +120,26 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     norm = Normalizer.fit(ds, split.train_ends, window)
     order_seed = int(cfg.seed) * 1009 + place.fold  # batch order: seed and fold only, same for both arms
     pin = device.type == "cuda"  # page-locked batches: the copy to the GPU overlaps the step before
-    train_loader = WindowLoader(ds, split.train_ends, window, cfg.trainer.batch_size, normalizer=norm,
-                                shuffle=True, seed=order_seed, pin_memory=pin)
-    val_loader = WindowLoader(ds, split.val_ends, window, cfg.trainer.eval_batch_size, normalizer=norm,
-                              shuffle=False, seed=order_seed, pin_memory=pin)
+    train_loader = WindowLoader(
+        ds,
+        split.train_ends,
+        window,
+        cfg.trainer.batch_size,
+        normalizer=norm,
+        shuffle=True,
+        seed=order_seed,
+        pin_memory=pin,
+    )
+    val_loader = WindowLoader(
+        ds,
+        split.val_ends,
+        window,
+        cfg.trainer.eval_batch_size,
+        normalizer=norm,
+        shuffle=False,
+        seed=order_seed,
+        pin_memory=pin,
+    )
     steps_per_epoch = len(train_loader)
     if cfg.trainer.max_train_batches:
         steps_per_epoch = min(steps_per_epoch, int(cfg.trainer.max_train_batches))
@@ -131,8 +152,11 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         loaded = load_trunk(cfg.trainer.init_from, model)
         print(f"[perception] warm start: {len(loaded)} trunk tensors from {cfg.trainer.init_from}")
     model.to(device)
-    optimizer = torch.optim.AdamW(_param_groups(model, cfg.trainer.lr * cfg.trainer.query_lr_scale, cfg.trainer.lr),
-                                  lr=cfg.trainer.lr, weight_decay=cfg.trainer.weight_decay)
+    optimizer = torch.optim.AdamW(
+        _param_groups(model, cfg.trainer.lr * cfg.trainer.query_lr_scale, cfg.trainer.lr),
+        lr=cfg.trainer.lr,
+        weight_decay=cfg.trainer.weight_decay,
+    )
     total_steps = steps_per_epoch * int(cfg.trainer.epochs)
     scheduler = warmup_cosine(optimizer, total_steps, cfg.trainer.warmup_frac)
     weights = None
@@ -162,10 +186,22 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         if parent:
             tags["mlflow.parentRunId"] = parent
         params = flatten_config(cfg)
-        params.update({"git_sha": git_sha(), "data_hash": ds.data_hash, "sweep_id": place.sweep_id,
-                       "experiment": str(cfg.experiment_name)})
-        ledger.record("start", tags=tags, params=params, run_name=place.name,
-                      experiment=cfg.tracking.experiment, store=store_identity(uri))
+        params.update(
+            {
+                "git_sha": git_sha(),
+                "data_hash": ds.data_hash,
+                "sweep_id": place.sweep_id,
+                "experiment": str(cfg.experiment_name),
+            }
+        )
+        ledger.record(
+            "start",
+            tags=tags,
+            params=params,
+            run_name=place.name,
+            experiment=cfg.tracking.experiment,
+            store=store_identity(uri),
+        )
     else:
         ledger.record("tags", tags={"resumed_at_epoch": str(position.epoch)})
         ledger.record("status", status="RUNNING")  # the attempt before may have ended KILLED
@@ -181,16 +217,30 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         grad_norms = GradNorms(model)
         bar = progress(steps_per_epoch, f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}", cfg.trainer.progress)
         with prefetched(islice(train_loader.batches(epoch), steps_per_epoch), device) as batches:
-            totals = train_epoch(model, batches, optimizer, scheduler, loss_fn, precision=cfg.trainer.precision,
-                                 device=device, grad_clip=cfg.trainer.grad_clip, epoch=epoch, grad_norms=grad_norms,
-                                 bar=bar, after_step=ledger.flush)  # sends what an outage kept, as the backoff allows
+            totals = train_epoch(
+                model,
+                batches,
+                optimizer,
+                scheduler,
+                loss_fn,
+                precision=cfg.trainer.precision,
+                device=device,
+                grad_clip=cfg.trainer.grad_clip,
+                epoch=epoch,
+                grad_norms=grad_norms,
+                bar=bar,
+                after_step=ledger.flush,
+            )  # sends what an outage kept, as the backoff allows
         bar.close()
         last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device, cfg.trainer.precision)
         metrics = {val_auc(h): v for h, v in last_eval.auc.items()}
         metrics.update(val_auc_mean=last_eval.auc_mean, train_loss=totals.mean_loss, val_loss=last_eval.loss)
         metrics[SAMPLES_PER_S] = totals.samples_per_s
-        metrics.update(grad_norms.means(), **last_eval.attention_stats.metrics(),
-                       query_drift=query_drift(model.pool.query, query_init))
+        metrics.update(
+            grad_norms.means(),
+            **last_eval.attention_stats.metrics(),
+            query_drift=query_drift(model.pool.query, query_init),
+        )
         if not ledger.has_metrics_for(epoch):
             ledger.record("metrics", step=epoch, values=metrics)
         state = {
@@ -201,12 +251,19 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         }
         if device.type == "cuda":
             state["rng_cuda"] = torch.cuda.get_rng_state()
-        save_checkpoint(place.dir, f"epoch-{epoch + 1:04d}",
-                        lambda p: save_model(p, model, {"sweep_id": place.sweep_id, "epoch": str(epoch + 1)}), state)
+        save_checkpoint(
+            place.dir,
+            f"epoch-{epoch + 1:04d}",
+            lambda p: save_model(p, model, {"sweep_id": place.sweep_id, "epoch": str(epoch + 1)}),
+            state,
+        )
         ledger.flush(force=True)
         record.monitoring()  # started late after an outage, or restarted after a failed request
-        print(f"[perception] {place.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "
-              + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), flush=True)
+        print(
+            f"[perception] {place.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "
+            + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+            flush=True,
+        )
 
     # ---- final artifacts ---------------------------------------------------------------------
     if last_eval is None:  # resumed after the last epoch's checkpoint: recompute, deterministically
@@ -217,15 +274,23 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         ledger.record("artifact", path=rel, artifact_path=artifact_path)
     sent = record.end("FINISHED")
     unsent = ledger.unsent()
-    atomic_write_text(place.dir / DONE_FILE, json.dumps({"run_id": ledger.run_id(), "metrics": metrics, "unsent": len(unsent)},
-                                       indent=2, sort_keys=True))
+    atomic_write_text(
+        place.dir / DONE_FILE,
+        json.dumps({"run_id": ledger.run_id(), "metrics": metrics, "unsent": len(unsent)}, indent=2, sort_keys=True),
+    )
     if not sent:
-        print(f"[perception] WARNING: the tracking server ({uri}) was unreachable; {len(unsent)} operations "
-              f"are kept in {place.dir / 'tracking.jsonl'} and will be sent by "
-              f"`perception-sweep sync --sweep-id {place.sweep_id}` or a resumed run. Last error: "
-              f"{(ledger.failures() or ['none'])[-1]}", flush=True)
-    print(f"[perception] finished {place.name} (sweep {place.sweep_id}, "
-          f"run {ledger.run_id()}): val_auc_mean={metrics.get('val_auc_mean', float('nan')):.4f}", flush=True)
+        print(
+            f"[perception] WARNING: the tracking server ({uri}) was unreachable; {len(unsent)} operations "
+            f"are kept in {place.dir / 'tracking.jsonl'} and will be sent by "
+            f"`perception-sweep sync --sweep-id {place.sweep_id}` or a resumed run. Last error: "
+            f"{(ledger.failures() or ['none'])[-1]}",
+            flush=True,
+        )
+    print(
+        f"[perception] finished {place.name} (sweep {place.sweep_id}, "
+        f"run {ledger.run_id()}): val_auc_mean={metrics.get('val_auc_mean', float('nan')):.4f}",
+        flush=True,
+    )
     return metrics
 
 
@@ -238,8 +303,9 @@ def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> li
         with open(tmp, "wb") as f:
             np.savez(f, probs=ev.probs, labels=ev.labels, mask=ev.mask, index=ev.index)
     names = query_names(ev.attention.sums.shape[0], horizons)
-    save_attention_by_lag(place.dir / ATTENTION, place.dir / ATTENTION_PLOT, ev.attention, names,
-                          title=f"attention by lag: {place.name}")
+    save_attention_by_lag(
+        place.dir / ATTENTION, place.dir / ATTENTION_PLOT, ev.attention, names, title=f"attention by lag: {place.name}"
+    )
     return [(rel, Path(rel).parent.as_posix()) for rel in written]
 
 

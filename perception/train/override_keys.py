@@ -42,8 +42,11 @@ def schema_keys(schema: Any) -> tuple[set[str], set[str]]:
 def group_options(config_module: str = CONFIG_MODULE) -> dict[str, list[str]]:
     """The config groups of conf/ and the options each offers (its YAML files)."""
     root = resources.files(config_module)
-    return {d.name: sorted(f.name[: -len(".yaml")] for f in d.iterdir() if f.name.endswith(".yaml"))
-            for d in root.iterdir() if d.is_dir() and not d.name.startswith("__")}
+    return {
+        d.name: sorted(f.name[: -len(".yaml")] for f in d.iterdir() if f.name.endswith(".yaml"))
+        for d in root.iterdir()
+        if d.is_dir() and not d.name.startswith("__")
+    }
 
 
 def nearest(word: str, known: Sequence[str], n: int = 3) -> list[str]:
@@ -58,8 +61,7 @@ def nearest(word: str, known: Sequence[str], n: int = 3) -> list[str]:
     return [k for m in difflib.get_close_matches(leaf, list(by_leaf), n=n, cutoff=0.75) for k in by_leaf[m]][:n]
 
 
-def check_override_keys(overrides: Sequence[str], schema: Any,
-                        groups: Optional[dict[str, list[str]]] = None) -> None:
+def check_override_keys(overrides: Sequence[str], schema: Any, groups: Optional[dict[str, list[str]]] = None) -> None:
     """Raises ConfigError for the first override whose key or group option does not exist, or that adds a
     key with `+` where the schema takes none. Syntax errors are left to Hydra, which names them."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -82,35 +84,42 @@ def check_override_keys(overrides: Sequence[str], schema: Any,
         parent = key.rsplit(".", 1)[0] if "." in key else ""
         if key in keys:
             if o.is_add():
-                raise ConfigError(f"override {line!r}: {key} exists already; set it without '+': "
-                                  f"{line.lstrip('+')}")
+                raise ConfigError(f"override {line!r}: {key} exists already; set it without '+': {line.lstrip('+')}")
             continue
         if (o.is_add() or o.is_force_add()) and parent in open_maps:
             continue
-        raise ConfigError(_unknown(line, key, parent, keys, set(groups), open_maps,
-                                   adding=o.is_add() or o.is_force_add()))
+        raise ConfigError(
+            _unknown(line, key, parent, keys, set(groups), open_maps, adding=o.is_add() or o.is_force_add())
+        )
 
 
 def _check_option(line: str, group: str, value: Any, options: list[str]) -> None:
     if not isinstance(value, str) or value in options:
         return  # a list of options is a multirun sweep: Hydra checks each
     hint = nearest(value, options)
-    raise ConfigError(f"override {line!r}: {group} has no option {value!r}"
-                      + (f"; did you mean {' or '.join(f'{group}={h}' for h in hint)}?" if hint else "")
-                      + f" (options: {', '.join(options)})")
+    raise ConfigError(
+        f"override {line!r}: {group} has no option {value!r}"
+        + (f"; did you mean {' or '.join(f'{group}={h}' for h in hint)}?" if hint else "")
+        + f" (options: {', '.join(options)})"
+    )
 
 
-def _unknown(line: str, key: str, parent: str, keys: set[str], groups: set[str], open_maps: set[str],
-             adding: bool) -> str:
-    ancestors = {key.rsplit('.', n)[0] for n in range(1, key.count('.') + 1)}  # `trainer` is no hint for trainer.zzz
+def _unknown(
+    line: str, key: str, parent: str, keys: set[str], groups: set[str], open_maps: set[str], adding: bool
+) -> str:
+    ancestors = {key.rsplit(".", n)[0] for n in range(1, key.count(".") + 1)}  # `trainer` is no hint for trainer.zzz
     hint = nearest(key, sorted((keys | groups) - ancestors))
     text = f"override {line!r}: the config has no key {key}"
     if adding:
-        text += (f", and '+' cannot add one: {parent or 'the top level'} takes only its own keys"
-                 + (f" (new keys are allowed under {', '.join(sorted(open_maps))})" if open_maps else ""))
+        text += f", and '+' cannot add one: {parent or 'the top level'} takes only its own keys" + (
+            f" (new keys are allowed under {', '.join(sorted(open_maps))})" if open_maps else ""
+        )
     if hint:
         return text + f"; did you mean {' or '.join(hint)}?"
     parent = parent if parent in keys else ""
-    siblings = sorted(k.rsplit(".", 1)[-1] for k in keys if "." in k and k.rsplit(".", 1)[0] == parent) if parent \
+    siblings = (
+        sorted(k.rsplit(".", 1)[-1] for k in keys if "." in k and k.rsplit(".", 1)[0] == parent)
+        if parent
         else sorted(k for k in keys if "." not in k)
+    )
     return text + f"; the keys {'under ' + parent if parent else 'at the top level'} are: {', '.join(siblings)}"

@@ -34,8 +34,11 @@ class PlainProgress:
     def _print(self) -> None:
         self._last = time.monotonic()
         pct = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        print(f"{self.desc}: {self.n}/{self.total} batches{pct}" + (f", {self.postfix}" if self.postfix else ""),
-              file=self.stream, flush=True)
+        print(
+            f"{self.desc}: {self.n}/{self.total} batches{pct}" + (f", {self.postfix}" if self.postfix else ""),
+            file=self.stream,
+            flush=True,
+        )
 
 
 def progress(total: int, desc: str, enabled: bool, stream: Optional[TextIO] = None):

@@ -37,7 +37,7 @@ class _LineFile:
         for line in lines:
             self.f.write(line.rsplit("\r", 1)[-1].rstrip() + "\n")
         if "\r" in self.partial:  # a bar redrawn for hours: keep its last frame, not every frame
-            self.partial = self.partial[self.partial.rindex("\r"):]
+            self.partial = self.partial[self.partial.rindex("\r") :]
         self.f.flush()
 
     def flush(self) -> None:

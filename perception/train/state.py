@@ -44,8 +44,10 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
         raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({exc})") from exc
     path = run_dir / CHECKPOINTS / str(name)
     if not isinstance(name, str) or path.resolve().parent != (run_dir / CHECKPOINTS).resolve():
-        raise CheckpointError(f"{pointer} points to {name!r}, which resolves to {path.resolve()}: expected a "
-                              f"checkpoint directory inside {run_dir / CHECKPOINTS}")
+        raise CheckpointError(
+            f"{pointer} points to {name!r}, which resolves to {path.resolve()}: expected a "
+            f"checkpoint directory inside {run_dir / CHECKPOINTS}"
+        )
     if not (path / MODEL_FILE).exists() or not (path / STATE_FILE).exists():
         raise CheckpointError(f"{pointer} points to {path}, which lacks {MODEL_FILE} or {STATE_FILE}")
     if "sha256" in content:
@@ -55,15 +57,17 @@ def latest_checkpoint(run_dir: Path) -> Optional[Path]:
 
 def _verify(pointer: Path, checkpoint: Path, recorded: Any) -> None:
     if not isinstance(recorded, dict) or set(recorded) != {MODEL_FILE, STATE_FILE}:
-        raise CheckpointError(f"{pointer}: sha256 must map {MODEL_FILE} and {STATE_FILE} to their digests; "
-                              f"got {recorded!r}")
+        raise CheckpointError(
+            f"{pointer}: sha256 must map {MODEL_FILE} and {STATE_FILE} to their digests; got {recorded!r}"
+        )
     for file, want in sorted(recorded.items()):
         got = file_sha256(checkpoint / file)
         if got != want:
             raise CheckpointError(
                 f"{checkpoint / file}: sha256 {got} differs from {want}, recorded in {pointer} when it was "
                 f"written: the file changed since (overwritten or corrupted), so it is not resumed from; "
-                f"restore it, or delete {checkpoint.parent} to train this run from its start")
+                f"restore it, or delete {checkpoint.parent} to train this run from its start"
+            )
 
 
 def file_sha256(path: Path) -> str:

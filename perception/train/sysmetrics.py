@@ -29,8 +29,9 @@ class SystemMetrics:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            self._monitor = SystemMetricsMonitor(self.run_id, sampling_interval=SAMPLING_INTERVAL_S,
-                                                 resume_logging=True, tracking_uri=self.tracking_uri)
+            self._monitor = SystemMetricsMonitor(
+                self.run_id, sampling_interval=SAMPLING_INTERVAL_S, resume_logging=True, tracking_uri=self.tracking_uri
+            )
             self._monitor.start()
         except Exception as exc:  # psutil missing, server down: train without them
             self._warn("could not start", exc)

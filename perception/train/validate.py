@@ -49,8 +49,10 @@ def check_values(cfg: Config) -> None:
         raise ConfigError(f"trainer.grad_clip={t.grad_clip}: expected a positive norm")
     n_h = len(cfg.data.horizons)
     if t.horizon_weights is not None and len(t.horizon_weights) != n_h:
-        raise ConfigError(f"trainer.horizon_weights has {len(t.horizon_weights)} values: expected one per "
-                          f"horizon of data.horizons={list(cfg.data.horizons)}")
+        raise ConfigError(
+            f"trainer.horizon_weights has {len(t.horizon_weights)} values: expected one per "
+            f"horizon of data.horizons={list(cfg.data.horizons)}"
+        )
 
 
 def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
@@ -67,13 +69,17 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
         raise ConfigError(f"cannot resume {run_dir}: {exc}") from exc
     if resume_dir is not None:
         if enum_value(t.resume) == ResumeMode.never.value:
-            raise ConfigError(f"trainer.resume=never but {run_dir} already holds a checkpoint ({resume_dir.name}); "
-                              "use trainer.resume=auto to continue it, or another sweep_id")
+            raise ConfigError(
+                f"trainer.resume=never but {run_dir} already holds a checkpoint ({resume_dir.name}); "
+                "use trainer.resume=auto to continue it, or another sweep_id"
+            )
         found = enum_value(read_checkpoint_variant(resume_dir / "model.safetensors"))
         if found != variant:
-            raise ConfigError(f"cannot resume model.attention_pool={variant} from {resume_dir / 'model.safetensors'}: "
-                              f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
-                              "use trainer.init_from=PATH in a fresh run directory)")
+            raise ConfigError(
+                f"cannot resume model.attention_pool={variant} from {resume_dir / 'model.safetensors'}: "
+                f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
+                "use trainer.init_from=PATH in a fresh run directory)"
+            )
     return resume_dir
 
 

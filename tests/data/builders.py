@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from perception.data.config import DataConfig, DataSource
-from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records, write_mbp10
+from perception.data.dbn_io import F_LAST, N_LEVELS, empty_records
 
 T0 = 1_704_103_200_000_000_000  # 2024-01-01 10:00 UTC, ns
 TICK = 250_000_000  # 0.25
@@ -33,7 +33,14 @@ def make_records(times_s, bid0_ticks=20_000, spread=1, **fields) -> np.ndarray:
 
 
 def dbn_config(paths, **kw) -> DataConfig:
-    base = dict(source=DataSource.dbn, paths=[str(p) for p in paths], window=2, window_stride=1,
-                horizons=[1, 2], n_folds=2, cache=False)
+    base = dict(
+        source=DataSource.dbn,
+        paths=[str(p) for p in paths],
+        window=2,
+        window_stride=1,
+        horizons=[1, 2],
+        n_folds=2,
+        cache=False,
+    )
     base.update(kw)
     return DataConfig(**base)

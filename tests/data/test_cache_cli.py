@@ -60,8 +60,7 @@ print(ds.data_hash, float(ds.features.sum()))
 
 
 def test_two_concurrent_builders_leave_one_valid_cache(perception_home):
-    procs = [subprocess.Popen([sys.executable, "-c", _BUILD], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD], stdout=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert outs[0] == outs[1]
@@ -71,24 +70,27 @@ def test_two_concurrent_builders_leave_one_valid_cache(perception_home):
     assert np.load(entries[0] / "features.npy", mmap_mode="r").shape == (meta["T"], meta["F"])
 
 
-@pytest.mark.parametrize("override, key", [
-    ({"horizons": [10, 5]}, "data.horizons"),
-    ({"horizons": [0, 5]}, "data.horizons"),
-    ({"horizons": []}, "data.horizons"),
-    ({"fold": 3}, "data.fold=3: expected an integer in 0..2"),
-    ({"n_folds": 1, "fold": 0}, "data.n_folds=1"),
-    ({"window": 0}, "data.window=0"),
-    ({"window_stride": 0}, "data.window_stride=0"),
-    ({"embargo": -1}, "data.embargo=-1"),
-    ({"snapshot_interval": 0.0}, "data.snapshot_interval"),
-    ({"max_gap": 0.5}, "data.max_gap"),
-    ({"tick_size": -0.25}, "data.tick_size"),
-    ({"workers": 0}, "data.workers=0: expected an integer >= 1"),
-    ({"chunk_records": 0}, "data.chunk_records=0"),
-    ({"source": DataSource.dbn}, "data.paths is empty"),
-    ({"source": DataSource.dbn, "paths": ["/nonexistent/*.dbn.zst"]}, r"'/nonexistent/\*.dbn.zst' matches no file"),
-    ({"source": "csv"}, "data.source='csv'"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ({"horizons": [10, 5]}, "data.horizons"),
+        ({"horizons": [0, 5]}, "data.horizons"),
+        ({"horizons": []}, "data.horizons"),
+        ({"fold": 3}, "data.fold=3: expected an integer in 0..2"),
+        ({"n_folds": 1, "fold": 0}, "data.n_folds=1"),
+        ({"window": 0}, "data.window=0"),
+        ({"window_stride": 0}, "data.window_stride=0"),
+        ({"embargo": -1}, "data.embargo=-1"),
+        ({"snapshot_interval": 0.0}, "data.snapshot_interval"),
+        ({"max_gap": 0.5}, "data.max_gap"),
+        ({"tick_size": -0.25}, "data.tick_size"),
+        ({"workers": 0}, "data.workers=0: expected an integer >= 1"),
+        ({"chunk_records": 0}, "data.chunk_records=0"),
+        ({"source": DataSource.dbn}, "data.paths is empty"),
+        ({"source": DataSource.dbn, "paths": ["/nonexistent/*.dbn.zst"]}, r"'/nonexistent/\*.dbn.zst' matches no file"),
+        ({"source": "csv"}, "data.source='csv'"),
+    ],
+)
 def test_config_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
         check_data_config(DataConfig(**{**CI, **override}))
@@ -142,9 +144,23 @@ def test_a_dbn_build_imports_neither_torch_nor_mlflow(perception_home, write_dbn
 
     path = write_dbn(make_records(np.arange(400) * 0.5))
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home)}
-    out = subprocess.run([sys.executable, "-c", _BUILD_IMPORTS, "data=dbn", f"data.paths=[{path}]",
-                          "data.window=8", "data.horizons=[1,5]", "data.window_stride=1", "data.n_folds=2"],
-                         capture_output=True, text=True, env=env, timeout=180)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _BUILD_IMPORTS,
+            "data=dbn",
+            f"data.paths=[{path}]",
+            "data.window=8",
+            "data.horizons=[1,5]",
+            "data.window_stride=1",
+            "data.n_folds=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "none"
 
@@ -187,8 +203,7 @@ def _counting_reads(monkeypatch) -> list[int]:
     return read
 
 
-def test_a_memoised_key_reads_no_input_byte_and_an_edit_or_replacement_always_misses(write_dbn, tmp_path,
-                                                                                      monkeypatch):
+def test_a_memoised_key_reads_no_input_byte_and_an_edit_or_replacement_always_misses(write_dbn, tmp_path, monkeypatch):
     """DVC's way: each input's full sha256 is memoised with the (size, mtime_ns, inode) it was computed
     for; the key reads a file again only when that triple changed."""
     import os

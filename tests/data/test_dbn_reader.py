@@ -14,8 +14,12 @@ from perception.errors import DataError
 
 from tests.data.builders import dbn_config, make_records
 
-MBP10_SAMPLES = ["test_data.mbp-10.dbn", "test_data.mbp-10.v1.dbn.zst",
-                 "test_data.mbp-10.v2.dbn.zst", "test_data.mbp-10.v3.dbn.zst"]
+MBP10_SAMPLES = [
+    "test_data.mbp-10.dbn",
+    "test_data.mbp-10.v1.dbn.zst",
+    "test_data.mbp-10.v2.dbn.zst",
+    "test_data.mbp-10.v3.dbn.zst",
+]
 
 
 def _rendered(path):
@@ -107,8 +111,13 @@ def test_perception_data_build_names_a_legacy_file_whatever_its_frame_number(per
     path = perception_home / "ES.dbz"
     path.write_bytes(b"Q*M\x18" + bytes(60))
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home)}
-    r = subprocess.run(["perception-data", "build", "data=dbn", f"data.paths=[{path}]", "--no-progress"],
-                       capture_output=True, text=True, env=env, timeout=180)
+    r = subprocess.run(
+        ["perception-data", "build", "data=dbn", f"data.paths=[{path}]", "--no-progress"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
     assert r.returncode == 1, r.stderr
     assert f"{path}: legacy DBZ format is not supported" in r.stderr and "Traceback" not in r.stderr
     cache = perception_home / "cache"  # no entry, and no build folder left (the inputs' digests may stay)
@@ -123,8 +132,14 @@ def test_other_schema_is_named(databento_dir, name):
 def test_trades_schema_is_named(tmp_path):
     rec = np.zeros(3, np.dtype(dbn.TradeMsg._dtypes))
     rec["length"], rec["rtype"] = rec.dtype.itemsize // 4, 0
-    meta = dbn.Metadata(dataset="X", start=0, stype_in=dbn.SType.RAW_SYMBOL,
-                        stype_out=dbn.SType.INSTRUMENT_ID, schema=dbn.Schema.TRADES, end=1)
+    meta = dbn.Metadata(
+        dataset="X",
+        start=0,
+        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema.TRADES,
+        end=1,
+    )
     path = tmp_path / "trades.dbn"
     path.write_bytes(meta.encode() + rec.tobytes())
     _expect_data_error(path, "schema is trades")

@@ -28,8 +28,7 @@ def _two_segment_snaps(mids2: list[int], segment: list[int]) -> Snapshots:
     bid = np.asarray(mids2, np.int64)[:, None] // 2 - np.arange(10)
     ask = bid + (np.asarray(mids2)[:, None] - 2 * bid[:, :1])
     z = np.ones((T, 10), np.uint32)
-    return Snapshots(np.arange(T), bid, ask, z, z, z, z, np.ones(T, np.float32),
-                     np.asarray(segment, np.int32))
+    return Snapshots(np.arange(T), bid, ask, z, z, z, z, np.ones(T, np.float32), np.asarray(segment, np.int32))
 
 
 def test_labels_compare_future_mid_and_mask_past_segment_end():

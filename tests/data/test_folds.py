@@ -21,9 +21,15 @@ def fold_cases(draw):
     segment = np.repeat(np.arange(len(seg_lens)), seg_lens).astype(np.int32)
     h = sorted(draw(st.sets(st.integers(1, 60), min_size=1, max_size=4)))
     n_folds = draw(st.integers(2, 5))
-    cfg = DataConfig(window=draw(st.integers(1, 80)), window_stride=draw(st.integers(1, 9)),
-                     horizons=h, n_folds=n_folds, fold=draw(st.integers(0, n_folds - 1)),
-                     embargo=draw(st.one_of(st.none(), st.integers(0, 100))), cache=False)
+    cfg = DataConfig(
+        window=draw(st.integers(1, 80)),
+        window_stride=draw(st.integers(1, 9)),
+        horizons=h,
+        n_folds=n_folds,
+        fold=draw(st.integers(0, n_folds - 1)),
+        embargo=draw(st.one_of(st.none(), st.integers(0, 100))),
+        cache=False,
+    )
     return SimpleNamespace(segment=segment), cfg
 
 
@@ -84,8 +90,9 @@ def test_fewer_windows_than_folds_is_a_clear_error():
         purged_split(ds, cfg)
 
 
-@pytest.mark.parametrize("override, key", [({"window": 3000}, "data.window=3000"),
-                                             ({"horizons": [2, 5000]}, r"data.horizons\[-1\]=5000")])
+@pytest.mark.parametrize(
+    "override, key", [({"window": 3000}, "data.window=3000"), ({"horizons": [2, 5000]}, r"data.horizons\[-1\]=5000")]
+)
 def test_window_or_horizon_longer_than_the_data_is_a_clear_error(override, key):
     cfg = DataConfig(n_snapshots=2000, **{"window": 16, "horizons": [2, 20], **override}, cache=False)
     with pytest.raises(ConfigError, match=key + ".*longest segment"):

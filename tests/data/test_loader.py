@@ -38,9 +38,14 @@ def test_batches_hold_normalised_windows(prepared):
 
 def test_order_depends_on_seed_and_epoch_only_and_resumes(prepared):
     ds, split, norm = prepared
-    make = lambda seed: WindowLoader(ds, split.train_ends, CFG.window, 7, normalizer=norm, seed=seed)
+
+    def make(seed):
+        return WindowLoader(ds, split.train_ends, CFG.window, 7, normalizer=norm, seed=seed)
+
+    def idx(loader, epoch, start=0):
+        return [x.index for x in loader.batches(epoch, start)]
+
     a, b = make(5), make(5)
-    idx = lambda loader, epoch, start=0: [x.index for x in loader.batches(epoch, start)]
     first = torch.cat(idx(a, 1))
     assert torch.equal(first, torch.cat(idx(b, 1)))
     assert not torch.equal(first, torch.cat(idx(a, 2)))

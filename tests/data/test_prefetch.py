@@ -109,13 +109,15 @@ def test_training_on_prefetched_batches_equals_training_inline(prepared):
     device = torch.device("cuda")
 
     def trained(ahead: bool) -> dict[str, torch.Tensor]:
-        model = PerceptionModel(ModelConfig(d_model=16, ops="cuda"), n_features=ds.features.shape[1],
-                                horizons=CFG.horizons, seed=0).to(device)
+        model = PerceptionModel(
+            ModelConfig(d_model=16, ops="cuda"), n_features=ds.features.shape[1], horizons=CFG.horizons, seed=0
+        ).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
         with prefetched(loader(prepared, pin_memory=ahead).batches(0), device, ahead=ahead) as batches:
-            totals = train_epoch(model, batches, opt, sched, masked_bce, precision="fp32", device=device,
-                                 grad_clip=1.0, epoch=0)
+            totals = train_epoch(
+                model, batches, opt, sched, masked_bce, precision="fp32", device=device, grad_clip=1.0, epoch=0
+            )
         assert totals.steps > 2
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 

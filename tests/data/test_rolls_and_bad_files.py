@@ -50,22 +50,30 @@ def _roll_files(tmp_path, continuous_on_day=None):
     paths = []
     for day in range(4):
         d = DAY0 + timedelta(days=day)
-        mapped = continuous_on_day(day, d) if continuous_on_day else (d, d + timedelta(days=1),
-                                                                      FRONT if day < 2 else NEXT)
-        mappings = {"ES.c.0": [mapped],
-                    "ESH4": [(DAY0, DAY0 + timedelta(days=4), FRONT)],
-                    "ESM4": [(DAY0, DAY0 + timedelta(days=4), NEXT)]}
+        mapped = (
+            continuous_on_day(day, d) if continuous_on_day else (d, d + timedelta(days=1), FRONT if day < 2 else NEXT)
+        )
+        mappings = {
+            "ES.c.0": [mapped],
+            "ESH4": [(DAY0, DAY0 + timedelta(days=4), FRONT)],
+            "ESM4": [(DAY0, DAY0 + timedelta(days=4), NEXT)],
+        }
         path = tmp_path / f"glbx-mdp3-{d:%Y%m%d}.mbp-10.dbn.zst"
-        write_mbp10(path, _day_records(day), dataset="GLBX.MDP3", compress=True, mappings=mappings,
-                    stype_in=dbn.SType.CONTINUOUS)
+        write_mbp10(
+            path,
+            _day_records(day),
+            dataset="GLBX.MDP3",
+            compress=True,
+            mappings=mappings,
+            stype_in=dbn.SType.CONTINUOUS,
+        )
         paths.append(path)
     return paths
 
 
 def test_a_continuous_symbol_keeps_both_contracts_with_a_segment_break_at_the_roll(tmp_path):
     paths = _roll_files(tmp_path)
-    ds = _build(dbn_config(paths, instrument="ES.c.0", horizons=[1, 5], chunk_records=1000, **ROLL), "",
-                progress=False)
+    ds = _build(dbn_config(paths, instrument="ES.c.0", horizons=[1, 5], chunk_records=1000, **ROLL), "", progress=False)
     assert len(ds) == 4 * 1440  # one snapshot a minute on each of the four days
     roll = 2 * 1440
     assert ds.segment.tolist() == [0] * roll + [1] * roll  # a gap of 60 s only: the roll alone breaks it
@@ -74,15 +82,18 @@ def test_a_continuous_symbol_keeps_both_contracts_with_a_segment_break_at_the_ro
     assert ds.features[roll, 60] == 0.0  # no mid return across it (prices jump by 100 ticks)
     used = {row["instrument_id"]: row for row in ds.summary["instruments"]}
     assert used[FRONT]["records"] == used[NEXT]["records"] == 2 * 2880
-    assert used[FRONT]["first"].startswith("2024-03-11T00:00:15") and used[FRONT]["last"].startswith("2024-03-12T23:59:45")
-    assert used[NEXT]["first"].startswith("2024-03-13T00:00:15") and used[NEXT]["last"].startswith("2024-03-14T23:59:45")
+    assert used[FRONT]["first"].startswith("2024-03-11T00:00:15") and used[FRONT]["last"].startswith(
+        "2024-03-12T23:59:45"
+    )
+    assert used[NEXT]["first"].startswith("2024-03-13T00:00:15") and used[NEXT]["last"].startswith(
+        "2024-03-14T23:59:45"
+    )
     assert used[FRONT]["symbols"] == ["ES.c.0", "ESH4"] and ds.summary["rolls"] == 1
 
 
 @pytest.mark.parametrize("instrument", ["ESM4", str(NEXT)])
 def test_a_raw_symbol_or_an_id_keeps_one_contract_throughout(tmp_path, instrument):
-    ds = _build(dbn_config(_roll_files(tmp_path), instrument=instrument, horizons=[1, 5], **ROLL), "",
-                progress=False)
+    ds = _build(dbn_config(_roll_files(tmp_path), instrument=instrument, horizons=[1, 5], **ROLL), "", progress=False)
     assert len(ds) == 4 * 1440 and set(ds.segment.tolist()) == {0}
     assert [row["instrument_id"] for row in ds.summary["instruments"]] == [NEXT]
 
@@ -108,15 +119,33 @@ def test_the_cli_lists_the_instruments_with_dates_and_counts(tmp_path, perceptio
     paths = _roll_files(tmp_path)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home)}
     res = subprocess.run(
-        ["perception-data", "build", "data=dbn", f"data.paths=[{','.join(map(str, paths))}]",
-         "data.instrument=ES.c.0", "data.snapshot_interval=60", "data.max_gap=600", "data.window=8",
-         "data.horizons=[1,5]", "data.window_stride=1", "data.n_folds=2", "data.workers=2", "--no-progress"],
-        capture_output=True, text=True, env=env, timeout=300)
+        [
+            "perception-data",
+            "build",
+            "data=dbn",
+            f"data.paths=[{','.join(map(str, paths))}]",
+            "data.instrument=ES.c.0",
+            "data.snapshot_interval=60",
+            "data.max_gap=600",
+            "data.window=8",
+            "data.horizons=[1,5]",
+            "data.window_stride=1",
+            "data.n_folds=2",
+            "data.workers=2",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "records:   23040 read from 4 files, 5760 snapshots in 2 segments (1 instrument changes)" in out
-    assert (f"instrument {FRONT} (ES.c.0,ESH4): 5760 records, 2024-03-11T00:00:15.000000Z .. "
-            "2024-03-12T23:59:45.000000Z, 2 files") in out
+    assert (
+        f"instrument {FRONT} (ES.c.0,ESH4): 5760 records, 2024-03-11T00:00:15.000000Z .. "
+        "2024-03-12T23:59:45.000000Z, 2 files"
+    ) in out
     assert f"instrument {NEXT} (ES.c.0,ESM4): 5760 records, 2024-03-13T00:00:15" in out
     assert "other_instrument=11520" in out and "peak RSS:" in out
 
@@ -140,8 +169,9 @@ def test_files_that_touch_end_to_start_are_not_an_overlap(write_dbn):
 
 
 def _good_files(write_dbn, n=3):
-    return [write_dbn(make_records(np.arange(400) * 0.5 + 1000 * i), f"good{i}.dbn.zst", compress=True)
-            for i in range(n)]
+    return [
+        write_dbn(make_records(np.arange(400) * 0.5 + 1000 * i), f"good{i}.dbn.zst", compress=True) for i in range(n)
+    ]
 
 
 def _truncated_zst(write_dbn):
@@ -161,8 +191,14 @@ def _truncated_dbn(write_dbn):
 def _other_schema(write_dbn):
     rec = np.zeros(3, np.dtype(dbn.MBP1Msg._dtypes))
     rec["length"], rec["rtype"] = rec.dtype.itemsize // 4, 1
-    meta = dbn.Metadata(dataset="SYNTH.MBP10", start=0, stype_in=dbn.SType.RAW_SYMBOL,
-                        stype_out=dbn.SType.INSTRUMENT_ID, schema=dbn.Schema.MBP_1, end=1)
+    meta = dbn.Metadata(
+        dataset="SYNTH.MBP10",
+        start=0,
+        stype_in=dbn.SType.RAW_SYMBOL,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema.MBP_1,
+        end=1,
+    )
     path = _tmp(write_dbn) / "mbp1.dbn"  # the fixture writes MBP-10 only
     path.write_bytes(meta.encode() + rec.tobytes())
     return path, "schema is mbp-1, expected mbp-10"

@@ -21,9 +21,13 @@ from perception.data.file_clock import FileJob, extract_file
 
 from tests.data.builders import dbn_config, make_records
 
-MBP10_SAMPLES = ["dbn/test_data.mbp-10.dbn", "dbn/test_data.mbp-10.v1.dbn.zst",
-                 "dbn/test_data.mbp-10.v2.dbn.zst", "dbn/test_data.mbp-10.v3.dbn.zst",
-                 "databento-python/GLBX.MDP3/test_data.mbp-10.dbn.zst"]
+MBP10_SAMPLES = [
+    "dbn/test_data.mbp-10.dbn",
+    "dbn/test_data.mbp-10.v1.dbn.zst",
+    "dbn/test_data.mbp-10.v2.dbn.zst",
+    "dbn/test_data.mbp-10.v3.dbn.zst",
+    "databento-python/GLBX.MDP3/test_data.mbp-10.dbn.zst",
+]
 _ARRAYS = ("features", "dt", "y", "mask", "segment")
 
 
@@ -52,8 +56,9 @@ def test_real_sample_records_over_several_days_and_chunks(databento_dir, write_d
     files = []
     for day in range(5):
         copies = np.concatenate([rec] * 40)
-        copies["ts_recv"] += np.repeat(np.arange(40), len(rec)).astype(np.uint64) * 7_000_000_000 \
-            + np.uint64(day * 86_400_000_000_000)
+        copies["ts_recv"] += np.repeat(np.arange(40), len(rec)).astype(np.uint64) * 7_000_000_000 + np.uint64(
+            day * 86_400_000_000_000
+        )
         files.append(write_dbn(copies, f"day{day}.dbn.zst", compress=day % 2 == 0))
     for chunk in (5, 64):
         cfg = dbn_config(files, chunk_records=chunk)
@@ -68,8 +73,7 @@ def _book_events(rng: np.random.Generator, n: int) -> np.ndarray:
     crossed and one-sided books, book clears and gaps."""
     steps = rng.choice([0.0, 0.05, 0.3, 0.9, 1.7, 75.0], size=n, p=[0.1, 0.4, 0.25, 0.15, 0.08, 0.02])
     times = np.cumsum(steps)
-    rec = make_records(times, bid0_ticks=20_000 + rng.integers(-3, 4, size=n).cumsum(),
-                       spread=1)
+    rec = make_records(times, bid0_ticks=20_000 + rng.integers(-3, 4, size=n).cumsum(), spread=1)
     rec["bid_sz_00"] = rng.integers(1, 50, size=n)
     rec["instrument_id"] = np.where(rng.random(n) < 0.15, 9, 7)
     rec["flags"] = np.where(rng.random(n) < 0.1, 0, 128)
@@ -105,16 +109,29 @@ def _write_set(folder: Path, rng: np.random.Generator, n: int, n_files: int, far
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**31), n=st.integers(40, 400), n_files=st.integers(1, 4),
-       chunk=st.integers(1, 120), far=st.booleans(), instrument=st.sampled_from(["7", "9"]),
-       block=st.integers(1, 40))
+@given(
+    seed=st.integers(0, 2**31),
+    n=st.integers(40, 400),
+    n_files=st.integers(1, 4),
+    chunk=st.integers(1, 120),
+    far=st.booleans(),
+    instrument=st.sampled_from(["7", "9"]),
+    block=st.integers(1, 40),
+)
 def test_streaming_equals_in_memory_over_random_chunk_sizes(seed, n, n_files, chunk, far, instrument, block):
     """`block`: feature rows a block, so that features are computed while later files are read."""
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as tmp, mock.patch.object(assemble, "FEATURE_BLOCK", block):
         paths = _write_set(Path(tmp), rng, n, n_files, far)
-        cfg = dbn_config(paths, instrument=instrument, chunk_records=chunk, snapshot_interval=1.0,
-                         max_gap=60.0, tick_size=0.25, workers=1)  # workers: test_workers_give_...
+        cfg = dbn_config(
+            paths,
+            instrument=instrument,
+            chunk_records=chunk,
+            snapshot_interval=1.0,
+            max_gap=60.0,
+            tick_size=0.25,
+            workers=1,
+        )  # workers: test_workers_give_...
         try:
             oracle = build_in_memory(cfg)
         except Exception as e:  # e.g. zero usable snapshots: the streamed build must refuse alike
@@ -158,8 +175,9 @@ def test_files_are_taken_in_time_order_whatever_their_listed_order(tmp_path, sma
     paths = _write_set(tmp_path, np.random.default_rng(3), 300 * len(listed), len(listed), far=False)
     cfg = dbn_config(paths, instrument="7", chunk_records=17)
     done = _rows_done_ahead(monkeypatch)
-    assert_same(streamed(dbn_config([paths[i] for i in listed], instrument="7", chunk_records=17)),
-                build_in_memory(cfg))
+    assert_same(
+        streamed(dbn_config([paths[i] for i in listed], instrument="7", chunk_records=17)), build_in_memory(cfg)
+    )
     assert len(done) == len(listed)
 
 
@@ -169,8 +187,9 @@ def test_workers_give_bit_identical_results(tmp_path, small_blocks):
     two = streamed(dbn_config(paths, instrument="7", chunk_records=23, workers=2))
     assert_same(two, one)
     this_run = ("files_read_whole",)  # the chunk per worker decides which files fall back to it
-    assert {k: v for k, v in one.summary.items() if k not in this_run} == \
-        {k: v for k, v in two.summary.items() if k not in this_run}
+    assert {k: v for k, v in one.summary.items() if k not in this_run} == {
+        k: v for k, v in two.summary.items() if k not in this_run
+    }
     assert_same(one, build_in_memory(dbn_config(paths, instrument="7")))
 
 

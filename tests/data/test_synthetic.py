@@ -153,8 +153,9 @@ def per_horizon_worlds():
     out = {}
     for world in ("per_horizon", "per_horizon_null"):
         snaps = synthetic.generate(n, seed, PH_HORIZONS, PH_K, world=world)
-        events = synthetic._horizon_events(np.random.default_rng([seed, 0xE7E]), n, PH_HORIZONS, PH_K, 0.6,
-                                           null=world == "per_horizon_null")
+        events = synthetic._horizon_events(
+            np.random.default_rng([seed, 0xE7E]), n, PH_HORIZONS, PH_K, 0.6, null=world == "per_horizon_null"
+        )
         y, _ = compute_labels(snaps, PH_HORIZONS)
         ends = np.arange(PH_K, n - PH_HORIZONS[-1], 4)
         sides = {kind: _last_event_sides(events, kind, ends, PH_K) for kind in events.times}
@@ -177,8 +178,11 @@ def test_per_horizon_worlds_are_seeded_and_mark_every_event():
         for level in levels:  # the kind's markers: eight-fold counts on both sides
             np.testing.assert_array_equal(a.ask_ct[t, level], plain.ask_ct[t, level] * synthetic.MARKER_FACTOR)
         for level in synthetic.SIDE_LEVELS:  # the side: ten-fold sizes on the flagged side only
-            flagged = np.where(events.sides[kind] > 0, a.bid_sz[t, level] // plain.bid_sz[t, level],
-                               a.ask_sz[t, level] // plain.ask_sz[t, level])
+            flagged = np.where(
+                events.sides[kind] > 0,
+                a.bid_sz[t, level] // plain.bid_sz[t, level],
+                a.ask_sz[t, level] // plain.ask_sz[t, level],
+            )
             assert np.all(flagged == synthetic.SIDE_FACTOR)
     # events of one kind are spaced beyond their drift: at most one of each kind in a window
     for kind, pieces in synthetic.drift_pieces(PH_HORIZONS, PH_K).items():
@@ -237,8 +241,22 @@ def test_world_is_part_of_the_data_hash_and_default_keeps_old_hashes():
 
     base = DataConfig(**SMOKE)
     assert data_hash(base) == data_hash(DataConfig(**SMOKE, synthetic_world="default"))
-    assert len({data_hash(DataConfig(**SMOKE, synthetic_world=w)) for w in ("default", "no_signal", "per_horizon", "per_horizon_null",
-                                                                          "per_horizon_extremes", "per_horizon_extremes_null")}) == 6
+    assert (
+        len(
+            {
+                data_hash(DataConfig(**SMOKE, synthetic_world=w))
+                for w in (
+                    "default",
+                    "no_signal",
+                    "per_horizon",
+                    "per_horizon_null",
+                    "per_horizon_extremes",
+                    "per_horizon_extremes_null",
+                )
+            }
+        )
+        == 6
+    )
 
 
 @pytest.fixture(scope="module")
@@ -249,8 +267,9 @@ def extreme_worlds():
     out = {}
     for world in ("per_horizon_extremes", "per_horizon_extremes_null"):
         snaps = synthetic.generate(n, seed, PH_HORIZONS, PH_K, world=world)
-        bursts = extremes_world.jump_bursts(np.random.default_rng([seed, 0x1B5]), n, PH_HORIZONS, PH_K, 0.6,
-                                           null=world.endswith("_null"))
+        bursts = extremes_world.jump_bursts(
+            np.random.default_rng([seed, 0x1B5]), n, PH_HORIZONS, PH_K, 0.6, null=world.endswith("_null")
+        )
         y, _ = compute_labels(snaps, PH_HORIZONS)
         ends = np.arange(PH_K, n - PH_HORIZONS[-1], 4)
         b = np.minimum(np.searchsorted(bursts.times[:, 0], ends - PH_K + 1), len(bursts.starts) - 1)
@@ -278,8 +297,12 @@ def test_extreme_worlds_are_seeded_and_mark_every_burst(extreme_worlds):
     rest = [lvl for lvl in range(snaps.bid_ct.shape[1]) if lvl not in marker + intensity]
     count = np.rint(extremes_world.INTENSITY_COUNT * np.exp(bursts.intensity.ravel()))
     for book, base in ((snaps.bid_ct, plain.bid_ct), (snaps.ask_ct, plain.ask_ct)):
-        np.testing.assert_array_equal(book[t][:, marker], base[t][:, marker] * extremes_world.MARKER_FACTOR)  # the marker
-        np.testing.assert_array_equal(book[t][:, intensity], np.repeat(count[:, None], len(intensity), 1))  # shown exactly
+        np.testing.assert_array_equal(
+            book[t][:, marker], base[t][:, marker] * extremes_world.MARKER_FACTOR
+        )  # the marker
+        np.testing.assert_array_equal(
+            book[t][:, intensity], np.repeat(count[:, None], len(intensity), 1)
+        )  # shown exactly
         np.testing.assert_array_equal(book[t][:, rest], base[t][:, rest])
     sides_at = list(extremes_world.SIDE_LEVELS)
     for book, base, flagged in ((snaps.bid_sz, plain.bid_sz, side > 0), (snaps.ask_sz, plain.ask_sz, side < 0)):

@@ -37,8 +37,17 @@ def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_serve
     build_sweep(client, "cli-missing", SweepSpec(mu_a=BASE, mu_b=BASE, skip={("shared", 0)}))
 
     # a decision: exit 0, one JSON line on stdout, the decision file, the report under PERCEPTION_HOME
-    done = gate_cli("--sweep-id", "cli-ship", "--tracking-uri", mlflow_server, "--config", "ci",
-                    "--decision-file", str(tmp_path / "decision.txt"), home=perception_home)
+    done = gate_cli(
+        "--sweep-id",
+        "cli-ship",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "--decision-file",
+        str(tmp_path / "decision.txt"),
+        home=perception_home,
+    )
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.strip().splitlines()
     out = json.loads(line)
@@ -50,8 +59,17 @@ def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_serve
     assert "gate/report.md" in logged and "gate/auc_by_horizon.png" in logged
 
     # a refusal: exit 3 naming the missing run
-    done = gate_cli("--sweep-id", "cli-missing", "--tracking-uri", mlflow_server, "--config", "ci",
-                    "--out", str(tmp_path / "refused"), home=perception_home)
+    done = gate_cli(
+        "--sweep-id",
+        "cli-missing",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "--out",
+        str(tmp_path / "refused"),
+        home=perception_home,
+    )
     assert done.returncode == 3, done.stderr
     out = json.loads(done.stdout)
     assert out["refused"] and out["decision"] is None
@@ -68,7 +86,8 @@ def test_cli_decides_refuses_and_rejects_bad_usage_against_a_server(mlflow_serve
 
 
 def test_the_mlflow_experiment_is_named_by_mlflow_experiment_and_still_by_its_old_spelling(
-        mlflow_server, tmp_path, perception_home):
+    mlflow_server, tmp_path, perception_home
+):
     client = MlflowClient(tracking_uri=mlflow_server)
     ensure_experiment(client)
     experiment = f"gate-named-{uuid.uuid4().hex[:8]}"
@@ -84,8 +103,10 @@ def test_the_mlflow_experiment_is_named_by_mlflow_experiment_and_still_by_its_ol
     done = gate_cli(*common, "--experiment", experiment, "--out", str(tmp_path / "old"), home=perception_home)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["decision"] == "ship_per_horizon"
-    assert f"perception-gate: --experiment is deprecated here (it names the MLflow experiment); " \
-           f"use --mlflow-experiment {experiment}" in done.stderr
+    assert (
+        f"perception-gate: --experiment is deprecated here (it names the MLflow experiment); "
+        f"use --mlflow-experiment {experiment}" in done.stderr
+    )
 
     # neither: the default experiment, which holds no such sweep
     done = gate_cli(*common, "--out", str(tmp_path / "default"), home=perception_home)
@@ -101,18 +122,45 @@ def test_gate_values_are_overridden_on_the_command_line(mlflow_server, tmp_path,
     build_sweep(client, "cli-override", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8]))
 
     # the lift lives at h40 only: weighting h20 instead leaves nothing to ship
-    done = gate_cli("--sweep-id", "cli-override", "--tracking-uri", mlflow_server, "--config", "ci",
-                    "--out", str(tmp_path / "r"), "gate.weights={20: 1.0}", "gate.alpha=0.01", home=perception_home)
+    done = gate_cli(
+        "--sweep-id",
+        "cli-override",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "--out",
+        str(tmp_path / "r"),
+        "gate.weights={20: 1.0}",
+        "gate.alpha=0.01",
+        home=perception_home,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["decision"] != "ship_per_horizon"
     config = json.loads((tmp_path / "r" / "report.json").read_text())["config"]
     assert config["weights"] == {"h20": 1.0} and config["alpha"] == 0.01 and config["shift_horizons"] == [2, 5]
 
-    done = gate_cli("--sweep-id", "cli-override", "--tracking-uri", mlflow_server, "--config", "ci",
-                    "gate.alpah=0.01", home=perception_home)
+    done = gate_cli(
+        "--sweep-id",
+        "cli-override",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "gate.alpah=0.01",
+        home=perception_home,
+    )
     assert done.returncode == 2 and "alpah" in done.stderr
-    done = gate_cli("--sweep-id", "cli-override", "--tracking-uri", mlflow_server, "--config", "ci",
-                    "alpha=0.01", home=perception_home)
+    done = gate_cli(
+        "--sweep-id",
+        "cli-override",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "alpha=0.01",
+        home=perception_home,
+    )
     assert done.returncode == 2 and "expected gate.KEY=VALUE" in done.stderr
 
 
@@ -127,8 +175,12 @@ def test_shipped_gate_configs_are_deltas_over_the_defaults():
 def test_a_sweep_id_longer_than_an_argo_label_is_a_usage_error(tmp_path):
     """The gate accepts the ids the sweep accepts, and no others: at most 63 characters (the id is an Argo
     label value); it says so before it reads anything."""
-    done = gate_cli("--sweep-id", "s" * 64, "--config", "ci", "--tracking-uri", str(tmp_path / "no-store"),
-                    home=tmp_path)
+    done = gate_cli(
+        "--sweep-id", "s" * 64, "--config", "ci", "--tracking-uri", str(tmp_path / "no-store"), home=tmp_path
+    )
     assert done.returncode == 2, done.stderr
-    assert f"perception-gate: error: argument --sweep-id: '{'s' * 64}'" in done.stderr and "at most 63 characters" in done.stderr
+    assert (
+        f"perception-gate: error: argument --sweep-id: '{'s' * 64}'" in done.stderr
+        and "at most 63 characters" in done.stderr
+    )
     assert done.stdout == "" and not (tmp_path / "no-store").exists()

@@ -22,8 +22,11 @@ def test_the_parent_run_carries_a_table_per_horizon_and_the_plot(gate_store, tmp
     assert listed[0] == "comparison/auc_by_horizon.png" and listed[1] == "comparison/deciding_val_auc_h40.json"
     assert set(listed[2:]) == {f"comparison/val_auc_h{h}.json" for h in (2, 5, 10, 20)}
 
-    table = json.loads(open(client.download_artifacts(parent.info.run_id, "comparison/deciding_val_auc_h40.json",
-                                                      str(tmp_path))).read())
+    table = json.loads(
+        open(
+            client.download_artifacts(parent.info.run_id, "comparison/deciding_val_auc_h40.json", str(tmp_path))
+        ).read()
+    )
     assert table["columns"] == ["fold", "A shared", "B per_horizon", "B − A"]
     rows = {r[0]: r[1:] for r in table["data"]}
     assert list(rows) == ["0", "1", "2", "mean"]

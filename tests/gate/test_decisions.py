@@ -23,8 +23,14 @@ BASE = [0.6] * 5
 def gate(gate_store, tmp_path: Path, sweep_id: str, spec: SweepSpec, config: str = "ci"):
     uri, client = gate_store
     chosen = build_sweep(client, sweep_id, spec)
-    outcome = run_gate(sweep_id, tracking_uri=uri, config_name=config, out_dir=tmp_path / "report",
-                       decision_file=tmp_path / "decision", progress=False)
+    outcome = run_gate(
+        sweep_id,
+        tracking_uri=uri,
+        config_name=config,
+        out_dir=tmp_path / "report",
+        decision_file=tmp_path / "decision",
+        progress=False,
+    )
     return outcome, chosen
 
 
@@ -100,9 +106,12 @@ def test_ship_by_rule_1_on_the_test_when_the_lift_is_under_the_floor(gate_store,
     lines = (tmp_path / "report" / "report.md").read_text().splitlines()
     top = lines.index("## The decision in numbers")
     assert lines[top + 2].startswith("**Decision: `ship_per_horizon`**")
-    assert lines[top + 4].startswith("**Rule:** rule 1 (lift at the deployment horizons) fired (W >= min_lift (0.01)) on h40")
-    assert lines[top + 6].startswith(f"**Carried by the test:** p = {r1['p_bootstrap']:.4g} < its Holm level 0.025, "
-                                     f"enough on its own")
+    assert lines[top + 4].startswith(
+        "**Rule:** rule 1 (lift at the deployment horizons) fired (W >= min_lift (0.01)) on h40"
+    )
+    assert lines[top + 6].startswith(
+        f"**Carried by the test:** p = {r1['p_bootstrap']:.4g} < its Holm level 0.025, enough on its own"
+    )
     assert lines.index("## Caveats") == top + 8 < lines.index("## Why")
 
 
@@ -130,8 +139,9 @@ def test_keep_shared_when_per_horizon_is_worse(gate_store, tmp_path):
     assert (outcome.decision, outcome.exit_code) == ("keep_shared", 0)
     lines = (tmp_path / "report" / "report.md").read_text().splitlines()
     top = lines.index("## The decision in numbers")
-    assert lines[top + 4].startswith("**Rule:** none fired (rule 1 (lift at the deployment horizons) needs "
-                                     "W >= min_lift (0.01), saw W = ")
+    assert lines[top + 4].startswith(
+        "**Rule:** none fired (rule 1 (lift at the deployment horizons) needs W >= min_lift (0.01), saw W = "
+    )
     assert lines[top + 6].startswith("**Evidence:** none is needed to keep the control")
     assert (tmp_path / "decision").read_text().strip() == "keep_shared"
 
@@ -154,8 +164,15 @@ def test_autocorrelated_lift_iid_test_significant_block_bootstrap_not(gate_store
     """B's advantage flips sign every 200 windows, the span of one window's dependence
     ((K + h_max) / stride = (720 + 40) / 4 = 190): 6000 windows but only ~30 independent pieces. Two
     replicates, so the window bootstrap carries the evidence (the folds repeat the same episodes)."""
-    spec = SweepSpec(mu_a=BASE, mu_b=BASE, window=720, n_windows=2000, replicates=2,
-                     episodes=[[1, 1, -1, 1, -1, 1, 1, -1, 1, -1]] * 3, episode_effect=0.2)
+    spec = SweepSpec(
+        mu_a=BASE,
+        mu_b=BASE,
+        window=720,
+        n_windows=2000,
+        replicates=2,
+        episodes=[[1, 1, -1, 1, -1, 1, 1, -1, 1, -1]] * 3,
+        episode_effect=0.2,
+    )
     outcome, _ = gate(gate_store, tmp_path, "autocorrelated", spec)
     s = outcome.summary
     assert s["block_len_windows"] == 190
@@ -178,8 +195,10 @@ def test_custom_weights_average_the_per_horizon_deltas(gate_store, tmp_path):
         for fold in range(3):
             p = fold_predictions(spec, fold)
             m = p["shared"]["mask"][:, j]
-            per_fold.append(roc_auc_score(p["per_horizon"]["labels"][m, j], p["per_horizon"]["probs"][m, j])
-                            - roc_auc_score(p["shared"]["labels"][m, j], p["shared"]["probs"][m, j]))
+            per_fold.append(
+                roc_auc_score(p["per_horizon"]["labels"][m, j], p["per_horizon"]["probs"][m, j])
+                - roc_auc_score(p["shared"]["labels"][m, j], p["shared"]["probs"][m, j])
+            )
         delta[h] = float(np.mean(per_fold))
     s = outcome.summary
     assert s["W"] == pytest.approx((delta[5] + 3 * delta[40]) / 4, abs=1e-9)
@@ -216,16 +235,36 @@ LIFT = [0.6, 0.6, 0.6, 0.6, 0.8]
 NOISY = dict(n_windows=400, own_noise=1.5)  # arms nearly independent, few windows: small lifts stay unproven
 
 
-@pytest.mark.parametrize("arms, noise, ship, attr_decision, verdict", [
-    ((BASE, LIFT, BASE), {}, True, "ship_per_horizon", "per-horizon queries add lift beyond the context path"),
-    ((BASE, LIFT, LIFT), {}, True, "keep_shared_skip", "the lift is explained by feeding pooled context to the heads"),
-    (([0.6, 0.6, 0.6, 0.6, 0.0], [0.6, 0.6, 0.6, 0.6, 0.64], BASE), NOISY, True, "inconclusive",
-     "the data cannot tell"),
-], ids=["beats-both", "beats-shared-only", "cannot-tell"])
+@pytest.mark.parametrize(
+    "arms, noise, ship, attr_decision, verdict",
+    [
+        ((BASE, LIFT, BASE), {}, True, "ship_per_horizon", "per-horizon queries add lift beyond the context path"),
+        (
+            (BASE, LIFT, LIFT),
+            {},
+            True,
+            "keep_shared_skip",
+            "the lift is explained by feeding pooled context to the heads",
+        ),
+        (
+            ([0.6, 0.6, 0.6, 0.6, 0.0], [0.6, 0.6, 0.6, 0.6, 0.64], BASE),
+            NOISY,
+            True,
+            "inconclusive",
+            "the data cannot tell",
+        ),
+    ],
+    ids=["beats-both", "beats-shared-only", "cannot-tell"],
+)
 def test_attribution_through_the_shared_skip_control(gate_store, tmp_path, arms, noise, ship, attr_decision, verdict):
     mu_shared, mu_ph, mu_skip = arms
-    spec = SweepSpec(mu_a=mu_shared, mu_b=mu_ph, extra_arms={"shared_skip": mu_skip}, **noise,
-                     diagnostics={"per_horizon": SPECIALISED, "shared": SPECIALISED, "shared_skip": SPECIALISED})
+    spec = SweepSpec(
+        mu_a=mu_shared,
+        mu_b=mu_ph,
+        extra_arms={"shared_skip": mu_skip},
+        **noise,
+        diagnostics={"per_horizon": SPECIALISED, "shared": SPECIALISED, "shared_skip": SPECIALISED},
+    )
     outcome, _ = gate(gate_store, tmp_path, f"attr-{attr_decision}", spec)
     s = outcome.summary
     assert s["control"] == "shared" and s["treatment"] == "per_horizon"
@@ -252,9 +291,14 @@ def test_neither_control_is_beaten(gate_store, tmp_path):
 
 
 def test_a_control_without_learning_signal_and_unspecialised_queries_are_flagged(gate_store, tmp_path):
-    spec = SweepSpec(mu_a=BASE, mu_b=LIFT, diagnostics={
-        "shared": {**TRUNK, "grad_norm_pool_query": 0.0, "query_divergence": 0.0},
-        "per_horizon": {**TRUNK, "grad_norm_pool_query": 0.01, "query_divergence": 0.001}})
+    spec = SweepSpec(
+        mu_a=BASE,
+        mu_b=LIFT,
+        diagnostics={
+            "shared": {**TRUNK, "grad_norm_pool_query": 0.0, "query_divergence": 0.0},
+            "per_horizon": {**TRUNK, "grad_norm_pool_query": 0.01, "query_divergence": 0.001},
+        },
+    )
     outcome, _ = gate(gate_store, tmp_path, "flags", spec)
     s = outcome.summary
     assert outcome.decision == "ship_per_horizon" and s["attribution"] is None
@@ -278,11 +322,25 @@ def test_runs_without_diagnostics_read_not_measured_and_are_still_gated(gate_sto
 def test_control_and_treatment_name_the_decision_words(gate_store, tmp_path):
     uri, client = gate_store
     build_sweep(client, "words", SweepSpec(mu_a=BASE, mu_b=LIFT, extra_arms={"shared_skip": LIFT}))
-    outcome = run_gate("words", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r", progress=False,
-                       control="shared", treatment="shared_skip")
+    outcome = run_gate(
+        "words",
+        tracking_uri=uri,
+        config_name="ci",
+        out_dir=tmp_path / "r",
+        progress=False,
+        control="shared",
+        treatment="shared_skip",
+    )
     assert outcome.decision == "ship_shared_skip" and outcome.summary["treatment"] == "shared_skip"
-    outcome = run_gate("words", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r2", progress=False,
-                       control="shared_skip", treatment="shared")
+    outcome = run_gate(
+        "words",
+        tracking_uri=uri,
+        config_name="ci",
+        out_dir=tmp_path / "r2",
+        progress=False,
+        control="shared_skip",
+        treatment="shared",
+    )
     assert outcome.decision == "keep_shared_skip"
     with pytest.raises(ConfigError, match="not an arm"):
         run_gate("words", tracking_uri=uri, config_name="ci", progress=False, control="bogus")
@@ -312,7 +370,9 @@ def test_replicate_sets_that_differ_within_a_fold_are_refused(gate_store, tmp_pa
     spec = SweepSpec(mu_a=BASE, mu_b=BASE, replicates=2, skip_replicate=("per_horizon", 1, 1))
     outcome, _ = gate(gate_store, tmp_path, "reps-missing", spec)
     assert outcome.refused and outcome.exit_code == 3
-    assert outcome.reasons == ["per_horizon fold 1 replicate 1: no FINISHED run; the arms' replicate sets differ in fold 1"]
+    assert outcome.reasons == [
+        "per_horizon fold 1 replicate 1: no FINISHED run; the arms' replicate sets differ in fold 1"
+    ]
 
 
 def test_one_replicate_uses_the_shipped_a_a_noise_that_matches_the_runs(gate_store, tmp_path, monkeypatch):
@@ -320,10 +380,17 @@ def test_one_replicate_uses_the_shipped_a_a_noise_that_matches_the_runs(gate_sto
 
     folder = tmp_path / "noise"
     folder.mkdir()
-    big = (np.eye(5) * 0.03 ** 2).tolist()  # a training sd of 0.03 per cell and horizon
-    (folder / "ci.json").write_text(json.dumps({
-        "match": {"experiment": "ci", "trainer.epochs": "2"}, "horizons": CI_HORIZONS,
-        "arms": {"shared": {"cov": big, "n_cells": 30}}, "source": "test"}))
+    big = (np.eye(5) * 0.03**2).tolist()  # a training sd of 0.03 per cell and horizon
+    (folder / "ci.json").write_text(
+        json.dumps(
+            {
+                "match": {"experiment": "ci", "trainer.epochs": "2"},
+                "horizons": CI_HORIZONS,
+                "arms": {"shared": {"cov": big, "n_cells": 30}},
+                "source": "test",
+            }
+        )
+    )
     monkeypatch.setattr(noise, "noise_dir", lambda: folder)
     spec = SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.66], extra_params={"experiment": "ci"})
     outcome, _ = gate(gate_store, tmp_path / "r", "noise-match", spec)
@@ -339,8 +406,12 @@ def test_one_replicate_uses_the_shipped_a_a_noise_that_matches_the_runs(gate_sto
     assert "perception-sweep calibrate" in outcome.summary["training_noise"]
     assert r1["variance"] == "between folds" and r1["df"] == 2  # F − 1
     folds = [f for f in range(3)]
-    lifts = np.array([outcome.summary["auc"]["per_horizon"]["per_fold"][f][4]
-                      - outcome.summary["auc"]["shared"]["per_fold"][f][4] for f in folds])
+    lifts = np.array(
+        [
+            outcome.summary["auc"]["per_horizon"]["per_fold"][f][4] - outcome.summary["auc"]["shared"]["per_fold"][f][4]
+            for f in folds
+        ]
+    )
     assert r1["se"] == pytest.approx(lifts.std(ddof=1) / math.sqrt(3))
 
 
@@ -350,14 +421,22 @@ def test_a_gate_with_other_settings_than_the_plan_is_exploratory(gate_store, tmp
 
     uri, client = gate_store
     build_sweep(client, "planned", SweepSpec(mu_a=BASE, mu_b=LIFT))
-    parent = client.search_runs([client.get_experiment_by_name("perception-ab").experiment_id],
-                                "tags.sweep_id = 'planned' and tags.role = 'sweep'")[0]
+    parent = client.search_runs(
+        [client.get_experiment_by_name("perception-ab").experiment_id],
+        "tags.sweep_id = 'planned' and tags.role = 'sweep'",
+    )[0]
     plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon"], 1)
     client.set_tag(parent.info.run_id, PLAN_TAG, json.dumps(plan))
     kept = run_gate("planned", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "a", progress=False)
     assert kept.summary["exploratory"] is False and kept.summary["plan"]["control"] == "shared"
-    other = run_gate("planned", tracking_uri=uri, config_name="ci", config_overrides=["gate.alpha=0.01"],
-                     out_dir=tmp_path / "b", progress=False)
+    other = run_gate(
+        "planned",
+        tracking_uri=uri,
+        config_name="ci",
+        config_overrides=["gate.alpha=0.01"],
+        out_dir=tmp_path / "b",
+        progress=False,
+    )
     assert other.summary["exploratory"] is True
     assert any("alpha" in d for d in other.summary["differs_from_plan"])
     assert client.get_run(other.summary["gate_run_id"]).data.tags["exploratory"] == "true"
@@ -368,16 +447,32 @@ def test_a_reseeded_arm_may_train_from_another_seed_a_twin_may_not(gate_store, t
     """`<arm>_reseed` is the fully reseeded A/A: its seed differs by design; any other arm's must agree."""
     uri, client = gate_store
     other_seed = {("shared_reseed", f): {"seed": 7_919_000} for f in range(3)}
-    build_sweep(client, "reseed", SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_reseed": BASE},
-                                            param_override=other_seed))
-    outcome = run_gate("reseed", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r", progress=False,
-                       control="shared", treatment="shared_reseed")
+    build_sweep(
+        client, "reseed", SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_reseed": BASE}, param_override=other_seed)
+    )
+    outcome = run_gate(
+        "reseed",
+        tracking_uri=uri,
+        config_name="ci",
+        out_dir=tmp_path / "r",
+        progress=False,
+        control="shared",
+        treatment="shared_reseed",
+    )
     assert not outcome.refused and outcome.summary["treatment"] == "shared_reseed"
     twin_seed = {("shared_twin", f): {"seed": 7_919_000} for f in range(3)}
-    build_sweep(client, "twin-seed", SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_twin": BASE},
-                                               param_override=twin_seed))
-    outcome = run_gate("twin-seed", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "t", progress=False,
-                       control="shared", treatment="shared_twin")
+    build_sweep(
+        client, "twin-seed", SweepSpec(mu_a=BASE, mu_b=BASE, extra_arms={"shared_twin": BASE}, param_override=twin_seed)
+    )
+    outcome = run_gate(
+        "twin-seed",
+        tracking_uri=uri,
+        config_name="ci",
+        out_dir=tmp_path / "t",
+        progress=False,
+        control="shared",
+        treatment="shared_twin",
+    )
     assert outcome.refused and any("disagree on seed" in r for r in outcome.reasons)
 
 
@@ -390,8 +485,10 @@ def test_folds_that_disagree_are_tested_by_their_own_spread(gate_store, tmp_path
     r1 = rule(outcome, "rule 1")
     assert outcome.summary["W"] > 0.024 and outcome.decision != "ship_per_horizon"
     assert r1["fold_spread"] and r1["heterogeneity_p"] < 1e-6 and r1["df"] == 2.0
-    lifts = np.array(outcome.summary["auc"]["per_horizon"]["per_fold"])[:, -1] - \
-        np.array(outcome.summary["auc"]["shared"]["per_fold"])[:, -1]  # (F,) the fold lifts at h40
+    lifts = (
+        np.array(outcome.summary["auc"]["per_horizon"]["per_fold"])[:, -1]
+        - np.array(outcome.summary["auc"]["shared"]["per_fold"])[:, -1]
+    )  # (F,) the fold lifts at h40
     assert r1["se"] == pytest.approx(lifts.std(ddof=1) / math.sqrt(3), rel=1e-6)
     md = (tmp_path / "split" / "report" / "report.md").read_text()
     assert "disagree more than their windows and trainings explain" in md

@@ -57,10 +57,26 @@ def test_worlds_are_decided_by_one_call_of_the_installed_gate(tmp_path):
 
 def test_summary_counts_ships_with_wilson_intervals_against_the_targets(tmp_path):
     s = oc.Setting(3, 0.005, 0.0, 300)
-    rows = [{"setting": s.name, "kind": "null", "replicates": 3, "tau": 0.005, "delta": 0.0, "windows": 2000,
-             "world": i, "decision": "ship_per_horizon" if i < 9 else "keep_shared", "rule": "rule 1",
-             "W": 0.001 * (i % 7 - 3), "se_W": 0.002, "df_W": 6.0, "mde_W": 0.02, "variance": "windows + replicates",
-             "seconds": 1.0} for i in range(300)]
+    rows = [
+        {
+            "setting": s.name,
+            "kind": "null",
+            "replicates": 3,
+            "tau": 0.005,
+            "delta": 0.0,
+            "windows": 2000,
+            "world": i,
+            "decision": "ship_per_horizon" if i < 9 else "keep_shared",
+            "rule": "rule 1",
+            "W": 0.001 * (i % 7 - 3),
+            "se_W": 0.002,
+            "df_W": 6.0,
+            "mde_W": 0.02,
+            "variance": "windows + replicates",
+            "seconds": 1.0,
+        }
+        for i in range(300)
+    ]
     (out,) = oc.summarize(rows)
     assert (out["n"], out["ships"], out["rate"]) == (300, 9, 0.03)
     assert out["wilson95"] == pytest.approx(oc.wilson(9, 300)) and out["met"] is True
@@ -69,8 +85,13 @@ def test_summary_counts_ships_with_wilson_intervals_against_the_targets(tmp_path
     assert out["median_mde_W"] == pytest.approx(minimum_detectable(0.002, 6.0, 0.025, 0.01))
     # the study's report writes that summary beside its plot
     (tmp_path / "gate_oc_runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done = subprocess.run([sys.executable, str(STUDY), "report"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PERCEPTION_GATE_OC_RESULTS": str(tmp_path), "MPLBACKEND": "Agg"})
+    done = subprocess.run(
+        [sys.executable, str(STUDY), "report"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PERCEPTION_GATE_OC_RESULTS": str(tmp_path), "MPLBACKEND": "Agg"},
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "gate_oc.json").read_text())["rows"] == json.loads(json.dumps([out]))
     assert (tmp_path / "gate_oc.png").stat().st_size > 0
@@ -79,9 +100,19 @@ def test_summary_counts_ships_with_wilson_intervals_against_the_targets(tmp_path
 def test_the_mde_plan_plants_the_median_mde_of_the_null_worlds():
     with pytest.raises(SystemExit, match="run --plan null first"):
         oc.plan("mde", None, [])
-    rows = [{"setting": oc.Setting(r, tau, 0.0, 300).name, "kind": "null", "replicates": r, "tau": tau,
-             "world": i, "se_W": 0.004 + 0.00001 * i, "df_W": None if r == 3 else 2.0 * r}
-            for r, tau in oc.MDE_SETTINGS for i in range(101)]
+    rows = [
+        {
+            "setting": oc.Setting(r, tau, 0.0, 300).name,
+            "kind": "null",
+            "replicates": r,
+            "tau": tau,
+            "world": i,
+            "se_W": 0.004 + 0.00001 * i,
+            "df_W": None if r == 3 else 2.0 * r,
+        }
+        for r, tau in oc.MDE_SETTINGS
+        for i in range(101)
+    ]
     settings = oc.plan("mde", None, rows)
     assert [(s.replicates, s.tau, s.kind, s.n) for s in settings] == [(r, t, "mde", 300) for r, t in oc.MDE_SETTINGS]
     for s, df in zip(settings, (math.inf, 4.0, 2.0)):  # the median world's se is 0.0045
@@ -94,7 +125,9 @@ def test_in_process_decisions_are_the_installed_gate_s(tmp_path):
     (installed,) = oc.run_worlds((s, [0], oc.migrated_store(tmp_path)))
     (fast,) = oc.decide_in_process((s, [0], ""))
     for key in ("decision", "rule", "W", "G", "se_W", "df_W", "se_G", "mde_W", "mde_G", "variance"):
-        assert fast[key] == (pytest.approx(installed[key]) if isinstance(installed[key], float) else installed[key]), key
+        assert fast[key] == (pytest.approx(installed[key]) if isinstance(installed[key], float) else installed[key]), (
+            key
+        )
     # and the cells' own t test (gate_oc.py cells) reads the lifts the gate's W and G are made of
     lift = np.array(oc.cell_lifts((s, [0]))[0])  # (F, R, H)
     assert lift[:, :, oc.HORIZONS.index(oc.WEIGHTED)].mean() == pytest.approx(fast["W"])

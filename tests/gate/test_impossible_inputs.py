@@ -51,8 +51,9 @@ def test_each_impossible_input_alone_is_a_refusal(gate_store, tmp_path, case):
             value = client.get_run(run_id).data.metrics["val_auc_h5"] + 10 * AUC_TOLERANCE
         true = overwrite_final_auc(client, run_id, 5, value)
 
-    outcome = run_gate(f"impossible-{case}", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "report",
-                       progress=False)
+    outcome = run_gate(
+        f"impossible-{case}", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "report", progress=False
+    )
     assert (outcome.refused, outcome.decision, outcome.exit_code) == (True, None, 3), outcome.reasons
     (reason,) = outcome.reasons
     assert reason.startswith(where + ": ")
@@ -80,8 +81,17 @@ def test_the_installed_gate_exits_3_naming_every_impossible_input(mlflow_server,
     true = overwrite_final_auc(client, chosen[("shared", 1)], 10, 0.95)
     truncate_predictions(client, chosen[("per_horizon", 2)], tmp_path)
 
-    done = gate_cli("--sweep-id", "cli-impossible", "--tracking-uri", mlflow_server, "--config", "ci",
-                    "--decision-file", str(tmp_path / "decision"), home=perception_home)
+    done = gate_cli(
+        "--sweep-id",
+        "cli-impossible",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "--decision-file",
+        str(tmp_path / "decision"),
+        home=perception_home,
+    )
     assert done.returncode == 3, done.stderr
     assert "Traceback" not in done.stderr
     out = json.loads(done.stdout)
@@ -90,9 +100,19 @@ def test_the_installed_gate_exits_3_naming_every_impossible_input(mlflow_server,
     reasons = out["reasons"]
     assert len(reasons) == 4, reasons
     assert f"shared fold 0 (run {chosen[('shared', 0)]}): metric val_auc_h2 is 1.7, outside [0, 1]" in reasons
-    assert (f"per_horizon fold 0 (run {chosen[('per_horizon', 0)]}): metric val_auc_h40 is 1.79769e+308, "
-            f"outside [0, 1] (MLflow's stored +inf)") in reasons
-    assert any(r.startswith(f"shared fold 1 (run {chosen[('shared', 1)]}): logged val_auc_h10 = 0.950000 "
-                            f"but the AUC of predictions/val_final.npz is {true:.6f}") for r in reasons)
-    assert any(r.startswith(f"per_horizon fold 2 (run {chosen[('per_horizon', 2)]}): predictions/val_final.npz "
-                            f"is unreadable") and "BadZipFile" in r for r in reasons)
+    assert (
+        f"per_horizon fold 0 (run {chosen[('per_horizon', 0)]}): metric val_auc_h40 is 1.79769e+308, "
+        f"outside [0, 1] (MLflow's stored +inf)"
+    ) in reasons
+    assert any(
+        r.startswith(
+            f"shared fold 1 (run {chosen[('shared', 1)]}): logged val_auc_h10 = 0.950000 "
+            f"but the AUC of predictions/val_final.npz is {true:.6f}"
+        )
+        for r in reasons
+    )
+    assert any(
+        r.startswith(f"per_horizon fold 2 (run {chosen[('per_horizon', 2)]}): predictions/val_final.npz is unreadable")
+        and "BadZipFile" in r
+        for r in reasons
+    )

@@ -35,7 +35,7 @@ def runs_like_shipped_ci() -> dict[str, str]:
 def write_home_file(folder, name: str, **match_changes) -> None:
     doc = shipped_ci()
     doc["match"].update(match_changes)
-    doc["arms"] = {"shared": {"cov": (np.eye(len(doc["horizons"])) * 0.02 ** 2).tolist(), "n_cells": 7}}
+    doc["arms"] = {"shared": {"cov": (np.eye(len(doc["horizons"])) * 0.02**2).tolist(), "n_cells": 7}}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / name).write_text(json.dumps(doc))
 
@@ -44,7 +44,7 @@ def test_a_home_file_that_matches_wins_over_the_shipped_one(home):
     write_home_file(home / "noise", "ci.json")
     found = matching_noise(runs_like_shipped_ci(), shipped_ci()["horizons"])
     assert found.source == str(home / "noise" / "ci.json")
-    assert found.n_cells == {"shared": 7} and found.covs["shared"][0, 0] == pytest.approx(0.02 ** 2)
+    assert found.n_cells == {"shared": 7} and found.covs["shared"][0, 0] == pytest.approx(0.02**2)
 
 
 def test_the_shipped_file_is_used_when_the_home_has_none(home):
@@ -77,7 +77,9 @@ def test_the_noise_dir_variable_takes_the_home_folder_s_place(home, tmp_path, mo
     write_home_file(tmp_path / "elsewhere", "ci.json")
     monkeypatch.setenv(NOISE_DIR_ENV, str(tmp_path / "elsewhere"))
     assert noise_dir() == tmp_path / "elsewhere"
-    assert matching_noise(runs_like_shipped_ci(), shipped_ci()["horizons"]).source == str(tmp_path / "elsewhere" / "ci.json")
+    assert matching_noise(runs_like_shipped_ci(), shipped_ci()["horizons"]).source == str(
+        tmp_path / "elsewhere" / "ci.json"
+    )
 
 
 def test_a_broken_home_file_is_named(home):

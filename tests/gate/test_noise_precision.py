@@ -14,9 +14,16 @@ HORIZONS = [2, 5, 10, 20, 40]
 
 def _write(folder, name, precision):
     match = {"experiment": "ci", "trainer.epochs": "2", "trainer.precision": precision}
-    (folder / f"{name}.json").write_text(json.dumps({
-        "match": match, "horizons": HORIZONS, "source": name,
-        "arms": {"shared": {"cov": (np.eye(5) * 1e-4).tolist(), "n_cells": 10}}}))
+    (folder / f"{name}.json").write_text(
+        json.dumps(
+            {
+                "match": match,
+                "horizons": HORIZONS,
+                "source": name,
+                "arms": {"shared": {"cov": (np.eye(5) * 1e-4).tolist(), "n_cells": 10}},
+            }
+        )
+    )
 
 
 def test_a_noise_file_applies_only_to_runs_at_its_precision(tmp_path):

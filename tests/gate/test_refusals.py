@@ -15,8 +15,14 @@ BASE = [0.6] * 5
 def refused(gate_store, tmp_path, sweep_id: str, spec: SweepSpec):
     uri, client = gate_store
     chosen = build_sweep(client, sweep_id, spec)
-    outcome = run_gate(sweep_id, tracking_uri=uri, config_name="ci", out_dir=tmp_path / "report",
-                       decision_file=tmp_path / "decision", progress=False)
+    outcome = run_gate(
+        sweep_id,
+        tracking_uri=uri,
+        config_name="ci",
+        out_dir=tmp_path / "report",
+        decision_file=tmp_path / "decision",
+        progress=False,
+    )
     assert (outcome.refused, outcome.decision, outcome.exit_code) == (True, None, 3)
     assert (tmp_path / "decision").read_text().strip() == "refused"
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -30,7 +36,9 @@ def refused(gate_store, tmp_path, sweep_id: str, spec: SweepSpec):
 
 
 def test_missing_fold(gate_store, tmp_path):
-    outcome, _ = refused(gate_store, tmp_path, "missing-fold", SweepSpec(mu_a=BASE, mu_b=BASE, skip={("per_horizon", 2)}))
+    outcome, _ = refused(
+        gate_store, tmp_path, "missing-fold", SweepSpec(mu_a=BASE, mu_b=BASE, skip={("per_horizon", 2)})
+    )
     assert outcome.reasons == ["per_horizon fold 2: no FINISHED run"]
 
 
@@ -50,13 +58,23 @@ def test_misaligned_predictions(gate_store, tmp_path):
 def test_missing_predictions(gate_store, tmp_path):
     spec = SweepSpec(mu_a=BASE, mu_b=BASE, no_predictions=("per_horizon", 0))
     outcome, chosen = refused(gate_store, tmp_path, "no-predictions", spec)
-    assert outcome.reasons == [f"per_horizon fold 0 (run {chosen[('per_horizon', 0)]}): "
-                               f"artifact predictions/val_final.npz is missing"]
+    assert outcome.reasons == [
+        f"per_horizon fold 0 (run {chosen[('per_horizon', 0)]}): artifact predictions/val_final.npz is missing"
+    ]
 
 
-@pytest.mark.parametrize("param,value", [("data_hash", "0ther"), ("seed", "1"), ("git_sha", "fff"),
-                                         ("trainer.epochs", "3"), ("data.n_folds", "4"),
-                                         ("trainer.precision", "bf16"), ("model.mamba.ssd", "fla")])
+@pytest.mark.parametrize(
+    "param,value",
+    [
+        ("data_hash", "0ther"),
+        ("seed", "1"),
+        ("git_sha", "fff"),
+        ("trainer.epochs", "3"),
+        ("data.n_folds", "4"),
+        ("trainer.precision", "bf16"),
+        ("model.mamba.ssd", "fla"),
+    ],
+)
 def test_runs_that_disagree_are_refused(gate_store, tmp_path, param, value):
     spec = SweepSpec(mu_a=BASE, mu_b=BASE, param_override={("per_horizon", 0): {param: value}})
     outcome, _ = refused(gate_store, tmp_path, f"mismatch-{param}", spec)
@@ -70,8 +88,13 @@ def test_runs_made_before_the_optional_fields_are_gated_beside_runs_that_log_the
     contract's defaults), so the sweep is gated, not refused."""
     uri, client = gate_store
     logged = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
-    chosen = build_sweep(client, "old-beside-new", SweepSpec(mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8],
-                                                             param_override={("per_horizon", f): logged for f in range(3)}))
+    chosen = build_sweep(
+        client,
+        "old-beside-new",
+        SweepSpec(
+            mu_a=BASE, mu_b=[0.6, 0.6, 0.6, 0.6, 0.8], param_override={("per_horizon", f): logged for f in range(3)}
+        ),
+    )
     for (arm, _), run_id in chosen.items():
         if arm == "per_horizon":
             client.set_tag(run_id, "replicate", "0")

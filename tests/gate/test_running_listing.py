@@ -35,8 +35,19 @@ def test_a_refusal_lists_it_too_and_the_cli_prints_it(gate_store, tmp_path, caps
     spec = SweepSpec(mu_a=BASE, mu_b=BASE, duplicate=("per_horizon", 1), skip={("shared", 2)})
     build_sweep(client, "running-refused", spec)
     [running] = _running_ids(client, "running-refused")
-    code = gate_main(["--sweep-id", "running-refused", "--tracking-uri", uri, "--config", "ci",
-                      "--out", str(tmp_path), "--no-progress"])
+    code = gate_main(
+        [
+            "--sweep-id",
+            "running-refused",
+            "--tracking-uri",
+            uri,
+            "--config",
+            "ci",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 3
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["refused"] and [running in line for line in report["running_ignored"]] == [True]

@@ -9,20 +9,30 @@ import pytest
 
 from perception.errors import ConfigError
 from perception.gate.decision import RuleResult
-from perception.gate.sequential import (CONTINUE, INCONCLUSIVE, KEEP, SHIP, Boundaries, boundaries, look_verdict,
-                                        nominal_levels, plan_fields, planned_boundaries, repeated_interval)
+from perception.gate.sequential import (
+    CONTINUE,
+    INCONCLUSIVE,
+    KEEP,
+    SHIP,
+    Boundaries,
+    boundaries,
+    look_verdict,
+    nominal_levels,
+    plan_fields,
+    planned_boundaries,
+    repeated_interval,
+)
 from perception.sweep.design import replicates_flag
 
 
 def rule(name: str, p: float, fired: bool = True, lift: float = 0.03, se: float = 0.01, df: float = 8.0) -> RuleResult:
-    return RuleResult(name, "", "W" if name == "rule 1" else "G", lift, [1000], [1.0], fired, p, math.nan,
-                      se=se, df=df)
+    return RuleResult(name, "", "W" if name == "rule 1" else "G", lift, [1000], [1.0], fired, p, math.nan, se=se, df=df)
 
 
 def test_nominal_levels_spend_the_power_family_and_grow_with_the_looks():
     b = boundaries(3, 0.05, rho=2.5)
-    assert b.full[0] == pytest.approx(0.05 / 3 ** 2.5)  # look 1 spends (1/3)^rho of alpha, alone
-    assert b.half[0] == pytest.approx(0.025 / 3 ** 2.5)
+    assert b.full[0] == pytest.approx(0.05 / 3**2.5)  # look 1 spends (1/3)^rho of alpha, alone
+    assert b.half[0] == pytest.approx(0.025 / 3**2.5)
     assert b.full[0] < b.full[1] < b.full[2] < 0.05 and all(h < f for h, f in zip(b.half, b.full))
     # the last look's level is above what a union bound leaves (alpha − the earlier looks' spending):
     # the looks are nested sums, so a study that crossed late would mostly have crossed early too
@@ -94,10 +104,16 @@ def test_futility_stops_a_clear_absence_before_the_last_look_only():
     assert v.verdict == CONTINUE
     v = look_verdict(rule("rule 1", math.nan), rule("rule 2", 0.9), 2, b, noise_floor=0.024)  # no p: no futility
     assert v.verdict == CONTINUE
-    assert look_verdict(rule("rule 1", 0.6, fired=False), rule("rule 2", 0.45, fired=False), 3, b,
-                        noise_floor=0.024).verdict == KEEP
-    assert look_verdict(rule("rule 1", 0.04), rule("rule 2", 0.45, fired=False), 3, b,
-                        noise_floor=0.024).verdict == INCONCLUSIVE  # p < 0.05 but not < look 3's half boundary
+    assert (
+        look_verdict(
+            rule("rule 1", 0.6, fired=False), rule("rule 2", 0.45, fired=False), 3, b, noise_floor=0.024
+        ).verdict
+        == KEEP
+    )
+    assert (
+        look_verdict(rule("rule 1", 0.04), rule("rule 2", 0.45, fired=False), 3, b, noise_floor=0.024).verdict
+        == INCONCLUSIVE
+    )  # p < 0.05 but not < look 3's half boundary
 
 
 def test_the_study_spends_alpha_over_nested_looks():
@@ -118,8 +134,13 @@ def test_the_study_spends_alpha_over_nested_looks():
         for i in range(n):
             for k in range(3):
                 second = rule2_can_fire and p[i, 1, k] < p[i, 0, k]  # the rule whose lift is the larger fires
-                v = look_verdict(rule("rule 1", p[i, 0, k], fired=not second),
-                                 rule("rule 2", p[i, 1, k], fired=second), k + 1, b, 1.0)
+                v = look_verdict(
+                    rule("rule 1", p[i, 0, k], fired=not second),
+                    rule("rule 2", p[i, 1, k], fired=second),
+                    k + 1,
+                    b,
+                    1.0,
+                )
                 if v.verdict != CONTINUE:
                     ships += v.verdict == SHIP
                     break

@@ -18,8 +18,9 @@ BASE = [0.6] * 5
 def start_sweep(client, sweep_id: str, replicates: int, design: str = "sequential") -> str:
     exp_id = client.get_experiment_by_name("perception-ab").experiment_id
     plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon"], replicates, design)
-    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id, PLAN_TAG: json.dumps(plan)},
-                               run_name=sweep_id)
+    parent = client.create_run(
+        exp_id, tags={"role": "sweep", "sweep_id": sweep_id, PLAN_TAG: json.dumps(plan)}, run_name=sweep_id
+    )
     return parent.info.run_id
 
 
@@ -38,8 +39,9 @@ def test_a_null_study_goes_on_then_stops_and_its_parent_closes_only_then(gate_st
     looks = []
     for rep in range(3):
         log_wave(client, "seq-null", parent, spec, rep)
-        out = run_gate("seq-null", tracking_uri=uri, config_name="ci", out_dir=tmp_path / f"look{rep + 1}",
-                       progress=False)
+        out = run_gate(
+            "seq-null", tracking_uri=uri, config_name="ci", out_dir=tmp_path / f"look{rep + 1}", progress=False
+        )
         assert not out.refused, out.reasons
         line = out.json_line()
         assert line["look"] == rep + 1 and line["max_looks"] == 3 and line["design"] == "sequential"
@@ -96,7 +98,11 @@ def test_a_missing_wave_and_a_bad_plan_are_refused(gate_store, tmp_path):
     client.set_tag(parent, PLAN_TAG, json.dumps(plan))
     log_wave(client, "seq-badplan", parent, spec, 0)
     out = run_gate("seq-badplan", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "bad", progress=False)
-    assert out.refused and "gate_plan tag" in out.reasons[0] and "are not the group-sequential boundaries" in out.reasons[0]
+    assert (
+        out.refused
+        and "gate_plan tag" in out.reasons[0]
+        and "are not the group-sequential boundaries" in out.reasons[0]
+    )
 
 
 def test_a_three_arm_study_runs_on_until_the_attribution_settles_too(gate_store, tmp_path):
@@ -104,10 +110,12 @@ def test_a_three_arm_study_runs_on_until_the_attribution_settles_too(gate_store,
     lift = [0.6, 0.6, 0.6, 0.6, 0.9]
     spec = SweepSpec(mu_a=BASE, mu_b=lift, extra_arms={"shared_skip": lift}, replicates=3, seed=5)
     exp_id = client.get_experiment_by_name("perception-ab").experiment_id
-    plan = gate_plan(load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon", "shared_skip"], 3,
-                     "sequential")
-    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": "seq-three",
-                                             PLAN_TAG: json.dumps(plan)}).info.run_id
+    plan = gate_plan(
+        load_gate_config("ci"), "shared", "per_horizon", ["shared", "per_horizon", "shared_skip"], 3, "sequential"
+    )
+    parent = client.create_run(
+        exp_id, tags={"role": "sweep", "sweep_id": "seq-three", PLAN_TAG: json.dumps(plan)}
+    ).info.run_id
     log_wave(client, "seq-three", parent, spec, 0)
     first = run_gate("seq-three", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "1", progress=False)
     # the decision crossed its boundary at look 1, the attribution did not: the study goes on
@@ -138,14 +146,31 @@ def test_the_workflows_look_reads_its_waves_only_and_refuses_a_lost_wave(gate_st
 
     def gate(*args: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "PERCEPTION_HOME": str(tmp_path / "home")}
-        return subprocess.run(["perception-gate", "--sweep-id", "seq-looks", "--tracking-uri", uri, "--config", "ci",
-                               "--no-progress", "--out", str(tmp_path / "report"), *args],
-                              capture_output=True, text=True, env=env, timeout=300)
+        return subprocess.run(
+            [
+                "perception-gate",
+                "--sweep-id",
+                "seq-looks",
+                "--tracking-uri",
+                uri,
+                "--config",
+                "ci",
+                "--no-progress",
+                "--out",
+                str(tmp_path / "report"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
 
     lost = gate("--look", "2")  # wave 1's trainings all failed: none FINISHED
     assert lost.returncode == 3, lost.stderr
     assert json.loads(lost.stdout)["reasons"][0].startswith(
-        "look 2 decides replicate waves 0 … 1; replicate 1 has no FINISHED run")
+        "look 2 decides replicate waves 0 … 1; replicate 1 has no FINISHED run"
+    )
     beyond = gate("--look", "4")
     assert beyond.returncode == 3 and "at most 3 looks" in beyond.stdout
     assert gate("--look", "0").returncode == 2

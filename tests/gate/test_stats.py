@@ -172,7 +172,7 @@ def test_holm_false_rejection_rate_of_two_independent_nulls_is_at_most_alpha():
 
     p = np.random.default_rng(0).random((20_000, 2))
     any_false = [(p1 < l1) or (p2 < l2) for p1, p2 in p for l1, l2 in [holm_levels(p1, p2, 0.05)]]
-    assert np.mean(any_false) == pytest.approx(1 - 0.975 ** 2, abs=0.004)  # under alpha, near Bonferroni's
+    assert np.mean(any_false) == pytest.approx(1 - 0.975**2, abs=0.004)  # under alpha, near Bonferroni's
 
 
 def test_minimum_detectable_effect_is_shipped_eight_times_in_ten():

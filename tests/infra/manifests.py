@@ -137,8 +137,10 @@ def workflow_pod_specs(wf: dict) -> Iterator[tuple[str, dict]]:
     for t in wf["spec"]["templates"]:
         if "container" in t:
             container = {"name": "main", **t["container"]}
-            yield (f"{wf['metadata'].get('generateName', 'Workflow')} template {t['name']}",
-                   {"securityContext": pod_sc, "containers": [container], "volumes": t.get("volumes", [])})
+            yield (
+                f"{wf['metadata'].get('generateName', 'Workflow')} template {t['name']}",
+                {"securityContext": pod_sc, "containers": [container], "volumes": t.get("volumes", [])},
+            )
 
 
 def load_workflow(path: Path) -> dict:
@@ -164,8 +166,12 @@ def workflow_references(wf: dict) -> set[tuple[str, str]]:
     for node in walk(wf):
         if "serviceAccountName" in node:
             refs.add(("ServiceAccount", node["serviceAccountName"]))
-        for key, kind in (("configMapRef", "ConfigMap"), ("configMapKeyRef", "ConfigMap"),
-                          ("secretRef", "Secret"), ("secretKeyRef", "Secret")):
+        for key, kind in (
+            ("configMapRef", "ConfigMap"),
+            ("configMapKeyRef", "ConfigMap"),
+            ("secretRef", "Secret"),
+            ("secretKeyRef", "Secret"),
+        ):
             if isinstance(node.get(key), dict):
                 refs.add((kind, node[key]["name"]))
         if isinstance(node.get("persistentVolumeClaim"), dict):

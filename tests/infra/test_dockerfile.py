@@ -62,8 +62,9 @@ def test_hadolint_finds_nothing(dockerfile):
 def test_hadolint_fails_on_a_bad_dockerfile(tmp_path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM ubuntu\nRUN apt-get install curl\n")
-    proc = subprocess.run(["hadolint", "--no-color", "--failure-threshold", "style", str(bad)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["hadolint", "--no-color", "--failure-threshold", "style", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode != 0 and "DL3006" in proc.stdout
 
 
@@ -85,7 +86,8 @@ def test_runtime_stage_carries_the_library_and_no_compiler():
     assert base.startswith("pytorch/pytorch:") and "-runtime" in base and "devel" not in base
     # Same PyTorch release in both stages, so the library matches the torch it is loaded into.
     assert build[0][1].split(":")[1].removesuffix("-devel AS build") == base.split(":")[1].removesuffix(
-        "-runtime AS runtime")
+        "-runtime AS runtime"
+    )
     assert ("COPY", "--from=build /wheels /wheels") in runtime
     assert ("COPY", "--from=build /src/perception/ops/lib /opt/perception-ops-lib") in runtime
     runs = " ".join(args for ins, args in runtime if ins == "RUN")
@@ -105,8 +107,11 @@ def test_runtime_stage_has_the_c_compiler_triton_launches_kernels_with():
     C compiler at run time; the pytorch runtime base image has none (pytorch/pytorch#116696)."""
     _, runtime = stages(REPO / "Dockerfile")
     user_at = runtime.index(("USER", "1000:1000"))
-    installs = [i for i, (ins, args) in enumerate(runtime)
-                if ins == "RUN" and re.search(r"apt-get install -y --no-install-recommends [^&]*\bgcc\b", args)]
+    installs = [
+        i
+        for i, (ins, args) in enumerate(runtime)
+        if ins == "RUN" and re.search(r"apt-get install -y --no-install-recommends [^&]*\bgcc\b", args)
+    ]
     assert installs and max(installs) < user_at  # as root, before the pods' user
     assert "rm -rf /var/lib/apt/lists/*" in runtime[installs[0]][1]
 
@@ -133,18 +138,31 @@ def test_mlflow_image_has_the_postgres_and_s3_clients():
 def test_build_context_holds_the_package_and_nothing_secret(tmp_path):
     """.dockerignore applied with docker's own matcher to a tree shaped like a working checkout."""
     files = [
-        "pyproject.toml", "README.md", "conf/config.yaml", "conf/experiment/production.yaml",
-        "perception/__init__.py", "perception/ops/build.py", "perception/ops/csrc/attention_pool.cu",
+        "pyproject.toml",
+        "README.md",
+        "conf/config.yaml",
+        "conf/experiment/production.yaml",
+        "perception/__init__.py",
+        "perception/ops/build.py",
+        "perception/ops/csrc/attention_pool.cu",
         # must stay out:
-        "perception/ops/lib/perception_ops.so", "perception/ops/lib/perception_ops.json", "perception/__pycache__/x.cpython-311.pyc",
-        "infra/k8s/base/secrets/mlflow-db.env", ".git/config", "perception-home/mlflow.db",
-        "tests/conftest.py", "benchmarks/results/x.json", "studies/results/x.json", ".venv/bin/python",
+        "perception/ops/lib/perception_ops.so",
+        "perception/ops/lib/perception_ops.json",
+        "perception/__pycache__/x.cpython-311.pyc",
+        "infra/k8s/base/secrets/mlflow-db.env",
+        ".git/config",
+        "perception-home/mlflow.db",
+        "tests/conftest.py",
+        "benchmarks/results/x.json",
+        "studies/results/x.json",
+        ".venv/bin/python",
     ]
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
     patterns = [
-        line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
     context = {p for p in exclude_paths(str(tmp_path), patterns) if (tmp_path / p).is_file()}

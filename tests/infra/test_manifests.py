@@ -62,14 +62,22 @@ def test_renders_the_whole_stack(rendered, overlay):
     names = set(by_ident(rendered[overlay]))
     expected = {
         "Namespace/perception",
-        "Deployment/mlflow", "Service/mlflow",
-        "StatefulSet/postgres", "Service/postgres",
-        "StatefulSet/minio", "Service/minio", "Job/minio-create-bucket",
-        "ServiceAccount/perception-workflow", "Role/perception-workflow-executor",
+        "Deployment/mlflow",
+        "Service/mlflow",
+        "StatefulSet/postgres",
+        "Service/postgres",
+        "StatefulSet/minio",
+        "Service/minio",
+        "Job/minio-create-bucket",
+        "ServiceAccount/perception-workflow",
+        "Role/perception-workflow-executor",
         "RoleBinding/perception-workflow-executor",
         "ConfigMap/perception-config",
-        "Secret/mlflow-credentials", "Secret/mlflow-db", "Secret/minio-credentials",
-        "PersistentVolumeClaim/perception-market-data", "PersistentVolumeClaim/perception-cache",
+        "Secret/mlflow-credentials",
+        "Secret/mlflow-db",
+        "Secret/minio-credentials",
+        "PersistentVolumeClaim/perception-market-data",
+        "PersistentVolumeClaim/perception-cache",
         "PersistentVolumeClaim/perception-runs",
     }
     assert expected <= names, f"missing from {overlay}: {sorted(expected - names)}"
@@ -171,7 +179,9 @@ def test_config_and_secrets_carry_the_keys_the_workflow_reads(rendered):
         "PERCEPTION_HOME": "/perception-home",
     }
     assert set(resources["Secret/mlflow-credentials"]["data"]) == {
-        "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"}
+        "MLFLOW_TRACKING_USERNAME",
+        "MLFLOW_TRACKING_PASSWORD",
+    }
     # The tracking URI names the Service: its name, namespace and port must agree.
     service = resources["Service/mlflow"]
     assert [p["port"] for p in service["spec"]["ports"]] == [5000]
@@ -182,7 +192,8 @@ def test_gpu_pods_match_the_workflow_training_pods(rendered):
     check = by_ident(rendered["l40s"])["Job/perception-gpu-check"]["spec"]["template"]["spec"]
     wf = load_workflow(WORKFLOWS / "ab_sweep.yaml")
     gpu_templates = [
-        t for t in wf["spec"]["templates"]
+        t
+        for t in wf["spec"]["templates"]
         if "nvidia.com/gpu" in t.get("container", {}).get("resources", {}).get("limits", {})
     ]
     assert gpu_templates, "the workflow has no GPU template"
@@ -208,7 +219,9 @@ def test_mlflow_server_flags(rendered):
 
 def test_market_data_loader_writes_the_claim_training_reads(rendered):
     (loader,) = [r for r in rendered["tools"] if r["kind"] == "Pod"]
-    claims = {v["persistentVolumeClaim"]["claimName"] for v in loader["spec"]["volumes"] if "persistentVolumeClaim" in v}
+    claims = {
+        v["persistentVolumeClaim"]["claimName"] for v in loader["spec"]["volumes"] if "persistentVolumeClaim" in v
+    }
     assert claims == {"perception-market-data"}
     assert "PersistentVolumeClaim/perception-market-data" in by_ident(rendered["base"])
     assert loader["metadata"]["namespace"] == NAMESPACE
@@ -233,9 +246,13 @@ def scratch_paths(rendered) -> tuple[str, ...]:
 def test_every_workflow_container_is_hardened_bounded_and_has_its_scratch(rendered, workflow):
     specs = dict(workflow_pod_specs(workflow))
     assert WORKFLOW_TEMPLATES <= {where.rsplit(" ", 1)[1] for where in specs}  # and any template added later
-    problems = [p for where, spec in specs.items()
-                for p in security_problems(where, spec) + resource_problems(where, spec)
-                + unwritable_paths(where, spec, scratch_paths(rendered))]
+    problems = [
+        p
+        for where, spec in specs.items()
+        for p in security_problems(where, spec)
+        + resource_problems(where, spec)
+        + unwritable_paths(where, spec, scratch_paths(rendered))
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -249,8 +266,12 @@ def test_workflow_scratch_is_bounded_and_thread_pools_follow_the_cpu_limit(workf
         for name in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS"):
             assert env.get(name) == {"resource": "limits.cpu", "divisor": "1"}, (where, name)
         # every output file a step writes lies on a writable scratch volume
-        outputs = [p["valueFrom"]["path"] for t in workflow["spec"]["templates"] if t["name"] == where.rsplit(" ", 1)[1]
-                   for p in t.get("outputs", {}).get("parameters", [])]
+        outputs = [
+            p["valueFrom"]["path"]
+            for t in workflow["spec"]["templates"]
+            if t["name"] == where.rsplit(" ", 1)[1]
+            for p in t.get("outputs", {}).get("parameters", [])
+        ]
         assert not unwritable_paths(where, spec, tuple(outputs))
 
 
@@ -263,7 +284,8 @@ def test_the_workflow_checks_catch_a_writable_root_a_missing_scratch_and_an_unbo
     del c["resources"]["limits"]["cpu"]
     assert f"{where} container main: readOnlyRootFilesystem is not true" in security_problems(where, spec)
     assert unwritable_paths(where, spec, ("/tmp/prepare",)) == [
-        f"{where} container main: nothing writable mounted at /tmp/prepare"]
+        f"{where} container main: nothing writable mounted at /tmp/prepare"
+    ]
     assert f"{where} container main: no limits.cpu" in resource_problems(where, spec)
 
 
@@ -279,9 +301,16 @@ def test_argo_init_and_wait_containers_are_hardened_by_the_controller_setting(wo
     assert (patch["kind"], patch["metadata"]["name"]) == ("ConfigMap", "workflow-controller-configmap")
     kubernetes_validate.validate(patch, k8s_version, strict=True)
     argo = [{"name": name, "image": "quay.io/argoproj/argoexec:v4.0.0", **executor} for name in ("init", "wait")]
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "executor", "namespace": NAMESPACE},
-           "spec": {"securityContext": workflow["spec"]["securityContext"], "initContainers": argo[:1],
-                    "containers": argo[1:]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "executor", "namespace": NAMESPACE},
+        "spec": {
+            "securityContext": workflow["spec"]["securityContext"],
+            "initContainers": argo[:1],
+            "containers": argo[1:],
+        },
+    }
     kubernetes_validate.validate(pod, k8s_version, strict=True)
     where = f"{workflow['metadata']['generateName']} executor"
     problems = security_problems(where, pod["spec"]) + resource_problems(where, pod["spec"])

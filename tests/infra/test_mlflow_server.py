@@ -58,7 +58,8 @@ def server(tmp_path_factory, database):
     resources = {ident(r): r for r in render(prepare_tree(tmp) / "k8s" / "base")}
     secrets = {
         r["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in r["data"].items()}
-        for r in resources.values() if r["kind"] == "Secret" and "data" in r
+        for r in resources.values()
+        if r["kind"] == "Secret" and "data" in r
     }
     container = resources["Deployment/mlflow"]["spec"]["template"]["spec"]["containers"][0]
     env = container_env(container, secrets)
@@ -82,8 +83,9 @@ def server(tmp_path_factory, database):
     assert "--host 0.0.0.0 --port 5000" in script
     script = script.replace("--host 0.0.0.0 --port 5000", f"--host 127.0.0.1 --port {port}")
     log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen([*container["command"], script], env=env, cwd=tmp, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [*container["command"], script], env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -99,8 +101,12 @@ def server(tmp_path_factory, database):
                 pytest.fail(f"no /health in 120 s:\n{(tmp / 'server.log').read_text()[-4000:]}")
             time.sleep(0.5)
         creds = secrets["mlflow-credentials"]
-        yield {"url": url, "auth": (creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]),
-               "artifacts": artifacts, "ini": tmp / "basic_auth.ini"}
+        yield {
+            "url": url,
+            "auth": (creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]),
+            "artifacts": artifacts,
+            "ini": tmp / "basic_auth.ini",
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -124,14 +130,16 @@ def test_in_cluster_name_with_credentials_is_served(server):
 def test_requests_without_credentials_are_refused(server):
     r = requests.get(server["url"] + SEARCH, headers={"Host": IN_CLUSTER_HOST}, timeout=10)
     assert r.status_code == 401
-    r = requests.get(server["url"] + SEARCH, headers={"Host": IN_CLUSTER_HOST},
-                     auth=(server["auth"][0], "wrong"), timeout=10)
+    r = requests.get(
+        server["url"] + SEARCH, headers={"Host": IN_CLUSTER_HOST}, auth=(server["auth"][0], "wrong"), timeout=10
+    )
     assert r.status_code == 401
 
 
 def test_foreign_host_header_is_refused(server):
-    r = requests.get(server["url"] + SEARCH, headers={"Host": "mlflow.attacker.example:5000"},
-                     auth=server["auth"], timeout=10)
+    r = requests.get(
+        server["url"] + SEARCH, headers={"Host": "mlflow.attacker.example:5000"}, auth=server["auth"], timeout=10
+    )
     assert r.status_code in (400, 403) and "Host" in r.text
 
 

@@ -15,17 +15,20 @@ GENERATOR = INFRA / "generate_secrets.py"
 
 
 def run_generator(secrets_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GENERATOR), "--dir", str(secrets_dir)],
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, str(GENERATOR), "--dir", str(secrets_dir)], capture_output=True, text=True)
 
 
 def test_git_holds_templates_only():
-    tracked = subprocess.run(["git", "ls-files", "infra"], cwd=REPO, capture_output=True, text=True,
-                             check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files", "infra"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert not [f for f in tracked if f.endswith(".env")], tracked
     templates = sorted(TEMPLATES.glob("*.env.template"))
     assert {t.name for t in templates} == {
-        "mlflow-credentials.env.template", "mlflow-db.env.template", "minio-credentials.env.template"}
+        "mlflow-credentials.env.template",
+        "mlflow-db.env.template",
+        "minio-credentials.env.template",
+    }
     for t in templates:
         assert "CHANGE_ME" in t.read_text(), f"{t} must hold placeholders, not values"
     ignored = subprocess.run(["git", "check-ignore", "-q", str(TEMPLATES / "mlflow-db.env")], cwd=REPO)

@@ -8,7 +8,9 @@ N_FEATURES = 5
 HORIZONS = [2, 5, 10]
 
 
-def tiny_config(variant: str = "shared", inverted_pool: bool = False, d_model: int = 16, ops: str = "ref") -> ModelConfig:
+def tiny_config(
+    variant: str = "shared", inverted_pool: bool = False, d_model: int = 16, ops: str = "ref"
+) -> ModelConfig:
     return ModelConfig(
         attention_pool=variant,
         d_model=d_model,

@@ -14,7 +14,10 @@ from perception.model.mamba2 import rms_norm
 
 def test_rms_norm_is_rmsnorm_in_the_weight_dtype_and_returns_the_input_dtype():
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(3, 7, 16, generator=g, dtype=torch.float64), torch.rand(16, generator=g, dtype=torch.float64) + 0.5
+    x, w = (
+        torch.randn(3, 7, 16, generator=g, dtype=torch.float64),
+        torch.rand(16, generator=g, dtype=torch.float64) + 0.5,
+    )
     expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
     torch.testing.assert_close(rms_norm(x, w, 1e-5), expected, rtol=1e-12, atol=1e-12)
     low = rms_norm(x.to(torch.bfloat16), w.float(), 1e-5)

@@ -140,7 +140,11 @@ def test_warm_start_copies_only_the_trunk(tmp_path, source, target):
     assert loaded and all(n.startswith(model.trunk_prefixes) for n in loaded)
     assert {n.split(".")[0] for n in loaded} == {"vsn", "mamba", "ln_b", "cfc"}
     state, fresh = model.state_dict(), untouched.state_dict()
-    assert all(not torch.equal(donor_state[n], fresh[n]) for n in loaded if n.endswith("weight") and "norm" not in n and "ln" not in n)
+    assert all(
+        not torch.equal(donor_state[n], fresh[n])
+        for n in loaded
+        if n.endswith("weight") and "norm" not in n and "ln" not in n
+    )
     for name in state:
         expected = donor_state[name] if name in loaded else fresh[name]
         assert torch.equal(state[name], expected), name

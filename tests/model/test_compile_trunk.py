@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(compiled: bool) -> PerceptionModel:
-    cfg = ModelConfig(d_model=16, ops="ref", compile_trunk=compiled, mamba=MambaConfig(n_layers=1, d_state=8, headdim=8, chunk=16))
+    cfg = ModelConfig(
+        d_model=16, ops="ref", compile_trunk=compiled, mamba=MambaConfig(n_layers=1, d_state=8, headdim=8, chunk=16)
+    )
     model = PerceptionModel(cfg, n_features=6, horizons=[2, 5], seed=0)
     model.set_dt_scale(1.0)
     return model
@@ -51,8 +53,11 @@ def test_the_compiled_trunk_matches_eager_without_graph_breaks():
         model = _model(compiled)
         logits = model(x, dt)
         logits.sum().backward()
-        runs[compiled] = (logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
-                          list(model.state_dict()))
+        runs[compiled] = (
+            logits.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            list(model.state_dict()),
+        )
     (eager, eager_grads, eager_names), (comp, comp_grads, comp_names) = runs[False], runs[True]
     assert comp_names == eager_names
     torch.testing.assert_close(comp, eager, rtol=1e-5, atol=1e-6)
@@ -71,14 +76,36 @@ def test_the_compiled_trunk_matches_eager_at_production_size_on_cuda(chunk, tmp_
     training (output, input and parameter gradients) and in evaluation, fp32 without TF32, as the benchmark
     benchmarks/compile_check.py measures it (run as a command, in its own process)."""
     out = tmp_path / "compile_check.json"
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_check.py"), "--ways", "model",
-                           "--batch", "4", "--window", "6000", "--features", "65", "--chunk", str(chunk),
-                           "--modules", "vsn,mamba0", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "compile_check.py"),
+            "--ways",
+            "model",
+            "--batch",
+            "4",
+            "--window",
+            "6000",
+            "--features",
+            "65",
+            "--chunk",
+            str(chunk),
+            "--modules",
+            "vsn,mamba0",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     errors = result["errors"]["model"]
-    report = [f"{module} {what}: max rel error {e:.2e}" for module, found in errors.items() for what, e in found.items()]
+    report = [
+        f"{module} {what}: max rel error {e:.2e}" for module, found in errors.items() for what, e in found.items()
+    ]
     print("\n".join(report))
     assert set(errors) == {"vsn", "mamba0"} and len(report) > 6  # outputs and gradients of both modules compared
     assert all(e < result["tolerance"] for found in errors.values() for e in found.values()), "\n".join(report)

@@ -131,14 +131,15 @@ def test_inverted_path_reaches_the_logits_and_ln_b(variant):
     def capture(name):
         def hook(module, args, out):
             seen[name] = out
+
         return hook
 
     model.inv_pool.register_forward_hook(capture("inv"))
     model.ln_b.register_forward_hook(capture("lnb"))
     logits = model(x, dt)
-    d_inv, = torch.autograd.grad(logits.sum(), seen["inv"], retain_graph=True)
+    (d_inv,) = torch.autograd.grad(logits.sum(), seen["inv"], retain_graph=True)
     assert d_inv.abs().max() > 1e-6  # the merged value reaches the logits
-    d_lnb, = torch.autograd.grad(seen["inv"].sum(), seen["lnb"])
+    (d_lnb,) = torch.autograd.grad(seen["inv"].sum(), seen["lnb"])
     assert d_lnb.abs().max() > 1e-6  # and its gradient reaches LN_b
 
     handle = model.inv_pool.register_forward_hook(lambda m, a, out: out + 0.1)
@@ -210,7 +211,9 @@ def test_shared_context_to_heads_ablation_feeds_the_one_context_to_path_a_heads(
     seen = {}
     model.pool.register_forward_hook(lambda m, a, out: seen.update(ctx=out))
     logits = model(x, dt)
-    d_ctx, = torch.autograd.grad(logits.sum(), seen["ctx"])
+    (d_ctx,) = torch.autograd.grad(logits.sum(), seen["ctx"])
     expected = (1 - cfg.head_aux_weight) * model.head.weight[:, :16].sum(0)  # the skip's share
     torch.testing.assert_close(d_ctx[:, 0], expected.expand(B, -1).detach(), rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(build("shared", seed=0).state_dict()["vsn.out.weight"], model.state_dict()["vsn.out.weight"].float())
+    torch.testing.assert_close(
+        build("shared", seed=0).state_dict()["vsn.out.weight"], model.state_dict()["vsn.out.weight"].float()
+    )

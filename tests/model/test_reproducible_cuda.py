@@ -18,11 +18,31 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("cfc_path", ["auto", "portable"])
 def test_fresh_processes_train_the_compiled_trunk_to_identical_parameters(cfc_path, tmp_path):
     out = tmp_path / "determinism.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "determinism.py"), "--settings", "tf32+compiled",
-                    "bf16+compiled", "--processes", "2", "--steps", "2", "--batch", "4", "--cfc-path", cfc_path,
-                    "--out", str(out)], check=True, cwd=ROOT, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "determinism.py"),
+            "--settings",
+            "tf32+compiled",
+            "bf16+compiled",
+            "--processes",
+            "2",
+            "--steps",
+            "2",
+            "--batch",
+            "4",
+            "--cfc-path",
+            cfc_path,
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+        timeout=600,
+    )
     result = json.loads(out.read_text())
     assert {s: len(h) for s, h in result["hashes"].items()} == {"tf32+compiled": 2, "bf16+compiled": 2}
     assert all(len(h) == 64 for found in result["hashes"].values() for h in found)  # sha256 hex digests
-    assert result["reproducible"] == {"tf32+compiled": True, "bf16+compiled": True}, \
-        result["first_step_gradient_differences"]
+    assert result["reproducible"] == {"tf32+compiled": True, "bf16+compiled": True}, result[
+        "first_step_gradient_differences"
+    ]

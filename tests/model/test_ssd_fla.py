@@ -21,7 +21,10 @@ def _inputs(b=2, k=200, h=4, p=16, n=32, device="cpu", seed=0):
     x = torch.randn(b, k, h, p, generator=g, dtype=torch.float64)
     dt = torch.nn.functional.softplus(torch.randn(b, k, h, generator=g, dtype=torch.float64) - 2)
     A = -torch.rand(h, generator=g, dtype=torch.float64) * 8 - 0.5
-    B, C = torch.randn(b, k, n, generator=g, dtype=torch.float64), torch.randn(b, k, n, generator=g, dtype=torch.float64)
+    B, C = (
+        torch.randn(b, k, n, generator=g, dtype=torch.float64),
+        torch.randn(b, k, n, generator=g, dtype=torch.float64),
+    )
     D = torch.randn(h, generator=g, dtype=torch.float64)
     return [t.to(device) for t in (x, dt, A, B, C, D)]
 

@@ -208,7 +208,9 @@ def test_public_wrapper_and_opcheck(op):
 
     inputs = make_inputs(2, 8, 32, seed=1)
     torch.testing.assert_close(cfc_scan(*inputs, backend="cuda"), op(*inputs), rtol=0, atol=0)
-    torch.testing.assert_close(cfc_scan(*inputs, backend="cuda"), cfc_scan(*inputs, backend="ref"), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        cfc_scan(*inputs, backend="cuda"), cfc_scan(*inputs, backend="ref"), rtol=1e-4, atol=1e-5
+    )
     args = [t.clone().requires_grad_() for t in inputs]
     torch.library.opcheck(torch.ops.perception.cfc_scan.default, args)
     gates = torch.randn(2, 8, 128, device="cuda")

@@ -227,16 +227,29 @@ def test_merged_inverted_pool_reaches_the_output(dev):
     torch.testing.assert_close(moved - base, torch.full_like(base, 0.5))
 
 
-
-
 POOL_BAD_INPUTS = {
     "pool dtype": (lambda x, q: attention_pool(x.double(), q, "cuda"), "float32, got lnb Double and q Float"),
     "pool rank": (lambda x, q: attention_pool(x[0], q, "cuda"), r"lnb must be \(B, K, D\), got shape \[40, 32\]"),
-    "pool q width": (lambda x, q: attention_pool(x, q[:, :16], "cuda"), r"q must be \(Q, D\) with D = 32, got shape \[5, 16\]"),
-    "pool width": (lambda x, q: attention_pool(x[..., :24], q[:, :24], "cuda"), r"D in \{16, 32, 64, 128\}, got D = 24"),
-    "inverted rank": (lambda x, q: inverted_pool(x[0], "cuda"), r"inverted_pool: lnb must be \(B, K, D\), got shape \[40, 32\]"),
-    "inverted width": (lambda x, q: inverted_pool(x[..., :24], "cuda"), r"inverted_pool: kernels take D in .*got D = 24"),
-    "merge shapes": (lambda x, q: inv_pool_merge(x[:, :5], x[:, 0, :16], "cuda"), r"got ctx \[2, 5, 32\] and inv \[2, 16\]"),
+    "pool q width": (
+        lambda x, q: attention_pool(x, q[:, :16], "cuda"),
+        r"q must be \(Q, D\) with D = 32, got shape \[5, 16\]",
+    ),
+    "pool width": (
+        lambda x, q: attention_pool(x[..., :24], q[:, :24], "cuda"),
+        r"D in \{16, 32, 64, 128\}, got D = 24",
+    ),
+    "inverted rank": (
+        lambda x, q: inverted_pool(x[0], "cuda"),
+        r"inverted_pool: lnb must be \(B, K, D\), got shape \[40, 32\]",
+    ),
+    "inverted width": (
+        lambda x, q: inverted_pool(x[..., :24], "cuda"),
+        r"inverted_pool: kernels take D in .*got D = 24",
+    ),
+    "merge shapes": (
+        lambda x, q: inv_pool_merge(x[:, :5], x[:, 0, :16], "cuda"),
+        r"got ctx \[2, 5, 32\] and inv \[2, 16\]",
+    ),
 }
 
 

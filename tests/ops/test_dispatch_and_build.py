@@ -62,9 +62,13 @@ def test_every_family_follows_the_template():
 
 def test_shared_helpers_live_only_in_common_cuh():
     common = (CSRC / "common.cuh").read_text()
-    helpers = {"poison_if_asked": r"void\s+poison_if_asked\s*\(", "cp_async16": r"void\s+cp_async16\s*\(",
-               "cp_async_commit": r"void\s+cp_async_commit\s*\(", "aligned_contiguous": r"Tensor\s+aligned_contiguous\s*\(",
-               "width dispatch": r"case\s+128\s*:"}
+    helpers = {
+        "poison_if_asked": r"void\s+poison_if_asked\s*\(",
+        "cp_async16": r"void\s+cp_async16\s*\(",
+        "cp_async_commit": r"void\s+cp_async_commit\s*\(",
+        "aligned_contiguous": r"Tensor\s+aligned_contiguous\s*\(",
+        "width dispatch": r"case\s+128\s*:",
+    }
     for name, pattern in helpers.items():
         assert re.search(pattern, common), f"common.cuh lacks {name}"
         copies = [p.name for p in kernel_sources() if p.name != "common.cuh" and re.search(pattern, p.read_text())]
@@ -85,7 +89,7 @@ def test_python_widths_are_the_compiled_widths():
 
 # Runs in its own process: it defines the `perception` namespace from the schema files, which must not
 # clash with a loaded library. Prints one line per check that failed.
-FAKES = textwrap.dedent(r'''
+FAKES = textwrap.dedent(r"""
     import re, sys
     from pathlib import Path
     import torch
@@ -146,13 +150,12 @@ FAKES = textwrap.dedent(r'''
         args = [torch.randn(t.shape) for t in valid[name][0]]
         make_fx(getattr(ops, name), tracing_mode="symbolic")(*args)
     print("done")
-''')
+""")
 
 
 def test_fakes_check_what_the_kernels_check_and_return_their_outputs():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-c", FAKES, str(CSRC)], capture_output=True, text=True, env=env,
-                         timeout=300)
+    run = subprocess.run([sys.executable, "-c", FAKES, str(CSRC)], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "done", run.stdout
 

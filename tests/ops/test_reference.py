@@ -119,7 +119,7 @@ def test_merge_adds_inv_to_every_query_and_sums_its_gradient():
     out = inv_pool_merge_ref(ctx, inv)
     torch.testing.assert_close(out, ctx + inv[:, None, :])
     g = rand(2, 5, 4, seed=2).detach()
-    d_inv, = torch.autograd.grad(out, inv, g)
+    (d_inv,) = torch.autograd.grad(out, inv, g)
     torch.testing.assert_close(d_inv, g.sum(dim=1))  # d_inv[b, d] = sum_q d_ctx[b, q, d]
 
 
@@ -135,7 +135,10 @@ def cfc_numpy(x_proj, ts, h0, w_rec, w_out, b_out):
     for t in range(k_):
         new = np.zeros_like(h)
         for b in range(b_):
-            z = [1.7159 * math.tanh(0.666 * (x_proj[b, t, u] + sum(w_rec[u, j] * h[b, j] for j in range(d_)))) for u in range(u_)]
+            z = [
+                1.7159 * math.tanh(0.666 * (x_proj[b, t, u] + sum(w_rec[u, j] * h[b, j] for j in range(d_))))
+                for u in range(u_)
+            ]
             o = [b_out[r] + sum(w_out[r, u] * z[u] for u in range(u_)) for r in range(4 * d_)]
             for d in range(d_):
                 f1, f2, ta, tb = o[d], o[d_ + d], o[2 * d_ + d], o[3 * d_ + d]
@@ -150,8 +153,12 @@ def test_cfc_cell_on_hand_built_numbers():
     """U = D = 1, w_rec = 0, w_out = 0: the gates are b_out, so h' is a closed form."""
     f1, f2, ta, tb, ts = 0.3, -1.2, 2.0, -0.5, 0.75
     h = cfc_scan_ref(
-        torch.tensor([[[0.4]]], **f64), torch.tensor([[ts]], **f64), torch.tensor([[0.9]], **f64),
-        torch.zeros(1, 1, **f64), torch.zeros(4, 1, **f64), torch.tensor([f1, f2, ta, tb], **f64),
+        torch.tensor([[[0.4]]], **f64),
+        torch.tensor([[ts]], **f64),
+        torch.tensor([[0.9]], **f64),
+        torch.zeros(1, 1, **f64),
+        torch.zeros(4, 1, **f64),
+        torch.tensor([f1, f2, ta, tb], **f64),
     )
     sigma = 1.0 / (1.0 + math.exp(-(ta * ts + tb)))
     assert h.item() == pytest.approx(math.tanh(f1) * (1 - sigma) + sigma * math.tanh(f2), rel=1e-14)

@@ -9,15 +9,19 @@ import re
 from typing import Mapping
 
 TAG = re.compile(r"\{\{(=?)(.*?)\}\}")
-NAME = re.compile(r'(workflow\.parameters|inputs\.parameters|tasks\.[a-z0-9-]+\.outputs\.parameters)'
-                  r'(?:\.([A-Za-z0-9_-]+)|\["([^"]+)"\])|workflow\.name|workflow\.namespace')
+NAME = re.compile(
+    r"(workflow\.parameters|inputs\.parameters|tasks\.[a-z0-9-]+\.outputs\.parameters)"
+    r'(?:\.([A-Za-z0-9_-]+)|\["([^"]+)"\])|workflow\.name|workflow\.namespace'
+)
 
 
 def substitute(text: str, scope: Mapping[str, str]) -> str:
     """Every tag of `text` filled in from `scope` ("workflow.parameters.NAME", "inputs.parameters.NAME",
     "tasks.T.outputs.parameters.NAME", "workflow.name", "item.KEY"); an unknown name raises KeyError."""
+
     def one(m: re.Match) -> str:
         return str(_expression(m.group(2), scope)) if m.group(1) else scope[m.group(2).strip()]
+
     return TAG.sub(one, text)
 
 
@@ -25,6 +29,7 @@ def _expression(expr: str, scope: Mapping[str, str]):
     def name(m: re.Match) -> str:
         key = m.group(0) if m.group(1) is None else f"{m.group(1)}.{m.group(2) or m.group(3)}"
         return repr(scope[key])
+
     python = NAME.sub(name, expr)
     ternary = re.fullmatch(r"(.*?)\?(.*?):(.*)", python)
     if ternary:
@@ -42,8 +47,17 @@ def when(condition: str, scope: Mapping[str, str]) -> bool:
         if not m:
             raise ValueError(f"when {condition!r}: clause {clause!r} is not a comparison")
         left, op, right = (_value(m.group(1)), m.group(2), _value(m.group(3)))
-        result = result and {"==": left == right, "!=": left != right, "<": left < right, ">": left > right,
-                             "<=": left <= right, ">=": left >= right}[op]
+        result = (
+            result
+            and {
+                "==": left == right,
+                "!=": left != right,
+                "<": left < right,
+                ">": left > right,
+                "<=": left <= right,
+                ">=": left >= right,
+            }[op]
+        )
     return result
 
 

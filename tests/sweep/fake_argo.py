@@ -55,23 +55,46 @@ class Task:
 
 
 def status(wf: str, phase: str, tasks: list[Task], message: str = "") -> dict:
-    nodes = {wf: {"id": wf, "name": wf, "displayName": wf, "type": "DAG", "templateName": "ab-sweep",
-                  "phase": phase, "children": []}}
+    nodes = {
+        wf: {
+            "id": wf,
+            "name": wf,
+            "displayName": wf,
+            "type": "DAG",
+            "templateName": "ab-sweep",
+            "phase": phase,
+            "children": [],
+        }
+    }
     done = 0
     for i, t in enumerate(tasks):
         node_name = f"{wf}.{t.name}"
         rid = f"{wf}-{fnv32a(node_name)}"
         shown = t.name.rsplit(".", 1)[-1]  # a nested task's name is its own: wf.waves.next.look shows `look`
-        retry = {"id": rid, "name": node_name, "displayName": shown, "type": "Retry", "templateName": t.template,
-                 "phase": t.attempts[-1], "startedAt": f"2026-01-01T00:{i:02d}:00Z", "children": []}
+        retry = {
+            "id": rid,
+            "name": node_name,
+            "displayName": shown,
+            "type": "Retry",
+            "templateName": t.template,
+            "phase": t.attempts[-1],
+            "startedAt": f"2026-01-01T00:{i:02d}:00Z",
+            "children": [],
+        }
         if t.inputs:
             retry["inputs"] = {"parameters": [{"name": k, "value": str(v)} for k, v in t.inputs.items()]}
         for a, attempt_phase in enumerate(t.attempts):
             pod_node = f"{node_name}({a})"
             pid = f"{wf}-{fnv32a(pod_node)}"
-            pod = {"id": pid, "name": pod_node, "displayName": f"{shown}({a})", "type": "Pod",
-                   "templateName": t.template, "phase": attempt_phase,
-                   "startedAt": f"2026-01-01T00:{i:02d}:{a:02d}Z"}
+            pod = {
+                "id": pid,
+                "name": pod_node,
+                "displayName": f"{shown}({a})",
+                "type": "Pod",
+                "templateName": t.template,
+                "phase": attempt_phase,
+                "startedAt": f"2026-01-01T00:{i:02d}:{a:02d}Z",
+            }
             if a == 0 and t.message:
                 pod["message"] = t.message
             if t.decision is not None and a == len(t.attempts) - 1:
@@ -86,8 +109,7 @@ def status(wf: str, phase: str, tasks: list[Task], message: str = "") -> dict:
         nodes[wf]["children"].append(rid)
         done += sum(p == "Succeeded" for p in t.attempts)
     pods = sum(len(t.attempts) for t in tasks)
-    out = {"phase": phase, "progress": f"{done}/{max(pods, 1)}", "nodes": nodes,
-           "startedAt": "2026-01-01T00:00:00Z"}
+    out = {"phase": phase, "progress": f"{done}/{max(pods, 1)}", "nodes": nodes, "startedAt": "2026-01-01T00:00:00Z"}
     if message:
         out["message"] = message
     return out
@@ -96,18 +118,28 @@ def status(wf: str, phase: str, tasks: list[Task], message: str = "") -> dict:
 def trainings(phase: str, replicate: Optional[int] = None, **special: list[str]) -> list[Task]:
     """The six trainings; with `replicate`, one wave of a sequential study (named as the recursion nests)."""
     wave = "" if replicate is None else "waves." + "next." * replicate
-    return [Task(f"{wave}train-{v.replace('_', '-')}-f{f}", "train", special.get(f"{v}_f{f}", [phase]),
-                 message="imminent node shutdown" if len(special.get(f"{v}_f{f}", [])) > 1 else "",
-                 inputs={"variant": v, "fold": f, **({} if replicate is None else {"replicate": replicate})})
-            for v, f in TRAININGS]
+    return [
+        Task(
+            f"{wave}train-{v.replace('_', '-')}-f{f}",
+            "train",
+            special.get(f"{v}_f{f}", [phase]),
+            message="imminent node shutdown" if len(special.get(f"{v}_f{f}", [])) > 1 else "",
+            inputs={"variant": v, "fold": f, **({} if replicate is None else {"replicate": replicate})},
+        )
+        for v, f in TRAININGS
+    ]
 
 
 def look(k: int, phase: str, decision: Optional[str] = None, W: float = 0.0, G: float = 0.0) -> Task:
     """The gate at look k of 3, its JSON line written once it decided."""
-    line = None if decision is None else {"decision": decision, "W": W, "G": G, "look": k, "max_looks": 3,
-                                          "design": "sequential"}
-    return Task("waves." + "next." * (k - 1) + "look", "look", [phase], inputs={"look": k}, decision=decision,
-                summary=line)
+    line = (
+        None
+        if decision is None
+        else {"decision": decision, "W": W, "G": G, "look": k, "max_looks": 3, "design": "sequential"}
+    )
+    return Task(
+        "waves." + "next." * (k - 1) + "look", "look", [phase], inputs={"look": k}, decision=decision, summary=line
+    )
 
 
 def prepare(phase: str) -> Task:
@@ -121,24 +153,46 @@ def gate(phase: str, decision: Optional[str] = None) -> Task:
 def script(kind: str, wf: str) -> list[dict]:
     """succeeds (with one preempted, retried training), fails (no decision), refused, never_ends; a
     sequential study's looks: sequential (continue, then ship), sequential_stopped (stopped after look 1)."""
-    start = [status(wf, "Running", [prepare("Running")]),
-             status(wf, "Running", [prepare("Succeeded")] + trainings("Running"))]
+    start = [
+        status(wf, "Running", [prepare("Running")]),
+        status(wf, "Running", [prepare("Succeeded")] + trainings("Running")),
+    ]
     if kind == "succeeds":
         return start + [
             status(wf, "Running", [prepare("Succeeded")] + trainings("Running", shared_f0=["Failed", "Running"])),
-            status(wf, "Running", [prepare("Succeeded")] + trainings("Succeeded", shared_f0=["Failed", "Succeeded"])
-                   + [gate("Running")]),
-            status(wf, "Succeeded", [prepare("Succeeded")] + trainings("Succeeded", shared_f0=["Failed", "Succeeded"])
-                   + [gate("Succeeded", "ship_per_horizon")]),
+            status(
+                wf,
+                "Running",
+                [prepare("Succeeded")] + trainings("Succeeded", shared_f0=["Failed", "Succeeded"]) + [gate("Running")],
+            ),
+            status(
+                wf,
+                "Succeeded",
+                [prepare("Succeeded")]
+                + trainings("Succeeded", shared_f0=["Failed", "Succeeded"])
+                + [gate("Succeeded", "ship_per_horizon")],
+            ),
         ]
     if kind == "fails":
-        return [status(wf, "Running", [prepare("Running")]),
-                status(wf, "Failed", [Task("prepare", "prepare", ["Failed"], message="Error (exit code 1)")],
-                       message="child 'prepare' failed")]
+        return [
+            status(wf, "Running", [prepare("Running")]),
+            status(
+                wf,
+                "Failed",
+                [Task("prepare", "prepare", ["Failed"], message="Error (exit code 1)")],
+                message="child 'prepare' failed",
+            ),
+        ]
     if kind == "refused":
         return start + [
-            status(wf, "Failed", [prepare("Succeeded")] + trainings("Succeeded", per_horizon_f1=["Failed"])
-                   + [gate("Failed", "refused")], message="child 'gate' failed"),
+            status(
+                wf,
+                "Failed",
+                [prepare("Succeeded")]
+                + trainings("Succeeded", per_horizon_f1=["Failed"])
+                + [gate("Failed", "refused")],
+                message="child 'gate' failed",
+            ),
         ]
     if kind == "never_ends":
         return start
@@ -146,23 +200,35 @@ def script(kind: str, wf: str) -> list[dict]:
         done0 = [prepare("Succeeded")] + trainings("Succeeded", replicate=0)
         look1 = done0 + [look(1, "Succeeded", "continue", W=0.0123, G=0.0031)]
         if kind == "sequential_stopped":  # Argo's stop during wave 1: no decision
-            return [status(wf, "Running", done0 + [look(1, "Running")]),
-                    status(wf, "Running", look1 + trainings("Running", replicate=1)),
-                    status(wf, "Failed", look1 + trainings("Failed", replicate=1),
-                           message="Stopped with strategy 'Stop'")]
-        return [status(wf, "Running", [prepare("Running")]),
+            return [
                 status(wf, "Running", done0 + [look(1, "Running")]),
                 status(wf, "Running", look1 + trainings("Running", replicate=1)),
-                status(wf, "Running", look1 + trainings("Succeeded", replicate=1) + [look(2, "Running")]),
-                status(wf, "Succeeded", look1 + trainings("Succeeded", replicate=1)
-                       + [look(2, "Succeeded", "ship_per_horizon", W=0.0311, G=0.0102)])]
+                status(wf, "Failed", look1 + trainings("Failed", replicate=1), message="Stopped with strategy 'Stop'"),
+            ]
+        return [
+            status(wf, "Running", [prepare("Running")]),
+            status(wf, "Running", done0 + [look(1, "Running")]),
+            status(wf, "Running", look1 + trainings("Running", replicate=1)),
+            status(wf, "Running", look1 + trainings("Succeeded", replicate=1) + [look(2, "Running")]),
+            status(
+                wf,
+                "Succeeded",
+                look1
+                + trainings("Succeeded", replicate=1)
+                + [look(2, "Succeeded", "ship_per_horizon", W=0.0311, G=0.0102)],
+            ),
+        ]
     raise ValueError(kind)
 
 
 def stopped(wf: str) -> dict:
     """After Argo's stop: running pods end, the gate (run as it would after a stop) refuses."""
-    return status(wf, "Failed", [prepare("Succeeded")] + trainings("Failed") + [gate("Failed", "refused")],
-                  message="Stopped with strategy 'Stop'")
+    return status(
+        wf,
+        "Failed",
+        [prepare("Succeeded")] + trainings("Failed") + [gate("Failed", "refused")],
+        message="Stopped with strategy 'Stop'",
+    )
 
 
 class FakeArgo:
@@ -247,8 +313,10 @@ class FakeArgo:
 
     def add(self, name: str, kind: str, labels: Optional[dict] = None, at_end: bool = False) -> None:
         """A workflow already on the server (as if submitted earlier), at its script's start or end."""
-        wf = {"metadata": {"name": name, "namespace": "perception", "labels": labels or {}},
-              "spec": {"arguments": {"parameters": []}}}
+        wf = {
+            "metadata": {"name": name, "namespace": "perception", "labels": labels or {}},
+            "spec": {"arguments": {"parameters": []}},
+        }
         s = script(kind, name)
         self.workflows[name] = {"workflow": wf, "script": s, "i": len(s) - 1 if at_end else 0}
 
@@ -267,20 +335,31 @@ class FakeArgo:
             wf = self.current(name)
             done = wf["status"]["phase"] in ("Succeeded", "Failed", "Error")
             labels = {**(wf["metadata"].get("labels") or {}), "workflows.argoproj.io/completed": str(done).lower()}
-            if all(labels.get(t.split("!=")[0]) != t.split("!=")[1] if "!=" in t
-                   else labels.get(t.split("=")[0]) == t.split("=", 1)[1] for t in terms):
+            if all(
+                labels.get(t.split("!=")[0]) != t.split("!=")[1]
+                if "!=" in t
+                else labels.get(t.split("=")[0]) == t.split("=", 1)[1]
+                for t in terms
+            ):
                 out.append(wf)
         return out
 
     def pods(self, name: str) -> dict[str, str]:
         """pod name → node display name, for every Pod node so far (v2 pod names)."""
         wf = self.current(name)
-        return {f"{name}-{n['templateName']}-{fnv32a(n['name'])}": n["displayName"]
-                for n in wf["status"]["nodes"].values() if n["type"] == "Pod"}
+        return {
+            f"{name}-{n['templateName']}-{fnv32a(n['name'])}": n["displayName"]
+            for n in wf["status"]["nodes"].values()
+            if n["type"] == "Pod"
+        }
 
     def log_lines(self, name: str, pod: Optional[str]) -> list[dict]:
-        return [{"result": {"podName": p, "content": f"hello from {display} line {i}"}}
-                for p, display in self.pods(name).items() if pod in (None, p) for i in range(2)]
+        return [
+            {"result": {"podName": p, "content": f"hello from {display} line {i}"}}
+            for p, display in self.pods(name).items()
+            if pod in (None, p)
+            for i in range(2)
+        ]
 
 
 def serve(next_script: str = "succeeds") -> FakeArgo:

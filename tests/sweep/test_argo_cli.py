@@ -39,14 +39,22 @@ class Server:
         class Handler(BaseHTTPRequestHandler):
             def _record(self) -> dict:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
-                fake.requests.append({"method": self.command, "path": self.path,
-                                      "auth": self.headers.get("Authorization"), "body": body})
+                fake.requests.append(
+                    {"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+                )
                 return fake.requests[-1]
 
             def _echo_or_refuse(self) -> bool:
                 if answer == "echo-json":
-                    reply_json(self, 500, {"code": 13, "message": "upstream failed",
-                                           "request": {"headers": {k: [v] for k, v in self.headers.items()}}})
+                    reply_json(
+                        self,
+                        500,
+                        {
+                            "code": 13,
+                            "message": "upstream failed",
+                            "request": {"headers": {k: [v] for k, v in self.headers.items()}},
+                        },
+                    )
                 elif answer == "echo-text":
                     text = "upstream failed; request was:\n" + "".join(f"{k}: {v}\n" for k, v in self.headers.items())
                     data = text.encode()
@@ -117,28 +125,34 @@ def self_signed(tmp_path_factory) -> Path:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "argo-server")])
     now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     d = tmp_path_factory.mktemp("tls")
     (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()))
+    (d / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return d
 
 
-def sweep(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN,
-          cwd: Path | None = None) -> subprocess.CompletedProcess:
+def sweep(
+    *args: str, env: dict[str, str] | None = None, token: str | None = TOKEN, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """The installed command with only the ARGO_* settings given here."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("ARGO_")}
     if token is not None:
         full["ARGO_TOKEN"] = token
     full.update(env or {})
-    return subprocess.run(["perception-sweep", *args], env=full, capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+    return subprocess.run(["perception-sweep", *args], env=full, capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
 def posted(server: Server) -> list[dict]:
@@ -146,6 +160,7 @@ def posted(server: Server) -> list[dict]:
 
 
 # ---- plain http, asked for; TLS verification, skipped only when asked --------------------------
+
 
 def test_an_http_host_is_refused_unless_plain_http_is_asked_for(serve):
     s = serve()
@@ -191,10 +206,15 @@ def test_insecure_skips_certificate_checks_and_nothing_else(serve, self_signed):
 
 # ---- the argo CLI's environment ---------------------------------------------------------------
 
+
 def test_server_namespace_and_token_come_from_the_argo_environment(serve):
     s = serve()
-    env = {"ARGO_SERVER": s.hostport, "ARGO_SECURE": "false", "ARGO_NAMESPACE": "research",
-           "ARGO_TOKEN": f"Bearer {TOKEN}"}  # as `argo auth token` prints it
+    env = {
+        "ARGO_SERVER": s.hostport,
+        "ARGO_SECURE": "false",
+        "ARGO_NAMESPACE": "research",
+        "ARGO_TOKEN": f"Bearer {TOKEN}",
+    }  # as `argo auth token` prints it
     r = sweep("submit", "--smoke", env=env, token=None)
     assert r.returncode == 0, r.stderr
     (req,) = posted(s)
@@ -212,6 +232,7 @@ def test_server_namespace_and_token_come_from_the_argo_environment(serve):
 
 # ---- credentials never printed from an answer -------------------------------------------------
 
+
 @pytest.mark.parametrize("answer", ["echo-json", "echo-text"])
 def test_an_error_answer_that_echoes_the_token_is_printed_without_it(serve, answer):
     s = serve(answer)
@@ -228,8 +249,10 @@ def test_an_error_answer_that_echoes_the_token_is_printed_without_it(serve, answ
 def test_redaction_covers_the_forms_a_body_echoes_credentials_in():
     from perception.sweep.redact import redact
 
-    text = ('Authorization: Bearer abc.def-123\n{"Authorization": ["Bearer xyz"], "cookie": "sid=42"}\n'
-            'password=hunter2&user=me token: t0k3n raw s3cr3t-token-5f1e end; Basic dXNlcjpwYXNz')
+    text = (
+        'Authorization: Bearer abc.def-123\n{"Authorization": ["Bearer xyz"], "cookie": "sid=42"}\n'
+        "password=hunter2&user=me token: t0k3n raw s3cr3t-token-5f1e end; Basic dXNlcjpwYXNz"
+    )
     out = redact(text, [f"Bearer {TOKEN}"])
     for secret in ("abc.def-123", "xyz", "sid=42", "hunter2", "t0k3n", TOKEN, "dXNlcjpwYXNz"):
         assert secret not in out, (secret, out)
@@ -238,11 +261,20 @@ def test_redaction_covers_the_forms_a_body_echoes_credentials_in():
 
 # ---- dry run and validate: no server, no token, no test extra -----------------------------------
 
+
 def test_dry_run_renders_validates_and_prints_the_body_without_a_server_or_token():
     r = sweep("submit", "--dry-run", env={"ARGO_SERVER": "argo.example:2746"}, token=None)  # nothing listens there
     assert r.returncode == 0 and json.loads(r.stdout)["workflow"]["metadata"]["generateName"] == "ab-sweep-", r.stderr
-    r = sweep("submit", "--dry-run", "--sweep-id", "sweep-a1", "-p", "tag=v1.2.0",
-              env={"ARGO_SERVER": "argo.example:2746"}, token=None)
+    r = sweep(
+        "submit",
+        "--dry-run",
+        "--sweep-id",
+        "sweep-a1",
+        "-p",
+        "tag=v1.2.0",
+        env={"ARGO_SERVER": "argo.example:2746"},
+        token=None,
+    )
     assert r.returncode == 0, r.stderr
     body = json.loads(r.stdout)
     assert schema_errors(body["workflow"]) == []
@@ -277,6 +309,7 @@ def test_validate_checks_a_render_from_outside_the_checkout(tmp_path):
 
 # ---- the gate's pair ---------------------------------------------------------------------------
 
+
 def filled(args: list[str], params: dict[str, str]) -> list[str]:
     """A template's args as Argo fills them in: parameters substituted, expressions evaluated (no sweep-id
     parameter: the workflow's name)."""
@@ -289,8 +322,17 @@ def test_control_and_treatment_reach_prepare_and_are_checked(tmp_path, serve):
     from perception.sweep.design import Design
 
     out = tmp_path / "wf.yaml"
-    r = sweep("render", "--arms", "shared,per_horizon,shared_skip", "--control", "shared_skip",
-              "--treatment", "per_horizon", "--out", str(out))
+    r = sweep(
+        "render",
+        "--arms",
+        "shared,per_horizon,shared_skip",
+        "--control",
+        "shared_skip",
+        "--treatment",
+        "per_horizon",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(out.read_text())
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
@@ -299,8 +341,7 @@ def test_control_and_treatment_reach_prepare_and_are_checked(tmp_path, serve):
     args = cli.parser().parse_args(filled(prepare, params))
     assert cli._design(args) == Design(("shared", "per_horizon", "shared_skip"), 1, "shared_skip", "per_horizon")
     # the defaults (empty parameters) are the design's default pair
-    default = {p["name"]: p["value"] for p in yaml.safe_load(
-        sweep("render").stdout)["spec"]["arguments"]["parameters"]}
+    default = {p["name"]: p["value"] for p in yaml.safe_load(sweep("render").stdout)["spec"]["arguments"]["parameters"]}
     assert cli._design(cli.parser().parse_args(filled(prepare, default))) == Design()
     r = sweep("render", "--treatment", "shared_skip")
     assert r.returncode == 2 and "--treatment 'shared_skip' is not among the sweep's arms" in r.stderr
@@ -319,8 +360,9 @@ def test_readme_lists_every_workflow_parameter_as_the_definition_has_them():
     assert block, "README lacks the generated workflow-parameters block"
     r = sweep("render", "--list-parameters")
     assert r.returncode == 0, r.stderr
-    assert block.group(1) == r.stdout, "README's parameter table is stale: paste `perception-sweep render " \
-                                       "--list-parameters` between its markers"
+    assert block.group(1) == r.stdout, (
+        "README's parameter table is stale: paste `perception-sweep render --list-parameters` between its markers"
+    )
     names = {p["name"] for p in yaml.safe_load(sweep("render").stdout)["spec"]["arguments"]["parameters"]}
     listed = set(re.findall(r"^\| `([a-z-]+)` \|", block.group(1), re.M))
     assert listed == names and {"argo-ui", "calibrate", "control", "treatment"} <= names

@@ -12,16 +12,34 @@ import pytest
 
 
 def cli(*args: str, env: dict, timeout: int = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
-                          env={k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"})
+    return subprocess.run(
+        list(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"},
+    )
 
 
 @pytest.mark.slow(seconds=130)
 @pytest.mark.timeout(1800)
 def test_calibrate_writes_the_noise_file_the_gate_then_uses(perception_home, mlflow_server, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PERCEPTION_GATE_NOISE_DIR"}  # PERCEPTION_HOME's folder
-    args = ("perception-sweep", "calibrate", "--experiment", "ci", "--sweeps", "1", "--cpu-workers", "2",
-            "--arms", "shared", "trainer.epochs=1", "trainer.max_train_batches=2", f"tracking.uri={mlflow_server}")
+    args = (
+        "perception-sweep",
+        "calibrate",
+        "--experiment",
+        "ci",
+        "--sweeps",
+        "1",
+        "--cpu-workers",
+        "2",
+        "--arms",
+        "shared",
+        "trainer.epochs=1",
+        "trainer.max_train_batches=2",
+        f"tracking.uri={mlflow_server}",
+    )
     # as the workflow runs it: the sweep in its own pod first (no file), then the file from the finished sweeps
     r = cli(*args, "--no-write", env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -44,9 +62,22 @@ def test_calibrate_writes_the_noise_file_the_gate_then_uses(perception_home, mlf
     assert doc["source"].startswith("perception-sweep calibrate --experiment ci --sweeps 1")
 
     # a one-replicate sweep of the same experiment and scale: the gate adds this file's noise and names it
-    r = cli("perception-gate", "--sweep-id", "calibrate-ci-shared-90000", "--tracking-uri", mlflow_server,
-            "--config", "ci", "--control", "shared", "--treatment", "shared_twin", "--out", str(tmp_path / "g"),
-            env=env)
+    r = cli(
+        "perception-gate",
+        "--sweep-id",
+        "calibrate-ci-shared-90000",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "--control",
+        "shared",
+        "--treatment",
+        "shared_twin",
+        "--out",
+        str(tmp_path / "g"),
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((tmp_path / "g" / "report.json").read_text())
     assert report["noise_file"] == str(path) and str(path) in report["training_noise"]
@@ -60,6 +91,7 @@ def test_calibrate_rejects_bad_usage_before_any_work(perception_home):
     assert r.returncode == 2 and "calibrate sets experiment" in r.stderr
     r = cli("perception-sweep", "calibrate", "--experiment", "ci", "--arms", "shared_skip", env=dict(os.environ))
     assert r.returncode == 2 and "'shared_skip' is not a seed arm" in r.stderr
-    r = cli("perception-sweep", "calibrate", "--experiment", "ci", "--out", "x.json", "--into-package",
-            env=dict(os.environ))
+    r = cli(
+        "perception-sweep", "calibrate", "--experiment", "ci", "--out", "x.json", "--into-package", env=dict(os.environ)
+    )
     assert r.returncode == 2 and "--into-package: not allowed with argument --out" in r.stderr

@@ -25,7 +25,13 @@ def test_cpu_runs_one_at_a_time_in_study_order():
     waves = plan_waves(runs, [])
     assert waves == [[(r, None)] for r in runs]
     assert [(r.arm, r.fold) for r in runs] == [
-        ("shared", 0), ("per_horizon", 0), ("shared", 1), ("per_horizon", 1), ("shared", 2), ("per_horizon", 2)]
+        ("shared", 0),
+        ("per_horizon", 0),
+        ("shared", 1),
+        ("per_horizon", 1),
+        ("shared", 2),
+        ("per_horizon", 2),
+    ]
 
 
 def test_two_gpus_train_both_variants_of_a_fold_side_by_side():

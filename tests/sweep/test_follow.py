@@ -39,6 +39,7 @@ def server_args(argo) -> list[str]:
 
 # ---- submit --wait ---------------------------------------------------------------------------
 
+
 def test_wait_follows_a_sweep_to_its_decision(argo):
     r = sweep("submit", *server_args(argo), "--smoke", "--wait", "--poll-interval", "0.05")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -55,8 +56,7 @@ def test_wait_follows_a_sweep_to_its_decision(argo):
     assert f"mlflow: tags.sweep_id = '{name}'" in out
 
 
-@pytest.mark.parametrize("kind, code, decision", [("refused", 3, "decision: refused"),
-                                                  ("fails", 1, "decision: none")])
+@pytest.mark.parametrize("kind, code, decision", [("refused", 3, "decision: refused"), ("fails", 1, "decision: none")])
 def test_wait_exit_code_says_how_the_sweep_ended(argo, kind, code, decision):
     argo.next_script = kind
     r = sweep("submit", *server_args(argo), "--smoke", "--wait", "--poll-interval", "0.05")
@@ -88,8 +88,13 @@ def test_wait_prints_each_look_of_a_sequential_study_and_its_final_decision(argo
     first, second = "look 1/3: continue (W +0.0123, G +0.0031)", "look 2/3: ship_per_horizon (W +0.0311, G +0.0102)"
     assert lines.count(first) == 1 and lines.count(second) == 1  # once each, as it comes
     # look 1, then wave 1 trains, then look 2
-    assert lines.index("look-1: Succeeded") < lines.index(first) < lines.index("shared-f0-r1: Running") \
-        < lines.index("look-2: Running") < lines.index(second)
+    assert (
+        lines.index("look-1: Succeeded")
+        < lines.index(first)
+        < lines.index("shared-f0-r1: Running")
+        < lines.index("look-2: Running")
+        < lines.index(second)
+    )
     assert "decision: ship_per_horizon" in r.stdout and "decision: continue" not in r.stdout
 
 
@@ -103,11 +108,18 @@ def test_a_study_stopped_between_looks_has_no_decision(argo):
 # ---- status ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("at, code, looks, decision", [
-    (2, 0, ["look 1/3: continue (W +0.0123, G +0.0031)"], "not yet"),  # wave 1 training
-    (4, 0, ["look 1/3: continue (W +0.0123, G +0.0031)", "look 2/3: ship_per_horizon (W +0.0311, G +0.0102)"],
-     "ship_per_horizon"),
-])
+@pytest.mark.parametrize(
+    "at, code, looks, decision",
+    [
+        (2, 0, ["look 1/3: continue (W +0.0123, G +0.0031)"], "not yet"),  # wave 1 training
+        (
+            4,
+            0,
+            ["look 1/3: continue (W +0.0123, G +0.0031)", "look 2/3: ship_per_horizon (W +0.0311, G +0.0102)"],
+            "ship_per_horizon",
+        ),
+    ],
+)
 def test_status_lists_a_sequential_studys_looks(argo, at, code, looks, decision):
     argo.add("ab-sweep-seq", "sequential")
     argo.workflows["ab-sweep-seq"]["i"] = at
@@ -118,8 +130,16 @@ def test_status_lists_a_sequential_studys_looks(argo, at, code, looks, decision)
     assert f"decision: {decision}" in lines
     assert any(ln.split() == ["look-1", "Succeeded"] for ln in lines)  # the look's step, named by its look
 
-@pytest.mark.parametrize("kind, code, decision", [("succeeds", 0, "ship_per_horizon"), ("refused", 3, "refused"),
-                                                  ("fails", 1, "none"), ("never_ends", 0, "not yet")])
+
+@pytest.mark.parametrize(
+    "kind, code, decision",
+    [
+        ("succeeds", 0, "ship_per_horizon"),
+        ("refused", 3, "refused"),
+        ("fails", 1, "none"),
+        ("never_ends", 0, "not yet"),
+    ],
+)
 def test_status_shows_each_step_and_exits_with_the_decision(argo, kind, code, decision):
     argo.add("ab-sweep-abcde", kind, at_end=True)
     r = sweep("status", "ab-sweep-abcde", *server_args(argo))
@@ -145,8 +165,10 @@ def test_status_with_a_wrong_token_fails_naming_the_token(argo):
 
 
 def test_the_sweep_id_comes_from_the_parameter_then_the_label():
-    wf = Workflow(metadata={"name": "ab-sweep-x", "labels": {"perception/sweep-id": "from-label"}},
-                  spec={"arguments": {"parameters": [{"name": "sweep-id", "value": "{{workflow.name}}"}]}})
+    wf = Workflow(
+        metadata={"name": "ab-sweep-x", "labels": {"perception/sweep-id": "from-label"}},
+        spec={"arguments": {"parameters": [{"name": "sweep-id", "value": "{{workflow.name}}"}]}},
+    )
     assert follow.sweep_id_of(wf) == "from-label"
     wf.spec.arguments.parameters[0].value = "my-sweep"
     assert follow.sweep_id_of(wf) == "my-sweep"
@@ -154,11 +176,29 @@ def test_the_sweep_id_comes_from_the_parameter_then_the_label():
 
 
 def test_a_fanned_out_training_is_named_by_its_inputs_and_a_new_workflow_is_pending():
-    wf = Workflow(metadata={"name": "w"}, spec={}, status={"nodes": {"w-1": {
-        "id": "w-1", "name": "w.train(0:{...})", "displayName": "train(0:{\"arm\":\"shared_skip\"})",
-        "type": "Pod", "templateName": "train", "phase": "Running",
-        "inputs": {"parameters": [{"name": "arm", "value": "shared_skip"}, {"name": "fold", "value": "2"},
-                                  {"name": "replicate", "value": "1"}]}}}})
+    wf = Workflow(
+        metadata={"name": "w"},
+        spec={},
+        status={
+            "nodes": {
+                "w-1": {
+                    "id": "w-1",
+                    "name": "w.train(0:{...})",
+                    "displayName": 'train(0:{"arm":"shared_skip"})',
+                    "type": "Pod",
+                    "templateName": "train",
+                    "phase": "Running",
+                    "inputs": {
+                        "parameters": [
+                            {"name": "arm", "value": "shared_skip"},
+                            {"name": "fold", "value": "2"},
+                            {"name": "replicate", "value": "1"},
+                        ]
+                    },
+                }
+            }
+        },
+    )
     s = follow.snapshot(wf)
     assert [st.label for st in s.steps] == ["shared_skip-f2-r1"] and s.decision is None
     assert follow.snapshot(Workflow(metadata={"name": "w"}, spec={})).phase == "Pending"
@@ -167,8 +207,13 @@ def test_a_fanned_out_training_is_named_by_its_inputs_and_a_new_workflow_is_pend
 def test_wait_outlasts_an_unreachable_server_and_stops_on_a_bad_token():
     from perception.sweep.argo_api import ArgoError
 
-    done = Workflow(**{"metadata": {"name": "w"}, "spec": {},
-                       "status": fake_argo.status("w", "Succeeded", [fake_argo.gate("Succeeded", "keep_shared")])})
+    done = Workflow(
+        **{
+            "metadata": {"name": "w"},
+            "spec": {},
+            "status": fake_argo.status("w", "Succeeded", [fake_argo.gate("Succeeded", "keep_shared")]),
+        }
+    )
     answers = [ArgoError("connection refused", transient=True), ArgoError("HTTP 503", 503, transient=True), done]
 
     def get():
@@ -182,11 +227,13 @@ def test_wait_outlasts_an_unreachable_server_and_stops_on_a_bad_token():
     assert not waited.timed_out and follow.outcome(waited.last) == follow.EXIT_DECIDED
     assert sum("server unreachable" in ln for ln in lines) == 1 and "server reachable again" in lines[1]
     with pytest.raises(ArgoError):
-        follow.wait(lambda: (_ for _ in ()).throw(ArgoError("HTTP 401", 401)), 5.0, None, lines.append,
-                    sleep=lambda s: None)
+        follow.wait(
+            lambda: (_ for _ in ()).throw(ArgoError("HTTP 401", 401)), 5.0, None, lines.append, sleep=lambda s: None
+        )
 
 
 # ---- logs ------------------------------------------------------------------------------------
+
 
 def test_logs_prints_every_pod_labelled_by_its_step(argo):
     argo.add("ab-sweep-abcde", "succeeds", at_end=True)
@@ -204,8 +251,9 @@ def test_logs_of_one_task_ask_for_its_pods_and_follow_the_latest(argo):
     argo.add("ab-sweep-abcde", "succeeds", at_end=True)
     r = sweep("logs", "ab-sweep-abcde", "--task", "shared-f0", "-f", *server_args(argo))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [f"shared-f0({a}): hello from train-shared-f0({a}) line {i}"
-                                     for a in (0, 1) for i in (0, 1)]
+    assert r.stdout.splitlines() == [
+        f"shared-f0({a}): hello from train-shared-f0({a}) line {i}" for a in (0, 1) for i in (0, 1)
+    ]
     reqs = [q["query"] for q in argo.requests if q["path"].split("?")[0].endswith("/log")]
     assert [q.get("logOptions.follow") for q in reqs] == [None, "true"]
     assert all(q["podName"].startswith("ab-sweep-abcde-train-") for q in reqs)
@@ -219,7 +267,13 @@ def test_logs_of_an_unknown_task_name_the_known_ones(argo):
 
 def test_pod_names_follow_argos_v2_format():
     assert fnv32a("hello") == 1335831723  # Argo UI's own test vector
-    wf = Workflow(**{"metadata": {"name": "w"}, "spec": {}, "status": fake_argo.status("w", "Running", [fake_argo.prepare("Running")])})
+    wf = Workflow(
+        **{
+            "metadata": {"name": "w"},
+            "spec": {},
+            "status": fake_argo.status("w", "Running", [fake_argo.prepare("Running")]),
+        }
+    )
     [(pod, label)] = pods_by_step(wf)["prepare"]
     assert pod == f"w-prepare-{fake_argo.fnv32a('w.prepare(0)')}" and label == "prepare"
     node = next(n for n in wf.status.nodes.values() if n.type == "Pod")
@@ -227,6 +281,7 @@ def test_pod_names_follow_argos_v2_format():
 
 
 # ---- stop ------------------------------------------------------------------------------------
+
 
 def test_stop_asks_argo_to_stop_and_the_gate_still_answers(argo):
     argo.add("ab-sweep-abcde", "never_ends")

@@ -14,8 +14,23 @@ from perception.paths import run_dir
 @pytest.mark.slow(seconds=130)
 def test_every_line_of_a_lane_s_train_log_is_written_once(perception_home):
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    r = subprocess.run(["perception-sweep", "local", "--cpu-workers", "2", "--sweep-id", "lanes", "experiment=ci",
-                        "trainer.epochs=1", "data.n_folds=2"], capture_output=True, text=True, env=env, timeout=900)
+    r = subprocess.run(
+        [
+            "perception-sweep",
+            "local",
+            "--cpu-workers",
+            "2",
+            "--sweep-id",
+            "lanes",
+            "experiment=ci",
+            "trainer.epochs=1",
+            "data.n_folds=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert "4/4 runs finished" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
     assert "on CPU (log " in r.stderr  # the lanes ran, each with its log
     for arm in ("shared", "per_horizon"):

@@ -9,7 +9,6 @@ import os
 import sys
 import textwrap
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -63,10 +62,15 @@ def fakes(tmp_path, perception_home, monkeypatch, mlflow_server):
 
     def sweep(*overrides, gpus=(), sweep_id=sweep_id):
         lines: list[str] = []
-        result = run_local_sweep(sweep_id, [*overrides, f"tracking.uri={mlflow_server}"], gpus=list(gpus),
-                                 train_command=[sys.executable, str(tmp_path / "train.py")],
-                                 data_command=[sys.executable, str(tmp_path / "data.py")],
-                                 gate=gate, say=lines.append)
+        result = run_local_sweep(
+            sweep_id,
+            [*overrides, f"tracking.uri={mlflow_server}"],
+            gpus=list(gpus),
+            train_command=[sys.executable, str(tmp_path / "train.py")],
+            data_command=[sys.executable, str(tmp_path / "data.py")],
+            gate=gate,
+            say=lines.append,
+        )
         return result, lines
 
     return SimpleNamespace(sweep=sweep, calls=read, gate_calls=gate_calls, id=sweep_id, uri=mlflow_server)
@@ -81,8 +85,14 @@ def test_cpu_sweep_trains_six_runs_in_order_then_gates(fakes):
     calls = fakes.calls()
     assert calls[0] == {"data": ["build", "experiment=ci", f"tracking.uri={fakes.uri}"]}
     runs = train_calls(calls)
-    assert [c["name"] for c in runs] == ["shared-f0", "per_horizon-f0", "shared-f1", "per_horizon-f1",
-                                         "shared-f2", "per_horizon-f2"]
+    assert [c["name"] for c in runs] == [
+        "shared-f0",
+        "per_horizon-f0",
+        "shared-f1",
+        "per_horizon-f1",
+        "shared-f2",
+        "per_horizon-f2",
+    ]
     for c in runs:
         assert c["argv"][0] == "experiment=ci"
         assert f"sweep_id={fakes.id}" in c["argv"] and f"tracking.parent_run_id={result.parent_run_id}" in c["argv"]
@@ -90,9 +100,16 @@ def test_cpu_sweep_trains_six_runs_in_order_then_gates(fakes):
     for earlier, later in zip(runs, runs[1:]):
         assert earlier["t1"] <= later["t0"]  # sequential on CPU
     assert [r.status for r in result.runs] == ["finished"] * 6
-    assert fakes.gate_calls == [{"sweep_id": fakes.id, "tracking_uri": fakes.uri,
-                                 "experiment": "perception-ab", "config_name": "ci", "control": "shared",
-                                 "treatment": "per_horizon"}]
+    assert fakes.gate_calls == [
+        {
+            "sweep_id": fakes.id,
+            "tracking_uri": fakes.uri,
+            "experiment": "perception-ab",
+            "config_name": "ci",
+            "control": "shared",
+            "treatment": "per_horizon",
+        }
+    ]
     assert result.exit_code == 0
     assert sum("finished in" in line for line in lines) == 6 and "[6/6]" in lines[-2]
 
@@ -133,8 +150,14 @@ def test_gpus_train_one_run_each_in_parallel_with_their_own_logs(fakes, monkeypa
 
 
 def test_overrides_the_sweep_sets_itself_are_refused_before_any_work(fakes):
-    for bad in ("data.fold=1", "model.attention_pool=shared", "arm=shared_skip", "replicate=1", "sweep_id=x",
-                "tracking.parent_run_id=abc"):
+    for bad in (
+        "data.fold=1",
+        "model.attention_pool=shared",
+        "arm=shared_skip",
+        "replicate=1",
+        "sweep_id=x",
+        "tracking.parent_run_id=abc",
+    ):
         with pytest.raises(ConfigError, match="set by the sweep"):
             fakes.sweep(bad)
     with pytest.raises(ConfigError, match="trainer.epochs"):
@@ -151,8 +174,9 @@ def test_a_config_error_in_training_stops_the_sweep(fakes, monkeypatch):
     assert len(train_calls(fakes.calls())) == 1 and fakes.gate_calls == []
 
 
-def test_a_run_another_process_is_training_fails_alone_naming_it_and_the_sweep_goes_on(fakes, monkeypatch,
-                                                                                      perception_home):
+def test_a_run_another_process_is_training_fails_alone_naming_it_and_the_sweep_goes_on(
+    fakes, monkeypatch, perception_home
+):
     from perception.locks import run_lock
 
     monkeypatch.setenv("FAKE_FAIL", "shared-f1:2")  # the trainer's exit on a run in use
@@ -194,18 +218,28 @@ def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, t
         look = len(fakes.gate_calls) + 1
         fakes.gate_calls.append({"look": look, "trained": len(train_calls(fakes.calls())), "asked": kw.get("look")})
         decision = next(verdicts, "keep_shared")
-        summary = {"look": look, "max_looks": 3, "looks": [{"look": look, "W": 0.01, "G": 0.0, "p_W": 0.2,
-                                                             "p_G": 0.5, "efficacy_alpha": 0.013}],
-                   "why_stopped": "" if decision == "continue" else "efficacy boundary crossed"}
-        return SimpleNamespace(decision=decision, refused=False, reasons=[], report_dir=tmp_path, exit_code=0,
-                               summary=summary)
+        summary = {
+            "look": look,
+            "max_looks": 3,
+            "looks": [{"look": look, "W": 0.01, "G": 0.0, "p_W": 0.2, "p_G": 0.5, "efficacy_alpha": 0.013}],
+            "why_stopped": "" if decision == "continue" else "efficacy boundary crossed",
+        }
+        return SimpleNamespace(
+            decision=decision, refused=False, reasons=[], report_dir=tmp_path, exit_code=0, summary=summary
+        )
 
     def run(sweep_id=fakes.id):
         lines: list[str] = []
-        result = run_local_sweep(sweep_id, ["experiment=ci", f"tracking.uri={fakes.uri}"], gpus=[],
-                                 train_command=[sys.executable, str(tmp_path / "train.py")],
-                                 data_command=[sys.executable, str(tmp_path / "data.py")], gate=gate,
-                                 say=lines.append, design=Design(replicates=3, kind="sequential"))
+        result = run_local_sweep(
+            sweep_id,
+            ["experiment=ci", f"tracking.uri={fakes.uri}"],
+            gpus=[],
+            train_command=[sys.executable, str(tmp_path / "train.py")],
+            data_command=[sys.executable, str(tmp_path / "data.py")],
+            gate=gate,
+            say=lines.append,
+            design=Design(replicates=3, kind="sequential"),
+        )
         return result, lines
 
     result, lines = run()

@@ -21,8 +21,13 @@ DECISION = re.compile(r"^decision: (ship_per_horizon|keep_shared|inconclusive)$"
 
 
 def sweep_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    r = subprocess.run(["perception-sweep", *args], capture_output=True, text=True, timeout=timeout,
-                       env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"})
+    r = subprocess.run(
+        ["perception-sweep", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"},
+    )
     return r
 
 
@@ -61,21 +66,28 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     assert len(re.findall(r"^\[\d/6\] .*: finished in", r.stderr, re.M)) == 6
     # the terminal: the product's lines; MLflow's INFO lines in the sweep's and the runs' logs, no download bars
     assert "INFO mlflow" not in r.stderr + r.stdout and "Downloading artifacts" not in r.stderr, r.stderr[-3000:]
-    assert "Started monitoring system metrics" in (run_dir(sweep_id, "shared", 0, perception_home) / "train.log").read_text()
-    assert r.stdout.splitlines()[-1].startswith(f"next: perception-sweep ui --sweep-id {sweep_id} --tracking-uri "
-                                                f"{mlflow_server}")
+    assert (
+        "Started monitoring system metrics"
+        in (run_dir(sweep_id, "shared", 0, perception_home) / "train.log").read_text()
+    )
+    assert r.stdout.splitlines()[-1].startswith(
+        f"next: perception-sweep ui --sweep-id {sweep_id} --tracking-uri {mlflow_server}"
+    )
     # the report of a ci sweep opens with its first screen: the decision, the lift, the evidence, the next step
     screen = (report / "report.md").read_text().split("\n\n")[1].splitlines()
     assert 3 <= len(screen) <= 6, screen
     assert re.match(r"\*\*(Ship `per_horizon`|Keep `shared`|Inconclusive|Refused)\*\*: ", screen[0]), screen
     if not screen[0].startswith("**Refused"):  # a commit meanwhile: the gate refuses on git_sha (assert_decided)
-        assert "W, the validation-AUC lift B − A (per_horizon − shared) at h40, averaged over 3 folds" in "\n".join(screen)
+        assert "W, the validation-AUC lift B − A (per_horizon − shared) at h40, averaged over 3 folds" in "\n".join(
+            screen
+        )
         assert re.search(r"AUC points, 95 % interval \[[-+]\d+\.\d, [-+]\d+\.\d\]", "\n".join(screen)), screen
     assert screen[-1].startswith("Next: "), screen
 
     runs = train_runs(mlflow_server, sweep_id)
     assert sorted((x.data.tags["variant"], x.data.tags["fold"]) for x in runs) == sorted(
-        (v, f) for v in ("shared", "per_horizon") for f in "012")
+        (v, f) for v in ("shared", "per_horizon") for f in "012"
+    )
     parents = {x.data.tags.get("mlflow.parentRunId") for x in runs}
     assert len(parents) == 1 and None not in parents
 
@@ -99,8 +111,9 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
 def test_prepare_builds_the_cache_and_writes_the_parent_run_id(perception_home, mlflow_server, tmp_path):
     sweep_id = f"prep-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "parent-run-id"
-    r = sweep_cli("prepare", "--sweep-id", sweep_id, "--parent-run-id-file", str(out), *CI,
-                  f"tracking.uri={mlflow_server}")
+    r = sweep_cli(
+        "prepare", "--sweep-id", sweep_id, "--parent-run-id-file", str(out), *CI, f"tracking.uri={mlflow_server}"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     parent = out.read_text()
     assert r.stdout.strip().splitlines()[-1] == parent
@@ -111,11 +124,14 @@ def test_prepare_builds_the_cache_and_writes_the_parent_run_id(perception_home, 
     assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == parent  # found, not duplicated
 
 
-@pytest.mark.parametrize("bad, expected", [
-    (["data.fold=1"], "data.fold is set by the sweep"),
-    (["trainer.epochs=many"], "trainer.epochs"),
-    (["model.attention_pool=bogus"], "model.attention_pool is set by the sweep"),
-])
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        (["data.fold=1"], "data.fold is set by the sweep"),
+        (["trainer.epochs=many"], "trainer.epochs"),
+        (["model.attention_pool=bogus"], "model.attention_pool is set by the sweep"),
+    ],
+)
 def test_bad_overrides_exit_2_before_any_work(perception_home, bad, expected):
     r = sweep_cli("local", *bad, timeout=120)
     assert r.returncode == 2 and expected in r.stderr, r.stderr
@@ -131,15 +147,32 @@ def test_sync_of_an_unknown_sweep_is_a_usage_error(perception_home):
 def test_three_arm_sweep_trains_nine_runs_and_reports_the_attribution(perception_home, mlflow_server):
     sweep_id = "three-" + uuid.uuid4().hex[:8]
     head = git_head()
-    r = sweep_cli("local", "--sweep-id", sweep_id, "--arms", "shared,per_horizon,shared_skip", *CI,
-                  f"tracking.uri={mlflow_server}", timeout=1500)
+    r = sweep_cli(
+        "local",
+        "--sweep-id",
+        sweep_id,
+        "--arms",
+        "shared,per_horizon,shared_skip",
+        *CI,
+        f"tracking.uri={mlflow_server}",
+        timeout=1500,
+    )
     assert_decided(r, head)
     runs = train_runs(mlflow_server, sweep_id)
     assert sorted((x.data.tags["variant"], x.data.tags["fold"]) for x in runs) == sorted(
-        (a, str(f)) for a in ("shared", "per_horizon", "shared_skip") for f in range(3))
+        (a, str(f)) for a in ("shared", "per_horizon", "shared_skip") for f in range(3)
+    )
     for x in runs:  # every run carries the learning-signal diagnostics
-        for key in ("grad_norm_pool_query", "grad_norm_vsn", "grad_norm_mamba", "grad_norm_cfc", "grad_norm_heads",
-                    "query_divergence", "attention_entropy_ratio", "query_drift"):
+        for key in (
+            "grad_norm_pool_query",
+            "grad_norm_vsn",
+            "grad_norm_mamba",
+            "grad_norm_cfc",
+            "grad_norm_heads",
+            "query_divergence",
+            "attention_entropy_ratio",
+            "query_drift",
+        ):
             assert key in x.data.metrics, (x.data.tags["variant"], key)
         assert x.data.params["arm"] == x.data.tags["variant"] and x.data.tags["replicate"] == "0"
         assert x.data.params["experiment"] == "ci"
@@ -157,8 +190,18 @@ def test_three_arm_sweep_trains_nine_runs_and_reports_the_attribution(perception
 def test_a_sequential_sweep_prints_each_look_and_runs_to_a_decision(perception_home, mlflow_server):
     sweep_id = f"seq-{uuid.uuid4().hex[:8]}"
     head = git_head()
-    r = sweep_cli("local", "--sweep-id", sweep_id, "--design", "sequential", "--max-replicates", "2", *CI,
-                  f"tracking.uri={mlflow_server}", timeout=900)
+    r = sweep_cli(
+        "local",
+        "--sweep-id",
+        sweep_id,
+        "--design",
+        "sequential",
+        "--max-replicates",
+        "2",
+        *CI,
+        f"tracking.uri={mlflow_server}",
+        timeout=900,
+    )
     assert_decided(r, head)
     if git_head() != head:
         return

@@ -27,8 +27,13 @@ WALL_CLOCK = ("samples_per_s",)  # the only metric allowed to differ between two
 def sweep_env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "MLFLOW_TRACKING_URI")}
     # git_sha pinned: a commit in this checkout while the test runs must not make the gate refuse
-    return {**env, "PERCEPTION_HOME": str(home), "PYTHONUNBUFFERED": "1", "PERCEPTION_GIT_SHA": "outage-test",
-            **FAST_FAIL}
+    return {
+        **env,
+        "PERCEPTION_HOME": str(home),
+        "PYTHONUNBUFFERED": "1",
+        "PERCEPTION_GIT_SHA": "outage-test",
+        **FAST_FAIL,
+    }
 
 
 def sweep_args(sweep_id: str, uri: str) -> list[str]:
@@ -45,8 +50,11 @@ def histories(uri: str, sweep_id: str) -> dict[tuple[str, str], dict[str, list[t
         key = (run.data.tags["variant"], run.data.tags["fold"])
         assert key not in out, f"two MLflow runs for {key} of sweep {sweep_id}"
         assert run.info.status == "FINISHED", (key, run.info.status)
-        out[key] = {name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
-                    for name in run.data.metrics if name not in WALL_CLOCK and not name.startswith("system/")}
+        out[key] = {
+            name: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, name))
+            for name in run.data.metrics
+            if name not in WALL_CLOCK and not name.startswith("system/")
+        }
     return out
 
 
@@ -70,8 +78,9 @@ def restartable_server(tmp_path, empty_mlflow_db):
 
 @pytest.mark.slow(seconds=620)  # measured on the shared 2-core machine under a load of ~12
 @pytest.mark.timeout(1500)  # twelve trainings and three sweeps: past the default on a busy machine
-def test_rerunning_the_sweep_after_an_outage_sends_what_runs_kept_then_decides(perception_home, restartable_server,
-                                                                                tmp_path):
+def test_rerunning_the_sweep_after_an_outage_sends_what_runs_kept_then_decides(
+    perception_home, restartable_server, tmp_path
+):
     server, env = restartable_server, sweep_env(perception_home)
     uri = server.uri
     reference = subprocess.run(sweep_args("uninterrupted", uri), env=env, capture_output=True, text=True, timeout=900)

@@ -14,8 +14,9 @@ from perception.train import compose
 from perception.train.compose import composed
 
 
-@pytest.mark.parametrize("experiment, gate", [("ci", "ci"), ("local", "local"), ("production", "default"),
-                                              ("smoke", "smoke")])
+@pytest.mark.parametrize(
+    "experiment, gate", [("ci", "ci"), ("local", "local"), ("production", "default"), ("smoke", "smoke")]
+)
 def test_each_experiment_chooses_its_gate_config_in_its_defaults(experiment, gate):
     cfg = composed([f"experiment={experiment}"])
     assert cfg.gate == gate
@@ -43,7 +44,8 @@ def conf_with_a_bare_experiment(tmp_path, monkeypatch):
     conf = tmp_path / "bare_conf"
     shutil.copytree(str(resources.files(compose.CONFIG_MODULE)), conf)
     (conf / "experiment" / "bare.yaml").write_text(
-        "# @package _global_\nexperiment_name: bare\ndata:\n  horizons: [2, 5, 10, 20, 40]\n")
+        "# @package _global_\nexperiment_name: bare\ndata:\n  horizons: [2, 5, 10, 20, 40]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(compose, "CONFIG_MODULE", "bare_conf")
 

@@ -41,25 +41,45 @@ def test_the_gate_ends_the_parent_run_with_its_decision_or_refusal(mlflow_server
     for (variant, fold), run_id in decided.items():  # as MLflow's system metrics would log them
         # per_horizon: 12 samples a run; shared: 3, too few for a median that says anything
         util = [0.0, 50.0, 60.0] if variant == "shared" else [0.0, 80.0, 90.0, 95.0] * 3
-        client.log_batch(run_id, metrics=[Metric("system/gpu_0_utilization_percentage", u, 0, i)
-                                          for i, u in enumerate(util)])
+        client.log_batch(
+            run_id, metrics=[Metric("system/gpu_0_utilization_percentage", u, 0, i) for i, u in enumerate(util)]
+        )
 
-    r = gate("--sweep-id", "parent-ship", "--tracking-uri", mlflow_server, "--config", "ci", home=perception_home,
-             env={"PERCEPTION_WORKFLOW_URL": URL})
+    r = gate(
+        "--sweep-id",
+        "parent-ship",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        home=perception_home,
+        env={"PERCEPTION_WORKFLOW_URL": URL},
+    )
     assert r.returncode == 0, r.stderr
     run = client.get_run(parents["parent-ship"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["decision"] == "ship_per_horizon" and run.data.tags["workflow_url"] == URL
     assert run.data.metrics["gate_W"] > 0.024 and 0 <= run.data.metrics["gate_p"] < 0.05
     report = perception_home / "gate" / "parent-ship"
-    assert ("| GPU utilisation % (median of system metrics, median over runs) | too few samples (at most 3 a run, "
-            "10 needed) | 85 | |") in (report / "report.md").read_text()
+    assert (
+        "| GPU utilisation % (median of system metrics, median over runs) | too few samples (at most 3 a run, "
+        "10 needed) | 85 | |"
+    ) in (report / "report.md").read_text()
     runs = json.loads((report / "report.json").read_text())["runs"]
     assert runs["shared/f0"]["gpu_utilization"] == 50.0 and runs["shared/f0"]["gpu_samples"] == 3
     assert runs["per_horizon/f0"]["gpu_utilization"] == 85.0 and runs["per_horizon/f0"]["gpu_samples"] == 12
 
-    r = gate("--sweep-id", "parent-refused", "--tracking-uri", mlflow_server, "--config", "ci",
-             "--workflow-url", URL, home=perception_home)
+    r = gate(
+        "--sweep-id",
+        "parent-refused",
+        "--tracking-uri",
+        mlflow_server,
+        "--config",
+        "ci",
+        "--workflow-url",
+        URL,
+        home=perception_home,
+    )
     assert r.returncode == 3, r.stderr
     run = client.get_run(parents["parent-refused"])
     assert run.info.status == "FAILED" and run.data.tags["decision"] == "refused"
@@ -72,8 +92,16 @@ def test_sweeps_started_side_by_side_on_a_new_store_all_get_their_parent_run(tmp
     env = {**os.environ, "PERCEPTION_HOME": str(tmp_path)}
     env.pop("MLFLOW_TRACKING_URI", None)
     code = "import sys; from perception.tracking import ensure_parent_run; print(ensure_parent_run(sys.argv[1]))"
-    procs = [subprocess.Popen([sys.executable, "-c", code, f"side-{k}"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for k in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, f"side-{k}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

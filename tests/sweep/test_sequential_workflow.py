@@ -41,11 +41,19 @@ def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, 
     tpl = templates(doc)
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
     design = cli._design(cli.parser().parse_args(prepare_args(doc)))  # prepare's own reading of its args
-    prepared = {"wave": json.dumps(wave_fan_out(N_FOLDS, design)), "parent-run-id": "p1",
-                "control": design.control, "treatment": design.treatment, "gate-config": "ci",
-                "runs": "[]"}
-    scope = {"workflow.name": "wf", **{f"workflow.parameters.{k}": v for k, v in params.items()},
-             **{f"tasks.prepare.outputs.parameters.{k}": v for k, v in prepared.items()}}
+    prepared = {
+        "wave": json.dumps(wave_fan_out(N_FOLDS, design)),
+        "parent-run-id": "p1",
+        "control": design.control,
+        "treatment": design.treatment,
+        "gate-config": "ci",
+        "runs": "[]",
+    }
+    scope = {
+        "workflow.name": "wf",
+        **{f"workflow.parameters.{k}": v for k, v in params.items()},
+        **{f"tasks.prepare.outputs.parameters.{k}": v for k, v in prepared.items()},
+    }
     top = tasks_of(tpl[doc["spec"]["entrypoint"]])
     trained, looks = [], []
     if when(top["train"]["when"], scope):  # the fixed design: every replicate, one gate
@@ -90,8 +98,9 @@ def prepare_args(doc: dict) -> list[str]:
 
 
 def sequential(max_replicates: int, smoke: bool = False, **extra: str) -> dict:
-    return yaml.safe_load(render(smoke=smoke, params={"design": "sequential",
-                                                      "max-replicates": str(max_replicates), **extra}))
+    return yaml.safe_load(
+        render(smoke=smoke, params={"design": "sequential", "max-replicates": str(max_replicates), **extra})
+    )
 
 
 def scripted(*decisions: str) -> Callable[[int], str]:
@@ -106,9 +115,22 @@ def wave(replicate: int, arms=("shared", "per_horizon")) -> list[tuple[str, str,
 @pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])
 def test_the_sequential_render_validates_strictly(tmp_path, max_replicates, smoke):
     out = tmp_path / "wf.yaml"
-    r = subprocess.run(["perception-sweep", "render", "-p", "design=sequential", "-p",
-                        f"max-replicates={max_replicates}", "--out", str(out), *(["--smoke"] if smoke else [])],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            "perception-sweep",
+            "render",
+            "-p",
+            "design=sequential",
+            "-p",
+            f"max-replicates={max_replicates}",
+            "--out",
+            str(out),
+            *(["--smoke"] if smoke else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     r = subprocess.run(["perception-sweep", "validate", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "Workflow OK" in r.stdout, r.stdout + r.stderr
@@ -117,16 +139,20 @@ def test_the_sequential_render_validates_strictly(tmp_path, max_replicates, smok
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
     assert (params["design"], params["max-replicates"]) == ("sequential", str(max_replicates))
     # prepare pre-registers the sequential plan of that many looks
-    assert cli._design(cli.parser().parse_args(prepare_args(doc))) == Design(kind="sequential",
-                                                                             replicates=max_replicates)
+    assert cli._design(cli.parser().parse_args(prepare_args(doc))) == Design(
+        kind="sequential", replicates=max_replicates
+    )
 
 
-@pytest.mark.parametrize("decisions, waves", [
-    (("continue", "continue", "keep_shared"), 3),  # to the last look
-    (("continue", "ship_per_horizon"), 2),  # stops at look 2: wave 2 never trains
-    (("keep_shared",), 1),  # futility at look 1
-    (("continue", "refused"), 2),  # wave 1 lost a training: the look refuses, nothing more trains
-])
+@pytest.mark.parametrize(
+    "decisions, waves",
+    [
+        (("continue", "continue", "keep_shared"), 3),  # to the last look
+        (("continue", "ship_per_horizon"), 2),  # stops at look 2: wave 2 never trains
+        (("keep_shared",), 1),  # futility at look 1
+        (("continue", "refused"), 2),  # wave 1 lost a training: the look refuses, nothing more trains
+    ],
+)
 def test_waves_recurse_while_the_gate_says_continue(decisions, waves):
     trained, looks = unroll(sequential(3), scripted(*decisions))
     assert looks == [(k + 1, d) for k, d in enumerate(decisions)]
@@ -153,20 +179,27 @@ def test_the_fixed_design_takes_its_old_path():
     assert cli._design(cli.parser().parse_args(prepare_args(doc))) == Design(replicates=2)
 
 
-@pytest.mark.parametrize("params, message", [
-    (["-p", "design=sequential", "-p", "replicates=2"], "--design sequential takes --max-replicates"),
-    (["-p", "max-replicates=2"], "--max-replicates 2 needs --design sequential"),
-    (["-p", "design=sequential", "-p", "max-replicates=0"], "--max-replicates 0: expected 1 or more"),
-    (["-p", "design=sequential", "-p", "max-replicates=two"], "-p max-replicates='two': expected a whole number"),
-    (["-p", "design=sequentail"], "expected one of ['fixed', 'sequential']"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (["-p", "design=sequential", "-p", "replicates=2"], "--design sequential takes --max-replicates"),
+        (["-p", "max-replicates=2"], "--max-replicates 2 needs --design sequential"),
+        (["-p", "design=sequential", "-p", "max-replicates=0"], "--max-replicates 0: expected 1 or more"),
+        (["-p", "design=sequential", "-p", "max-replicates=two"], "-p max-replicates='two': expected a whole number"),
+        (["-p", "design=sequentail"], "expected one of ['fixed', 'sequential']"),
+    ],
+)
 def test_a_bad_sequential_design_is_refused_before_rendering(params, message):
     r = subprocess.run(["perception-sweep", "render", *params], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
 def test_the_design_flags_are_the_same_as_the_parameters():
-    flags = subprocess.run(["perception-sweep", "render", "--design", "sequential", "--max-replicates", "2"],
-                           capture_output=True, text=True, timeout=120)
+    flags = subprocess.run(
+        ["perception-sweep", "render", "--design", "sequential", "--max-replicates", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert flags.returncode == 0, flags.stderr
     assert yaml.safe_load(flags.stdout) == sequential(2)

@@ -8,7 +8,6 @@ import os
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -70,8 +69,9 @@ def submit(*args: str, token: str | None = TOKEN, env: dict[str, str] | None = N
         full["ARGO_TOKEN"] = token
     plain = [] if env is not None else ["--secure=false"]
     full.update(env or {})
-    return subprocess.run(["perception-sweep", "submit", *args, *plain], env=full, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["perception-sweep", "submit", *args, *plain], env=full, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("smoke", [False, True], ids=["study", "smoke"])

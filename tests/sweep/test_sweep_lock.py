@@ -26,8 +26,15 @@ ARMS_FOLDS = sorted((v, f) for v in ("shared", "per_horizon") for f in "012")
 def start_sweep(home: Path, *args: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "MLFLOW_TRACKING_URI")}
     env.update(PERCEPTION_HOME=str(home), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([shutil.which("perception-sweep"), "local", *args], cwd=home, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [shutil.which("perception-sweep"), "local", *args],
+        cwd=home,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def runs_of(uri: str, sweep_id: str, role: str):
@@ -37,16 +44,18 @@ def runs_of(uri: str, sweep_id: str, role: str):
 
 
 @pytest.mark.slow(seconds=115)
-def test_two_sweeps_started_together_on_one_id_one_refuses_the_other_trains_each_run_once(perception_home,
-                                                                                       mlflow_server):
+def test_two_sweeps_started_together_on_one_id_one_refuses_the_other_trains_each_run_once(
+    perception_home, mlflow_server
+):
     sweep_id = f"twice-{uuid.uuid4().hex[:8]}"
     args = ["--sweep-id", sweep_id, *CI, f"tracking.uri={mlflow_server}"]
     a, b = start_sweep(perception_home, *args), start_sweep(perception_home, *args)
     (out_a, err_a), (out_b, err_b) = a.communicate(timeout=900), b.communicate(timeout=900)
     codes = sorted((a.returncode, b.returncode))
     assert codes[1] == 2 and codes[0] in (0, 1), (out_a + err_a)[-3000:] + (out_b + err_b)[-3000:]
-    (winner, w_out, w_err), (loser, l_err) = ((a, out_a, err_a), (b, err_b)) if a.returncode != 2 else \
-        ((b, out_b, err_b), (a, err_a))
+    (winner, w_out, w_err), (loser, l_err) = (
+        ((a, out_a, err_a), (b, err_b)) if a.returncode != 2 else ((b, out_b, err_b), (a, err_a))
+    )
     assert f"sweep {sweep_id} is in use by pid {winner.pid} on host " in l_err
     assert "perception-sweep local --sweep-id " + sweep_id in l_err and " UTC (" in l_err
     assert str(perception_home / "runs" / sweep_id / SWEEP_LOCK) in l_err
@@ -70,8 +79,9 @@ def wait_for(path: Path, proc: subprocess.Popen, limit_s: float = 600) -> None:
 
 
 @pytest.mark.slow(seconds=210)
-def test_a_stopped_sweep_ends_its_runs_and_one_killed_9_is_taken_over_by_the_same_command(perception_home,
-                                                                                       mlflow_server):
+def test_a_stopped_sweep_ends_its_runs_and_one_killed_9_is_taken_over_by_the_same_command(
+    perception_home, mlflow_server
+):
     sweep_id = f"kill9-{uuid.uuid4().hex[:8]}"
     args = ["--sweep-id", sweep_id, *CI, "trainer.max_train_batches=null", f"tracking.uri={mlflow_server}"]
     home = perception_home / "runs" / sweep_id

@@ -81,8 +81,10 @@ def test_ui_points_at_a_tracking_server_with_the_sweep_s_runs_view(mlflow_server
     # the old spelling of the option still works, with a notice naming the new one
     r = ui("--tracking-uri", mlflow_server, "--experiment", experiment, "--sweep-id", "ui-older", env=env)
     assert r.returncode == 0, r.stderr
-    assert f"perception-sweep ui: --experiment is deprecated here (it names the MLflow experiment); " \
-           f"use --mlflow-experiment {experiment}" in r.stderr
+    assert (
+        f"perception-sweep ui: --experiment is deprecated here (it names the MLflow experiment); "
+        f"use --mlflow-experiment {experiment}" in r.stderr
+    )
     check_view(client, dict(URL_LINE.findall(r.stdout))["fold"], "fold", "ui-older", mlflow_server)
 
     r = ui("--tracking-uri", mlflow_server, "--mlflow-experiment", experiment, "--sweep-id", "no-such-sweep", env=env)
@@ -110,8 +112,14 @@ def test_ui_serves_a_local_store_until_terminated(tmp_path):
     parent = plan_parent(client, "ui-local")
     port = free_port()
     env = {**os.environ, "PERCEPTION_HOME": str(home), "MLFLOW_TRACKING_URI": uri}
-    proc = subprocess.Popen(["perception-sweep", "ui", "--port", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        ["perception-sweep", "ui", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         lines = []
         deadline = time.monotonic() + 150
@@ -130,10 +138,16 @@ def test_ui_serves_a_local_store_until_terminated(tmp_path):
         # one link first: the folds side by side, the deciding horizon's column (h40, the plan's) first
         assert re.search(r"^open first: (http\S+)$", out, re.M).group(1) == urls["fold"]
         _, state = shared_view(served, urls["fold"])
-        assert state["columnOrder"][:4] == ["metrics.`val_auc_h40`", "tags.`variant`", "tags.`fold`", "tags.`replicate`"]
+        assert state["columnOrder"][:4] == [
+            "metrics.`val_auc_h40`",
+            "tags.`variant`",
+            "tags.`fold`",
+            "tags.`replicate`",
+        ]
         assert "(the deciding horizon h40 first)" in out
         assert f"and auc_by_horizon.png: {base}/#/experiments/0/runs/{parent}/artifacts" in out.replace(
-            f"/experiments/{client.get_experiment_by_name('perception-ab').experiment_id}/", "/experiments/0/")
+            f"/experiments/{client.get_experiment_by_name('perception-ab').experiment_id}/", "/experiments/0/"
+        )
         assert f"the MLflow UI serves {uri} at {base}" in out
 
         proc.send_signal(signal.SIGTERM)

@@ -22,8 +22,14 @@ SPEC = SweepSpec(mu_a=[0.6] * 5, mu_b=[0.6, 0.6, 0.6, 0.6, 0.7], n_windows=200)
 
 
 def start_ui(env: dict, port: int) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(["perception-sweep", "ui", "--port", str(port)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        ["perception-sweep", "ui", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     lines, first = [], None
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:

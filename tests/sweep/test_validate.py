@@ -19,16 +19,22 @@ def params_of(text: str) -> dict[str, str]:
     return {p["name"]: p["value"] for p in yaml.safe_load(text)["spec"]["arguments"]["parameters"]}
 
 
-@pytest.mark.parametrize("params, names", [
-    ({"experiment": "local", "gate-config": "default"}, ["-p gate-config=default", "[6000]", "[10, 30, 100, 300, 1000]"]),
-    ({"gate-config": "nope"}, ["-p gate-config=nope", "not found", "shift_viable"]),
-    ({"experiment": "nope"}, ["-p experiment=nope", "production"]),
-    ({"epochs": "abc"}, ["-p epochs=abc", "trainer.epochs"]),
-    ({"epochs": "0"}, ["-p epochs=0", "positive"]),
-    ({"data": "dbn"}, ["-p data=dbn", "data-paths"]),
-    ({"sweep-id": "bad/id"}, ["-p sweep-id=bad/id", "letters, digits"]),
-    ({"sweep-id": "s" * 64}, ["-p sweep-id=" + "s" * 64, "at most 63 characters"]),  # an Argo label value
-])
+@pytest.mark.parametrize(
+    "params, names",
+    [
+        (
+            {"experiment": "local", "gate-config": "default"},
+            ["-p gate-config=default", "[6000]", "[10, 30, 100, 300, 1000]"],
+        ),
+        ({"gate-config": "nope"}, ["-p gate-config=nope", "not found", "shift_viable"]),
+        ({"experiment": "nope"}, ["-p experiment=nope", "production"]),
+        ({"epochs": "abc"}, ["-p epochs=abc", "trainer.epochs"]),
+        ({"epochs": "0"}, ["-p epochs=0", "positive"]),
+        ({"data": "dbn"}, ["-p data=dbn", "data-paths"]),
+        ({"sweep-id": "bad/id"}, ["-p sweep-id=bad/id", "letters, digits"]),
+        ({"sweep-id": "s" * 64}, ["-p sweep-id=" + "s" * 64, "at most 63 characters"]),  # an Argo label value
+    ],
+)
 def test_a_mistake_in_the_parameters_is_named(params, names):
     with pytest.raises(ConfigError) as err:
         render(params=params)

@@ -65,13 +65,19 @@ def test_golden_yaml_matches_the_definition(smoke):
     if os.environ.get("PERCEPTION_REGEN_GOLDEN") == "1":
         GOLDEN[smoke].write_text(text)
     assert GOLDEN[smoke].read_text() == text, (
-        f"{GOLDEN[smoke].name} is stale; regenerate with PERCEPTION_REGEN_GOLDEN=1 pytest tests/sweep")
+        f"{GOLDEN[smoke].name} is stale; regenerate with PERCEPTION_REGEN_GOLDEN=1 pytest tests/sweep"
+    )
 
 
 def test_hera_generate_yaml_renders_the_study():
     assert shutil.which("hera"), "hera's CLI is not installed: pip install -e '.[test]' brings hera[cli]"
-    r = subprocess.run(["hera", "generate", "yaml", str(REPO / "workflows" / "ab_sweep.py")],
-                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    r = subprocess.run(
+        ["hera", "generate", "yaml", str(REPO / "workflows" / "ab_sweep.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout == GOLDEN[False].read_text()
 
@@ -81,8 +87,12 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
     (task,) = train_tasks(docs[smoke]).values()
     assert task["depends"] == "prepare"
     assert task["withParam"] == "{{tasks.prepare.outputs.parameters.runs}}"
-    assert args_of(task) == {"arm": "{{item.arm}}", "fold": "{{item.fold}}", "replicate": "{{item.replicate}}",
-                             "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}"}
+    assert args_of(task) == {
+        "arm": "{{item.arm}}",
+        "fold": "{{item.fold}}",
+        "replicate": "{{item.replicate}}",
+        "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}",
+    }
     prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
     for name in ("arms", "aa", "design"):
         assert "{{workflow.parameters.%s}}" % name in prepare_args
@@ -91,14 +101,21 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
     assert 'workflow.parameters["max-replicates"]' in flag and "workflow.parameters.design" in flag
 
 
-@pytest.mark.parametrize("arms, replicates, aa, expected", [
-    (None, 1, False, {(a, str(f), "0") for a in ("shared", "per_horizon") for f in range(3)}),  # the six
-    ("shared,per_horizon,shared_skip", 1, False, {(a, str(f), "0") for a in ("shared", "per_horizon", "shared_skip")
-                                                  for f in range(3)}),  # nine
-    (None, 2, False, {(a, str(f), str(r)) for a in ("shared", "per_horizon") for f in range(3) for r in range(2)}),
-    (None, 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
-    ("shared,per_horizon", 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
-])
+@pytest.mark.parametrize(
+    "arms, replicates, aa, expected",
+    [
+        (None, 1, False, {(a, str(f), "0") for a in ("shared", "per_horizon") for f in range(3)}),  # the six
+        (
+            "shared,per_horizon,shared_skip",
+            1,
+            False,
+            {(a, str(f), "0") for a in ("shared", "per_horizon", "shared_skip") for f in range(3)},
+        ),  # nine
+        (None, 2, False, {(a, str(f), str(r)) for a in ("shared", "per_horizon") for f in range(3) for r in range(2)}),
+        (None, 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
+        ("shared,per_horizon", 1, True, {(a, str(f), "0") for a in ("shared", "shared_twin") for f in range(3)}),
+    ],
+)
 def test_the_fan_out_follows_the_design(arms, replicates, aa, expected):
     from perception.sweep.design import Design
     from perception.sweep.prepare import fan_out
@@ -109,15 +126,20 @@ def test_the_fan_out_follows_the_design(arms, replicates, aa, expected):
 
 def test_three_arms_render_validates_strictly_and_the_design_is_checked(tmp_path):
     out = tmp_path / "wf.yaml"
-    r = subprocess.run(["perception-sweep", "render", "--arms", "shared,per_horizon,shared_skip", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["perception-sweep", "render", "--arms", "shared,per_horizon,shared_skip", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     doc = yaml.safe_load(out.read_text())
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
     assert params["arms"] == "shared,per_horizon,shared_skip"
     assert schema_errors(doc) == []
-    r = subprocess.run(["perception-sweep", "render", "--arms", "shared,bogus"], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        ["perception-sweep", "render", "--arms", "shared,bogus"], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "bogus" in r.stderr and "shared_skip" in r.stderr
 
 
@@ -162,8 +184,10 @@ def test_mlflow_uri_and_credentials_come_from_the_cluster_never_literal(docs):
         assert "mlflow.perception.svc" not in text and "PASSWORD" not in text
         for t in templates(doc).values():
             if "container" in t:
-                assert t["container"]["envFrom"] == [{"configMapRef": {"name": "perception-config"}},
-                                                     {"secretRef": {"name": "mlflow-credentials"}}]
+                assert t["container"]["envFrom"] == [
+                    {"configMapRef": {"name": "perception-config"}},
+                    {"secretRef": {"name": "mlflow-credentials"}},
+                ]
 
 
 def test_workflow_parameters_limits_and_cleanup(docs):
@@ -189,8 +213,11 @@ def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
     assert mounts["runs"]["mountPath"] == "/perception-home/runs"
     assert mounts["cache"]["mountPath"] == "/perception-home/cache"
     assert mounts["market-data"]["mountPath"] == "/data" and mounts["market-data"]["readOnly"] is True
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in tpl["train"]["volumes"]
-              if "persistentVolumeClaim" in v}
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in tpl["train"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claims == {"runs": "perception-runs", "cache": "perception-cache", "market-data": "perception-market-data"}
     assert "persistentVolumeClaim" in str(tpl["prepare"]["volumes"])
 
@@ -241,23 +268,45 @@ def test_calibrate_option_measures_the_noise_before_the_ab_and_the_gate_reads_it
         # one pod per A/A sweep, numbered as perception-sweep calibrate numbers them
         sweeps = tasks["calibrate"]
         assert sweeps["when"] == calibrating and "depends" not in sweeps
-        assert sweeps["withItems"] == [{"arm": a, "seed": str(calibrate.SEED_BASE + k)}
-                                       for a in calibrate.SEED_ARMS for k in range(definition.CALIBRATION_SWEEPS)]
+        assert sweeps["withItems"] == [
+            {"arm": a, "seed": str(calibrate.SEED_BASE + k)}
+            for a in calibrate.SEED_ARMS
+            for k in range(definition.CALIBRATION_SWEEPS)
+        ]
         sweep_args = tpl["calibrate-sweep"]["container"]["args"]
-        assert sweep_args[:9] == ["calibrate", "--experiment", "{{workflow.parameters.experiment}}", "--sweeps", "1",
-                                  "--arms", "{{inputs.parameters.arm}}", "--seed-base", "{{inputs.parameters.seed}}"]
+        assert sweep_args[:9] == [
+            "calibrate",
+            "--experiment",
+            "{{workflow.parameters.experiment}}",
+            "--sweeps",
+            "1",
+            "--arms",
+            "{{inputs.parameters.arm}}",
+            "--seed-base",
+            "{{inputs.parameters.seed}}",
+        ]
         assert "--no-write" in sweep_args
         # then the file, from them all; then the A/B, whose gate reads the folder it was written to
         write = tasks["calibrate-write"]
         assert write["when"] == calibrating and write["depends"] == "calibrate.Succeeded || calibrate.Skipped"
         assert tasks["prepare"]["depends"] == "calibrate-write.Succeeded || calibrate-write.Skipped"
         write_args = tpl["calibrate-write"]["container"]["args"]
-        assert write_args[:7] == ["calibrate", "--experiment", "{{workflow.parameters.experiment}}", "--sweeps",
-                                  str(definition.CALIBRATION_SWEEPS), "--seed-base", str(calibrate.SEED_BASE)]
+        assert write_args[:7] == [
+            "calibrate",
+            "--experiment",
+            "{{workflow.parameters.experiment}}",
+            "--sweeps",
+            str(definition.CALIBRATION_SWEEPS),
+            "--seed-base",
+            str(calibrate.SEED_BASE),
+        ]
         assert "--no-write" not in write_args
         # every step measures and matches at the study's own scale
-        scale = [o for o in tpl["train"]["container"]["args"] if o.startswith(("trainer.epochs=", "data"))
-                 and not o.startswith("data.fold=")]
+        scale = [
+            o
+            for o in tpl["train"]["container"]["args"]
+            if o.startswith(("trainer.epochs=", "data")) and not o.startswith("data.fold=")
+        ]
         assert all(o in sweep_args and o in write_args for o in scale) and len(scale) == 3
         for name in ("calibrate-write", "gate"):
             env = [e for e in tpl[name]["container"]["env"] if "value" in e]  # the rest: tests/infra
@@ -279,4 +328,7 @@ def test_calibration_literals_are_the_commands_defaults():
     assert definition.CALIBRATION_SEED_BASE == calibrate.SEED_BASE
     args = cli.parser().parse_args(["calibrate", "--experiment", "ci"])
     assert (args.sweeps, args.seed_base, args.arms.split(",")) == (
-        definition.CALIBRATION_SWEEPS, calibrate.SEED_BASE, list(calibrate.SEED_ARMS))
+        definition.CALIBRATION_SWEEPS,
+        calibrate.SEED_BASE,
+        list(calibrate.SEED_ARMS),
+    )

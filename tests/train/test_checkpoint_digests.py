@@ -42,7 +42,10 @@ def test_digests_are_recorded_and_checked(tmp_path):
         with pytest.raises(CheckpointError) as err:
             latest_checkpoint(tmp_path)
         message = str(err.value)
-        assert message.startswith(f"{target / file}: sha256 ") and f"recorded in {tmp_path / CHECKPOINTS / LATEST}" in message
+        assert (
+            message.startswith(f"{target / file}: sha256 ")
+            and f"recorded in {tmp_path / CHECKPOINTS / LATEST}" in message
+        )
         (target / file).write_bytes(original)
         assert latest_checkpoint(tmp_path) == target
 

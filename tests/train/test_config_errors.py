@@ -61,7 +61,8 @@ def test_resuming_into_the_other_variant_is_refused(perception_home):
     src = perception_home / "runs" / "s1" / "shared-f0"
     dst = perception_home / "runs" / "s1" / "per_horizon-f0"
     shutil.copytree(src / "checkpoints", dst / "checkpoints")
-    res = cli("perception-train", "experiment=ci", "sweep_id=s1", "model.attention_pool=per_horizon",
-              home=perception_home)
+    res = cli(
+        "perception-train", "experiment=ci", "sweep_id=s1", "model.attention_pool=per_horizon", home=perception_home
+    )
     assert res.returncode == 2, res.stderr[-2000:]
     assert "shared checkpoint" in res.stderr and "trainer.init_from" in res.stderr

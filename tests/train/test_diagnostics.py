@@ -67,8 +67,15 @@ def test_mass_by_lag_buckets_the_positions_from_the_window_end():
     edges = lag_edges(k)
     lags = k - 1 - np.arange(k)
     bucket = np.searchsorted(edges, lags, side="right") - 1
-    want = np.stack([np.bincount(bucket, weights=a[:, q].numpy().astype(np.float64).sum(0), minlength=len(edges) - 1)
-                     for q in range(3)]) / 5
+    want = (
+        np.stack(
+            [
+                np.bincount(bucket, weights=a[:, q].numpy().astype(np.float64).sum(0), minlength=len(edges) - 1)
+                for q in range(3)
+            ]
+        )
+        / 5
+    )
     np.testing.assert_allclose(acc.mass(), want, rtol=1e-6)
     np.testing.assert_allclose(acc.mass().sum(1), 1.0, rtol=1e-6)
     last = torch.zeros(1, 3, k)

@@ -31,8 +31,15 @@ def batches(n: int, poison_at: int | None = None) -> list[Batch]:
         x = torch.randn(5, 6, 3, generator=g)
         if i == poison_at:
             x[0, 0, 0] = float("nan")
-        out.append(Batch(x=x, dt=torch.ones(5, 6), y=(torch.rand(5, 2, generator=g) > 0.5).float(),
-                         mask=torch.ones(5, 2, dtype=torch.bool), index=torch.arange(5)))
+        out.append(
+            Batch(
+                x=x,
+                dt=torch.ones(5, 6),
+                y=(torch.rand(5, 2, generator=g) > 0.5).float(),
+                mask=torch.ones(5, 2, dtype=torch.bool),
+                index=torch.arange(5),
+            )
+        )
     return out
 
 
@@ -42,8 +49,18 @@ def run(data: list[Batch], lr: float = 0.0):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
     norms = GradNorms(model)
-    totals = train_epoch(model, data, opt, sched, masked_bce, precision="fp32", device=torch.device("cpu"),
-                         grad_clip=1.0, epoch=3, grad_norms=norms)
+    totals = train_epoch(
+        model,
+        data,
+        opt,
+        sched,
+        masked_bce,
+        precision="fp32",
+        device=torch.device("cpu"),
+        grad_clip=1.0,
+        epoch=3,
+        grad_norms=norms,
+    )
     return model, totals, norms
 
 

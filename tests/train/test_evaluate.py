@@ -28,8 +28,12 @@ def val_loader(prepared, batch_size: int) -> WindowLoader:
 
 def model_for(prepared, variant: str = "per_horizon") -> PerceptionModel:
     ds = prepared[0]
-    return PerceptionModel(ModelConfig(d_model=16, ops="ref", attention_pool=AttentionPoolVariant(variant)), n_features=ds.features.shape[1],
-                           horizons=CFG.horizons, seed=3)
+    return PerceptionModel(
+        ModelConfig(d_model=16, ops="ref", attention_pool=AttentionPoolVariant(variant)),
+        n_features=ds.features.shape[1],
+        horizons=CFG.horizons,
+        seed=3,
+    )
 
 
 def whole_split(prepared):
@@ -51,8 +55,9 @@ def test_loss_and_predictions_are_those_of_the_whole_split(prepared, variant):
     np.testing.assert_array_equal(ev.labels, whole.y.numpy().astype(np.uint8))
     np.testing.assert_array_equal(ev.mask, whole.mask.numpy().astype(bool))
     np.testing.assert_allclose(ev.probs, torch.sigmoid(logits).numpy(), rtol=1e-5, atol=1e-6)
-    assert ev.auc == pytest.approx(per_horizon_auc(torch.sigmoid(logits).numpy(), ev.labels, ev.mask, CFG.horizons),
-                                   abs=1e-6)
+    assert ev.auc == pytest.approx(
+        per_horizon_auc(torch.sigmoid(logits).numpy(), ev.labels, ev.mask, CFG.horizons), abs=1e-6
+    )
     assert ev.attention.mass().shape[0] == model.n_queries
     assert model.training  # handed back in training mode
 
@@ -64,8 +69,9 @@ def test_the_same_evaluation_on_the_gpu(prepared):
     on = {}
     for device in ("cpu", "cuda"):
         model = model_for(prepared).to(device)
-        on[device] = evaluate(model, val_loader(prepared, 7), masked_bce, CFG.horizons, CFG.window,
-                              torch.device(device))
+        on[device] = evaluate(
+            model, val_loader(prepared, 7), masked_bce, CFG.horizons, CFG.window, torch.device(device)
+        )
     cpu, gpu = on["cpu"], on["cuda"]
     np.testing.assert_array_equal(gpu.index, cpu.index)
     np.testing.assert_array_equal(gpu.labels, cpu.labels)

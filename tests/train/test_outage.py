@@ -18,8 +18,14 @@ FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOU
 @both_backends(45)
 def test_outage_then_replay(perception_home, mlflow_server):
     dead = f"http://127.0.0.1:{free_port()}"
-    res = cli("perception-train", "experiment=ci", "sweep_id=outage", f"tracking.uri={dead}",
-              home=perception_home, env=FAST_FAIL)
+    res = cli(
+        "perception-train",
+        "experiment=ci",
+        "sweep_id=outage",
+        f"tracking.uri={dead}",
+        home=perception_home,
+        env=FAST_FAIL,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "unreachable" in res.stdout and "perception-sweep sync --sweep-id outage" in res.stdout
     run_dir = perception_home / "runs" / "outage" / "shared-f0"

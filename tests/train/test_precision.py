@@ -21,6 +21,7 @@ def test_bf16_autocasts_the_trunk_and_keeps_pools_scan_and_heads_fp32():
     def record(name):
         def hook(module, args, out):
             seen[name] = out.dtype
+
         return hook
 
     for name in ("mamba", "pool", "cfc"):
@@ -36,8 +37,14 @@ def test_bf16_autocasts_the_trunk_and_keeps_pools_scan_and_heads_fp32():
 
 
 def test_a_bf16_run_trains_and_logs_its_precision(perception_home):
-    res = cli("perception-train", "experiment=ci", "trainer.epochs=1", "trainer.precision=bf16", "sweep_id=p1",
-              home=perception_home)
+    res = cli(
+        "perception-train",
+        "experiment=ci",
+        "trainer.epochs=1",
+        "trainer.precision=bf16",
+        "sweep_id=p1",
+        home=perception_home,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     run = perception_home / "runs" / "p1" / "shared-f0"
     metrics = json.loads((run / "done.json").read_text())["metrics"]

@@ -39,19 +39,24 @@ def test_the_interval_is_the_t_interval_of_the_paired_differences():
     assert e["verdict"] == "holds"
 
 
-@pytest.mark.parametrize(("deltas", "verdict"), [
-    ([0.001, -0.001, 0.002], "holds"),          # well inside ±0.01
-    ([-0.030, -0.031, -0.029], "differs"),      # well below -0.01
-    ([0.001, 0.015, -0.004], "inconclusive"),   # the interval straddles +0.01
-])
+@pytest.mark.parametrize(
+    ("deltas", "verdict"),
+    [
+        ([0.001, -0.001, 0.002], "holds"),  # well inside ±0.01
+        ([-0.030, -0.031, -0.029], "differs"),  # well below -0.01
+        ([0.001, 0.015, -0.004], "inconclusive"),  # the interval straddles +0.01
+    ],
+)
 def test_equivalence_verdicts(deltas, verdict):
     assert equivalence(deltas, margin=0.01)["verdict"] == verdict
 
 
 def test_several_seeds_per_setting_are_paired_with_fp32_by_seed():
     sd = statistics.stdev(FP32.values())
-    out = summarise(fp32_rows() + rows("tf32", {0: 0.001, 1: -0.001, 2: 0.0005})
-                    + rows("bf16", {0: 0.040, 1: 0.038, 2: 0.041}), base_seed=0)
+    out = summarise(
+        fp32_rows() + rows("tf32", {0: 0.001, 1: -0.001, 2: 0.0005}) + rows("bf16", {0: 0.040, 1: 0.038, 2: 0.041}),
+        base_seed=0,
+    )
     tf32, bf16 = out["settings"]["tf32"], out["settings"]["bf16"]
     assert out["fp32_spread"]["10"]["sd"] == pytest.approx(sd)
     assert tf32["seeds"] == [0, 1, 2]
@@ -75,8 +80,21 @@ def test_a_setting_run_without_its_fp32_pair_is_left_out():
 
 
 def test_more_setting_seeds_than_fp32_seeds_is_refused():
-    done = subprocess.run([sys.executable, "studies/precision_quality.py", "--fp32-seeds", "2", "--setting-seeds", "3",
-                           "--settings", "tf32"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "studies/precision_quality.py",
+            "--fp32-seeds",
+            "2",
+            "--setting-seeds",
+            "3",
+            "--settings",
+            "tf32",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0
     assert "--setting-seeds 3: expected 1 .. --fp32-seeds (2)" in done.stderr
 
@@ -88,9 +106,25 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 def from_rows(tmp_path: Path, *files: Path, experiment: str = "local") -> subprocess.CompletedProcess:
     env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path / "out")}
-    return subprocess.run([sys.executable, "studies/precision_quality.py", "--experiment", experiment, "--tag", "joined",
-                           "--machine", "NVIDIA H200", "--from-rows", *map(str, files)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "studies/precision_quality.py",
+            "--experiment",
+            experiment,
+            "--tag",
+            "joined",
+            "--machine",
+            "NVIDIA H200",
+            "--from-rows",
+            *map(str, files),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_studies_over_disjoint_seeds_join_into_the_verdict_of_all_their_runs(tmp_path):
@@ -124,9 +158,29 @@ def test_joining_refuses_a_run_twice_and_a_run_of_another_experiment(tmp_path):
 def test_paired_verdict_end_to_end_on_cpu(tmp_path):
     """On CPU tf32 is fp32 bit for bit, so every paired difference is 0 and the verdict must be `holds`."""
     env = {**os.environ, "PERCEPTION_RESULTS": str(tmp_path)}
-    done = subprocess.run([sys.executable, "studies/precision_quality.py", "--experiment", "ci", "--device", "cpu",
-                           "--fp32-seeds", "3", "--setting-seeds", "2", "--settings", "tf32", "--parallel", "2"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "studies/precision_quality.py",
+            "--experiment",
+            "ci",
+            "--device",
+            "cpu",
+            "--fp32-seeds",
+            "3",
+            "--setting-seeds",
+            "2",
+            "--settings",
+            "tf32",
+            "--parallel",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "precision_quality_ci.json").read_text())
     tf32 = result["settings"]["tf32"]
@@ -137,5 +191,10 @@ def test_paired_verdict_end_to_end_on_cpu(tmp_path):
     assert tf32["verdict"] == "holds"
     assert (tmp_path / "precision_quality_ci.png").stat().st_size > 0
     kept = tmp_path / "precision_quality_ci.rows.jsonl"  # each run as it finished: what a killed study keeps
-    assert sorted((r["setting"], r["seed"]) for r in map(json.loads, kept.read_text().splitlines())) == \
-        [("fp32", 0), ("fp32", 1), ("fp32", 2), ("tf32", 0), ("tf32", 1)]
+    assert sorted((r["setting"], r["seed"]) for r in map(json.loads, kept.read_text().splitlines())) == [
+        ("fp32", 0),
+        ("fp32", 1),
+        ("fp32", 2),
+        ("tf32", 0),
+        ("tf32", 1),
+    ]

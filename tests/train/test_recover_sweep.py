@@ -20,8 +20,14 @@ def finished_run(home, uri: str, store=None) -> RunLedger:
     run_dir = home / "runs" / SWEEP / "shared-f0"
     ledger = RunLedger(run_dir, uri)
     tags = {"sweep_id": SWEEP, "variant": "shared", "fold": "0", "replicate": "0", "role": "train"}
-    ledger.record("start", tags=tags, params={"seed": "0", "data.fold": "0"}, run_name="shared-f0",
-                  experiment="perception-ab", **({"store": store} if store else {}))
+    ledger.record(
+        "start",
+        tags=tags,
+        params={"seed": "0", "data.fold": "0"},
+        run_name="shared-f0",
+        experiment="perception-ab",
+        **({"store": store} if store else {}),
+    )
     for step in (0, 1):
         ledger.record("metrics", step=step, values={"val_auc_h2": 0.5 + 0.01 * step, "train_loss": 0.69 - step / 100})
     (run_dir / "predictions").mkdir()
@@ -90,9 +96,11 @@ def test_a_run_trained_against_another_store_is_left_alone(perception_home):
     ledger = finished_run(perception_home, uri, store="http://127.0.0.1:5999/")
     recovery = recover_sweep(SWEEP, perception_home, uri)
     assert recovery.sent == 0 and recovery.completed == []
-    assert recovery.stuck == [f"shared-f0: trained against the tracking store http://127.0.0.1:5999/, not {uri}; "
-                              f"left alone (`perception-sweep sync --tracking-uri` sends it to a store named "
-                              f"explicitly)"]
+    assert recovery.stuck == [
+        f"shared-f0: trained against the tracking store http://127.0.0.1:5999/, not {uri}; "
+        f"left alone (`perception-sweep sync --tracking-uri` sends it to a store named "
+        f"explicitly)"
+    ]
     assert ledger.run_id() is None and kept_operations(SWEEP, perception_home) == {"shared-f0": len(ledger.entries())}
     assert replay_unsent(SWEEP, perception_home, uri) == len(ledger.entries())  # asked explicitly: sent
     assert MlflowClient(uri).get_run(ledger.run_id()).info.status == "FINISHED"

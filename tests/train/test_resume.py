@@ -32,8 +32,13 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(perception_home):
     run_dir = perception_home / "runs" / "killed" / "shared-f0"
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home)}
     env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen([shutil.which("perception-train"), *ARGS, "sweep_id=killed"], cwd=perception_home,
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [shutil.which("perception-train"), *ARGS, "sweep_id=killed"],
+        cwd=perception_home,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "checkpoints" / "latest.json").exists():

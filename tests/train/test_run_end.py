@@ -27,8 +27,14 @@ FAST_FAIL = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOU
 def _terminate_mid_run(home: Path, run_dir: Path, *args: str, env: dict) -> subprocess.CompletedProcess:
     """Starts perception-train, sends SIGTERM once its first checkpoint is written, waits for it."""
     full_env = {**os.environ, "PERCEPTION_HOME": str(home), "PYTHONUNBUFFERED": "1", **env}
-    proc = subprocess.Popen([shutil.which("perception-train"), *args], cwd=home, env=full_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [shutil.which("perception-train"), *args],
+        cwd=home,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (run_dir / "checkpoints" / "latest.json").exists():
@@ -82,8 +88,15 @@ def test_sigterm_ends_the_run_killed_with_its_system_metrics_and_a_resume_finish
 
 
 def test_a_crash_ends_the_run_failed_with_its_log_and_no_system_metrics_when_off(perception_home, mlflow_server):
-    r = cli("perception-train", "experiment=ci", "sweep_id=crash", "trainer.lr=1e30", "tracking.system_metrics=false",
-            f"tracking.uri={mlflow_server}", home=perception_home)
+    r = cli(
+        "perception-train",
+        "experiment=ci",
+        "sweep_id=crash",
+        "trainer.lr=1e30",
+        "tracking.system_metrics=false",
+        f"tracking.uri={mlflow_server}",
+        home=perception_home,
+    )
     assert r.returncode == 1
     assert "training loss is nan" in r.stderr
     run_dir = perception_home / "runs" / "crash" / "shared-f0"
@@ -99,8 +112,9 @@ def test_a_crash_ends_the_run_failed_with_its_log_and_no_system_metrics_when_off
 def test_a_run_killed_during_an_outage_is_killed_in_mlflow_once_synced(perception_home, mlflow_server):
     run_dir = perception_home / "runs" / "term-outage" / "shared-f0"
     dead = f"http://127.0.0.1:{free_port()}"
-    r = _terminate_mid_run(perception_home, run_dir, *ARGS, "sweep_id=term-outage", f"tracking.uri={dead}",
-                           env=FAST_FAIL)
+    r = _terminate_mid_run(
+        perception_home, run_dir, *ARGS, "sweep_id=term-outage", f"tracking.uri={dead}", env=FAST_FAIL
+    )
     assert r.returncode == 143, r.stderr[-3000:]
     assert _ops(run_dir)[-2:] == [("end", "KILLED"), ("settle_parent", "")]
 
@@ -130,8 +144,10 @@ def test_a_parent_settles_to_what_its_trainings_say(tmp_path, mlflow_server):
     client = MlflowClient(mlflow_server)
     parent = ensure_parent_run("settle", mlflow_server)
     exp = client.get_run(parent).info.experiment_id
-    kids = [client.create_run(exp, tags={"mlflow.parentRunId": parent, "role": "train", "sweep_id": "settle"})
-            for _ in range(3)]
+    kids = [
+        client.create_run(exp, tags={"mlflow.parentRunId": parent, "role": "train", "sweep_id": "settle"})
+        for _ in range(3)
+    ]
     ids = [k.info.run_id for k in kids]
     client.set_terminated(ids[0], "FINISHED")
     assert settle_parent(client, ids[0]) == "RUNNING" and client.get_run(parent).info.status == "RUNNING"

@@ -21,14 +21,25 @@ from perception.tracking import RunLedger
 from tests.train.helpers import cli
 
 # Full ci epochs (every training window), so the first trainer is still training when the second starts.
-ARGS = ["experiment=ci", "trainer.epochs=3", "trainer.max_train_batches=null", "trainer.num_threads=1",
-        "tracking.system_metrics=false"]
+ARGS = [
+    "experiment=ci",
+    "trainer.epochs=3",
+    "trainer.max_train_batches=null",
+    "trainer.num_threads=1",
+    "tracking.system_metrics=false",
+]
 
 
 def start_trainer(home: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PERCEPTION_HOME": str(home), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([shutil.which("perception-train"), *args], cwd=home, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [shutil.which("perception-train"), *args],
+        cwd=home,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen, limit_s: float = 300) -> None:
@@ -86,8 +97,10 @@ def test_a_trainer_killed_9_is_taken_over_by_the_next_start_which_resumes(percep
 
     again = cli("perception-train", *args, home=perception_home)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert (f"taking over the lock of run shared-f0 of sweep {sweep_id} from pid {first.pid}" in again.stderr
-            and "that process no longer runs" in again.stderr)
+    assert (
+        f"taking over the lock of run shared-f0 of sweep {sweep_id} from pid {first.pid}" in again.stderr
+        and "that process no longer runs" in again.stderr
+    )
     assert "resuming shared-f0 at epoch" in again.stdout
     [run] = train_runs(mlflow_server, sweep_id)  # the same MLflow run, continued
     assert run.info.status == "FINISHED"
@@ -98,8 +111,13 @@ def test_a_trainer_killed_9_is_taken_over_by_the_next_start_which_resumes(percep
 @pytest.mark.slow(seconds=70)
 def test_a_crash_in_the_checkpoint_write_ends_the_run_failed_and_loses_nothing(perception_home, mlflow_server):
     sweep_id = f"ckpt-crash-{uuid.uuid4().hex[:8]}"
-    args = ["experiment=ci", "trainer.epochs=2", "tracking.system_metrics=false", f"sweep_id={sweep_id}",
-            f"tracking.uri={mlflow_server}"]
+    args = [
+        "experiment=ci",
+        "trainer.epochs=2",
+        "tracking.system_metrics=false",
+        f"sweep_id={sweep_id}",
+        f"tracking.uri={mlflow_server}",
+    ]
     run_dir = perception_home / "runs" / sweep_id / "shared-f0"
     run_dir.mkdir(parents=True)
     (run_dir / "checkpoints").write_text("not a directory")  # the first checkpoint write fails

@@ -23,8 +23,15 @@ def test_smoke_both_variants_learn_and_warm_start(perception_home, capsys):
     timings = {}
     for variant in ("shared", "per_horizon"):
         t0 = time.perf_counter()
-        res = cli("perception-train", "experiment=smoke", "sweep_id=smoke", f"model.attention_pool={variant}",
-                  "trainer.progress=false", home=perception_home, timeout=900)
+        res = cli(
+            "perception-train",
+            "experiment=smoke",
+            "sweep_id=smoke",
+            f"model.attention_pool={variant}",
+            "trainer.progress=false",
+            home=perception_home,
+            timeout=900,
+        )
         timings[variant] = time.perf_counter() - t0
         assert res.returncode == 0, res.stderr[-3000:]
         epochs = _epoch_metrics(perception_home / "runs" / "smoke" / f"{variant}-f0")
@@ -32,10 +39,20 @@ def test_smoke_both_variants_learn_and_warm_start(perception_home, capsys):
         assert epochs[-1]["train_loss"] < epochs[0]["train_loss"], [e["train_loss"] for e in epochs]
         assert epochs[-1]["val_auc_mean"] >= 0.51, epochs[-1]
 
-    shared_ckpt = next((perception_home / "runs" / "smoke" / "shared-f0" / "checkpoints").glob("epoch-*/model.safetensors"))
-    warm = cli("perception-train", "experiment=smoke", "sweep_id=smoke-warm", "model.attention_pool=per_horizon",
-               "trainer.epochs=1", f"trainer.init_from={shared_ckpt}", "trainer.progress=false",
-               home=perception_home, timeout=900)
+    shared_ckpt = next(
+        (perception_home / "runs" / "smoke" / "shared-f0" / "checkpoints").glob("epoch-*/model.safetensors")
+    )
+    warm = cli(
+        "perception-train",
+        "experiment=smoke",
+        "sweep_id=smoke-warm",
+        "model.attention_pool=per_horizon",
+        "trainer.epochs=1",
+        f"trainer.init_from={shared_ckpt}",
+        "trainer.progress=false",
+        home=perception_home,
+        timeout=900,
+    )
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert "warm start" in warm.stdout
     with capsys.disabled():

@@ -20,8 +20,16 @@ def _runs(client: MlflowClient, sweep_id: str, role: str):
 
 
 def test_ci_run_logs_the_contract_to_a_server(perception_home, mlflow_server, tmp_path):
-    res = cli("perception-train", "experiment=ci", "sweep_id=contract", "model.attention_pool=per_horizon",
-              "data.fold=1", f"trainer.epochs={EPOCHS}", f"tracking.uri={mlflow_server}", home=perception_home)
+    res = cli(
+        "perception-train",
+        "experiment=ci",
+        "sweep_id=contract",
+        "model.attention_pool=per_horizon",
+        "data.fold=1",
+        f"trainer.epochs={EPOCHS}",
+        f"tracking.uri={mlflow_server}",
+        home=perception_home,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     client = MlflowClient(mlflow_server)
     (parent,) = _runs(client, "contract", "sweep")
@@ -40,8 +48,13 @@ def test_ci_run_logs_the_contract_to_a_server(perception_home, mlflow_server, tm
 
     assert {k: tags[k] for k in ("sweep_id", "replicate")} == {"sweep_id": "contract", "replicate": "0"}
     assert set(PARAM_DEFAULTS) | set(AGREED_PARAMS) | {"seed"} <= set(params)  # what the gate reads
-    for key in [f"val_auc_h{h}" for h in HORIZONS] + ["val_auc_mean", "train_loss", "val_loss", "samples_per_s",
-                                                       *DIAGNOSTICS]:
+    for key in [f"val_auc_h{h}" for h in HORIZONS] + [
+        "val_auc_mean",
+        "train_loss",
+        "val_loss",
+        "samples_per_s",
+        *DIAGNOSTICS,
+    ]:
         history = client.get_metric_history(run.info.run_id, key)
         assert sorted(m.step for m in history) == list(range(EPOCHS)), key
         assert all(np.isfinite(m.value) for m in history), key

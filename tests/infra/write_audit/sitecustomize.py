@@ -8,10 +8,22 @@ import sys
 _LOG = os.environ.get("WRITE_AUDIT_LOG")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 # event -> (index of the path written, index of the dir_fd it is relative to, or None)
-_WRITES = {"os.mkdir": (0, 2), "os.remove": (0, 1), "os.rmdir": (0, 1), "os.chmod": (0, 2), "os.chown": (0, 3),
-           "os.utime": (0, 3), "os.truncate": (0, None), "os.rename": (1, 3), "os.replace": (1, 3),
-           "os.symlink": (1, 2), "os.link": (1, 3), "tempfile.mkdtemp": (0, None), "tempfile.mkstemp": (0, None),
-           "sqlite3.connect": (0, None)}
+_WRITES = {
+    "os.mkdir": (0, 2),
+    "os.remove": (0, 1),
+    "os.rmdir": (0, 1),
+    "os.chmod": (0, 2),
+    "os.chown": (0, 3),
+    "os.utime": (0, 3),
+    "os.truncate": (0, None),
+    "os.rename": (1, 3),
+    "os.replace": (1, 3),
+    "os.symlink": (1, 2),
+    "os.link": (1, 3),
+    "tempfile.mkdtemp": (0, None),
+    "tempfile.mkstemp": (0, None),
+    "sqlite3.connect": (0, None),
+}
 
 
 def _text(path):
@@ -35,7 +47,9 @@ def _written(event, args):
     """(path, dir_fd) the event writes, or None."""
     if event == "open":
         path, mode, flags = (list(args) + [None, None, None])[:3]
-        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITE_FLAGS):
+        if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+            isinstance(flags, int) and flags & _WRITE_FLAGS
+        ):
             return path, None
     elif event in _WRITES:
         i, j = _WRITES[event]
