@@ -59,11 +59,6 @@ ATTENTION = "diagnostics/attention_by_lag.npz"  # optional: lag_edges, mass (Q, 
 ATTENTION_PLOT = "diagnostics/attention_by_lag.png"
 
 
-def train_tags(sweep_id: str, variant: str, fold: int, replicate: int) -> dict[str, str]:
-    """The tags a training run starts with (its parent's id is added where known)."""
-    return {SWEEP_ID: sweep_id, VARIANT: variant, FOLD: str(fold), REPLICATE: str(replicate), ROLE: ROLE_TRAIN}
-
-
 def tag(tags: Mapping[str, str], key: str) -> Optional[str]:
     """A run's tag, or the default of an optional one it lacks; None for a missing required tag."""
     return tags.get(key, TAG_DEFAULTS.get(key))

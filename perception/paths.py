@@ -1,6 +1,6 @@
 """Places and identity shared by every command (DESIGN §6): PERCEPTION_HOME, the sweep id and its
-form, run directories and the file that marks one finished, the feature cache, and the one
-tracking-URI resolution.
+form, the sweep's directory and the file that marks a run finished, the feature cache, and the one
+tracking-URI resolution. A run's own identity and directory: perception.run_id.
 
 One rule for identities: every command that takes a sweep id checks it with `check_sweep_id` before any
 work, and every place derived from one is resolved and checked by `inside` to lie under its root, so
@@ -47,13 +47,6 @@ def sweep_dir(sweep_id: str, home: Optional[Path] = None) -> Path:
     return inside(root / check_sweep_id(sweep_id), root, f"sweep_id {sweep_id!r}")
 
 
-def run_dir(sweep_id: str, arm: str, fold: int, home: Optional[Path] = None, replicate: int = 0) -> Path:
-    """Derived from (sweep_id, arm, fold, replicate), never timestamped: a retried pod finds its
-    checkpoint. Replicate 0 keeps the name runs had before replicates existed."""
-    root = sweep_dir(sweep_id, home)
-    return inside(root / run_name(arm, fold, replicate), root, f"the run directory of sweep {sweep_id!r}")
-
-
 def inside(path: Path, root: Path, what: str) -> Path:
     """`path` when, resolved (symlinks and '..' followed), it lies under `root` resolved; a ConfigError
     naming `what` and both places otherwise. The path is returned as given: a root that is a symlink to
@@ -62,10 +55,6 @@ def inside(path: Path, root: Path, what: str) -> Path:
     if real != real_root and real_root not in real.parents:
         raise ConfigError(f"{what}: {path} resolves to {real}, outside {real_root}; expected a place under it")
     return Path(path)
-
-
-def run_name(arm: str, fold: int, replicate: int = 0) -> str:
-    return f"{arm}-f{fold}" + (f"-r{replicate}" if replicate else "")
 
 
 def new_sweep_id() -> str:

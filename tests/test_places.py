@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from perception.errors import CheckpointError, ConfigError
-from perception.paths import run_dir, sweep_dir
+from perception.paths import sweep_dir
+from perception.run_id import RunId
 from perception.train.state import latest_checkpoint
 
 RULE = "expected letters, digits, '.', '_' or '-', at most 63 characters"
@@ -194,7 +195,7 @@ def test_ui_refuses_a_latest_sweep_whose_tag_breaks_the_rule(tmp_path):
 def test_places_derived_from_an_id_stay_under_their_root(tmp_path):
     home = tmp_path / "h"
     (home / "runs").mkdir(parents=True)
-    assert run_dir("s1", "shared", 0, home) == home / "runs" / "s1" / "shared-f0"
+    assert RunId("s1", "shared", 0).directory(home) == home / "runs" / "s1" / "shared-f0"
     (home / "runs" / "linked").symlink_to(tmp_path, target_is_directory=True)  # a sweep's folder leading out
     with pytest.raises(ConfigError, match=r"sweep_id 'linked': .* outside .*/h/runs"):
         sweep_dir("linked", home)
@@ -203,7 +204,31 @@ def test_places_derived_from_an_id_stay_under_their_root(tmp_path):
     (home / "runs" / "linked").unlink()
     (home / "runs").rmdir()
     (home / "runs").symlink_to(disk, target_is_directory=True)  # the runs root itself on another disk: fine
-    assert run_dir("s1", "shared", 0, home, replicate=2) == home / "runs" / "s1" / "shared-f0-r2"
+    assert RunId("s1", "shared", 0, 2).directory(home) == home / "runs" / "s1" / "shared-f0-r2"
+
+
+def test_a_run_id_names_its_run_everywhere_as_runs_were_always_named():
+    """Replicate 0 keeps the names runs had before replicates existed; the tags and the workflow's
+    items carry every part as a string, as MLflow and Argo hold them."""
+    first, third = RunId("s1", "shared", 1), RunId("s1", "per_horizon", 0, 2)
+    assert (first.name, third.name) == ("shared-f1", "per_horizon-f0-r2")
+    assert (first.label, third.label) == ("shared fold 1", "per_horizon fold 0 replicate 2")
+    assert third.key == ("per_horizon", 0, 2)
+    assert third.tags() == {
+        "sweep_id": "s1",
+        "variant": "per_horizon",
+        "fold": "0",
+        "replicate": "2",
+        "role": "train",
+    }
+    assert third.fan_out_item() == {"arm": "per_horizon", "fold": "0", "replicate": "2"}
+    assert third.wave_item() == {"arm": "per_horizon", "fold": "0"}
+    assert third.overrides() == ["arm=per_horizon", "data.fold=0", "replicate=2"]
+
+
+def test_a_run_id_with_a_bad_sweep_id_has_no_directory(tmp_path):
+    with pytest.raises(ConfigError, match=r"sweep_id '\.\./x'"):
+        RunId("../x", "shared", 0).directory(tmp_path)
 
 
 def test_a_ledger_entry_cannot_upload_a_file_outside_its_run(tmp_path, perception_home):
@@ -211,7 +236,7 @@ def test_a_ledger_entry_cannot_upload_a_file_outside_its_run(tmp_path, perceptio
 
     secret = tmp_path / "secret.txt"
     secret.write_text("not for the tracking server")
-    d = run_dir("s1", "shared", 0, perception_home)
+    d = RunId("s1", "shared", 0).directory(perception_home)
     ledger = RunLedger(d, f"sqlite:///{perception_home / 'mlflow.db'}")
     ledger.record("start", tags={"sweep_id": "s1", "role": "train"}, params={}, run_name="shared-f0")
     ledger.record("artifact", path="../../../../secret.txt", artifact_path="logs")

@@ -46,8 +46,8 @@ from perception.contract import (
 from perception.errors import PerceptionError
 from perception.metrics import auc
 from perception.paths import check_sweep_id
+from perception.run_id import RunId, RunKey as Key
 
-Key = tuple[str, int, int]  # (arm, fold, replicate)
 # Runs read at once: each is four requests (two downloads, two metric histories) that mostly wait on
 # the server (docs/performance.md, the tracking path under load)
 READERS = 8
@@ -157,7 +157,7 @@ def load_sweep(
 
     notes: list[str] = []
     running = _running(train)
-    chosen_all = _choose_latest_finished(train, notes)
+    chosen_all = _choose_latest_finished(sweep_id, train, notes)
     present = {a for a, _, _ in chosen_all}
     arms = [control, treatment] + [a for a in optional_arms if a in present and a not in (control, treatment)]
     chosen = {k: r for k, r in chosen_all.items() if k[0] in arms}
@@ -316,7 +316,7 @@ def _replicate(run: Run) -> int:
     return int(value) if value.isdigit() else -1
 
 
-def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run]:
+def _choose_latest_finished(sweep_id: str, train: list[Run], notes: list[str]) -> dict[Key, Run]:
     known = set(arm_names())
     groups: dict[Key, list[Run]] = {}
     for r in train:
@@ -331,7 +331,7 @@ def _choose_latest_finished(train: list[Run], notes: list[str]) -> dict[Key, Run
         if r.info.status != "FINISHED":
             notes.append(f"{arm} fold {fold}: run {r.info.run_id} ignored, status {r.info.status}")
             continue
-        groups.setdefault((arm, int(fold), rep), []).append(r)
+        groups.setdefault(RunId(sweep_id, arm, int(fold), rep).key, []).append(r)
     chosen: dict[Key, Run] = {}
     for key, rs in groups.items():
         latest = _latest(rs)

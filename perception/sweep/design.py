@@ -7,13 +7,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 from perception.arms import DEFAULT_ARMS, DEFAULT_CONTROL, DEFAULT_TREATMENT, TWIN_SUFFIX, get_arm, parse_arms
 from perception.errors import ConfigError
 from perception.gate.sequential import DEFAULT_MAX_REPLICATES, DESIGNS, FIXED, SEQUENTIAL
-from perception.paths import run_dir
+from perception.run_id import RunId
 
 
 @dataclass(frozen=True)
@@ -70,26 +69,9 @@ class Design:
         return cls(tuple(names), replicates, control, treatment)
 
 
-@dataclass(frozen=True)
-class RunSpec:
-    arm: str
-    fold: int
-    replicate: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"{self.arm} fold {self.fold}" + (f" replicate {self.replicate}" if self.replicate else "")
-
-    def directory(self, sweep_id: str, home: Path) -> Path:
-        return run_dir(sweep_id, self.arm, self.fold, home, self.replicate)
-
-    def overrides(self) -> list[str]:
-        return [f"arm={self.arm}", f"data.fold={self.fold}", f"replicate={self.replicate}"]
-
-
-def study_runs(n_folds: int, arms: Sequence[str] = DEFAULT_ARMS, replicates: int = 1) -> list[RunSpec]:
+def study_runs(sweep_id: str, n_folds: int, arms: Sequence[str] = DEFAULT_ARMS, replicates: int = 1) -> list[RunId]:
     """Replicate- then fold-major, so with several GPUs the arms of a fold train side by side."""
-    return [RunSpec(a, f, r) for r in range(replicates) for f in range(n_folds) for a in arms]
+    return [RunId(sweep_id, a, f, r) for r in range(replicates) for f in range(n_folds) for a in arms]
 
 
 def plan_tags(design: Design, gate_config: str, overrides: Sequence[str] = ()) -> dict[str, str]:

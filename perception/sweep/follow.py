@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Callable, Optional
 
 from perception.exits import EXIT_DECIDED, EXIT_FAILED, EXIT_REFUSED, REFUSED
-from perception.paths import run_name
+from perception.run_id import run_name
 
 FINISHED = ("Succeeded", "Failed", "Error")  # Argo's final workflow phases
 NO_DECISION = ("", "none")  # "none": the output's default, when the gate never wrote the file

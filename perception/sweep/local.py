@@ -24,8 +24,9 @@ from perception.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from perception.locks import RUN_LOCK, read_holder, sweep_lock
 from perception.mlflow_logs import mlflow_info_into
 from perception.paths import DONE_FILE, check_sweep_id, new_sweep_id, perception_home, sweep_dir, tracking_uri
+from perception.run_id import RunId
 from perception.gate.sequential import CONTINUE
-from perception.sweep.design import Design, RunSpec, plan_tags, study_runs
+from perception.sweep.design import Design, plan_tags, study_runs
 from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
 from perception.sweep.overrides import check_overrides, experiment_gate_config
 from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
@@ -39,7 +40,7 @@ SWEEP_LOG = "sweep.log"  # in the sweep's directory: MLflow's INFO lines of the 
 
 @dataclass
 class RunOutcome:
-    spec: RunSpec
+    spec: RunId
     status: str  # "skipped" (finished earlier) | "finished" | "failed"
     seconds: float = 0.0
     run_id: Optional[str] = None
@@ -65,16 +66,15 @@ class SweepResult:
 
 # ---- steps -----------------------------------------------------------------------------------
 def _train_one(
-    spec: RunSpec,
+    spec: RunId,
     args: list[str],
     env: dict[str, str],
     log: Optional[Path],
     home: Path,
-    sweep_id: str,
     trainers: Trainers,
 ) -> RunOutcome:
     t0 = time.perf_counter()
-    directory = spec.directory(sweep_id, home)
+    directory = spec.directory(home)
     if log is None:  # sequential: the trainer's own progress bar goes to the terminal
         rc, pid = trainers.run(args, env)
     else:
@@ -126,7 +126,7 @@ def run_local_sweep(
     uri = tracking_uri(cfg.tracking.uri, home)
     env = {**os.environ, "PERCEPTION_HOME": str(home)}
     gpus = detect_gpus(os.environ) if gpus is None else gpus
-    runs = study_runs(int(cfg.data.n_folds), design.arms, design.replicates)
+    runs = study_runs(sweep_id, int(cfg.data.n_folds), design.arms, design.replicates)
     gate_config = experiment_gate_config(cfg)  # before any work: an experiment without one is refused
     lanes = gpus or ([CPU_LANE] * cpu_workers if cpu_workers > 1 else [])  # no lanes: one run at a time
 
@@ -165,13 +165,13 @@ def run_local_sweep(
         trainer = train_command or command("perception-train")
         built: list[bool] = []  # the feature cache built (once, before the first training)
 
-        def train(specs: list[RunSpec]) -> None:
+        def train(specs: list[RunId]) -> None:
             """Trains those of `specs` not finished earlier (the feature cache built first, once)."""
             pending = []
             for spec in specs:
-                done = _read_done(spec.directory(sweep_id, home))
+                done = _read_done(spec.directory(home))
                 if done is not None:
-                    run_id = _mlflow_run_id(spec.directory(sweep_id, home), uri) or done.get("run_id")
+                    run_id = _mlflow_run_id(spec.directory(home), uri) or done.get("run_id")
                     result.runs.append(RunOutcome(spec, "skipped", run_id=run_id))
                     say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {run_id}), skipped")
                 else:
@@ -189,7 +189,6 @@ def run_local_sweep(
                     lanes,
                     trainer,
                     overrides,
-                    sweep_id,
                     parent,
                     home,
                     env,
@@ -223,7 +222,7 @@ def run_local_sweep(
                 specs = [s for s in runs if s.replicate == wave]
                 train(specs)
                 later = [s for s in runs if s.replicate == wave + 1]
-                if later and all(_read_done(s.directory(sweep_id, home)) for s in later):
+                if later and all(_read_done(s.directory(home)) for s in later):
                     continue  # resumed past this look: the gate decides every look up to the last wave anyway
                 # this look's waves only: a later one half-trained before an interruption is not read
                 result.gate = decide(look=wave + 1)
@@ -235,14 +234,13 @@ def run_local_sweep(
 
 
 def _train_wave(
-    wave: list[tuple[RunSpec, Optional[str]]],
+    wave: list[tuple[RunId, Optional[str]]],
     result: SweepResult,
     total: int,
     t_start: float,
     lanes: list[str],
     trainer: list[str],
     overrides: Sequence[str],
-    sweep_id: str,
     parent: str,
     home: Path,
     env: dict[str, str],
@@ -251,7 +249,7 @@ def _train_wave(
 ) -> None:
     """One round of trainings side by side (one per lane), each the installed perception-train."""
     for spec, device in wave:
-        d = spec.directory(sweep_id, home)
+        d = spec.directory(home)
         verb = "resuming" if d.is_dir() and any(d.iterdir()) else "training"
         say(
             f"[{len(result.runs) + 1 + wave.index((spec, device))}/{total}] {spec.label}: {verb}"
@@ -262,11 +260,17 @@ def _train_wave(
             )
         )
 
-    def one(item: tuple[RunSpec, Optional[str]]) -> RunOutcome:
+    def one(item: tuple[RunId, Optional[str]]) -> RunOutcome:
         spec, device = item
-        args = [*trainer, *overrides, f"sweep_id={sweep_id}", *spec.overrides(), f"tracking.parent_run_id={parent}"]
-        log = spec.directory(sweep_id, home) / "train.log" if device is not None else None
-        return _train_one(spec, args, child_env(env, device), log, home, sweep_id, trainers)
+        args = [
+            *trainer,
+            *overrides,
+            f"sweep_id={spec.sweep_id}",
+            *spec.overrides(),
+            f"tracking.parent_run_id={parent}",
+        ]
+        log = spec.directory(home) / "train.log" if device is not None else None
+        return _train_one(spec, args, child_env(env, device), log, home, trainers)
 
     with ThreadPoolExecutor(max_workers=len(wave)) as pool:
         try:

@@ -68,23 +68,20 @@ def prepare(
     if outputs is not None:
         outputs.mkdir(parents=True, exist_ok=True)
         atomic_write_text(outputs / "parent-run-id", parent)
-        atomic_write_text(outputs / "runs", json.dumps(fan_out(int(cfg.data.n_folds), design)))
-        atomic_write_text(outputs / "wave", json.dumps(wave_fan_out(int(cfg.data.n_folds), design)))
+        atomic_write_text(outputs / "runs", json.dumps(fan_out(sweep_id, int(cfg.data.n_folds), design)))
+        atomic_write_text(outputs / "wave", json.dumps(wave_fan_out(sweep_id, int(cfg.data.n_folds), design)))
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
         atomic_write_text(outputs / "gate-config", gate_config)
     return parent
 
 
-def fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
+def fan_out(sweep_id: str, n_folds: int, design: Design) -> list[dict[str, str]]:
     """The workflow's training items (withParam): one per arm, fold and replicate."""
-    return [
-        {"arm": s.arm, "fold": str(s.fold), "replicate": str(s.replicate)}
-        for s in study_runs(n_folds, design.arms, design.replicates)
-    ]
+    return [run.fan_out_item() for run in study_runs(sweep_id, n_folds, design.arms, design.replicates)]
 
 
-def wave_fan_out(n_folds: int, design: Design) -> list[dict[str, str]]:
+def wave_fan_out(sweep_id: str, n_folds: int, design: Design) -> list[dict[str, str]]:
     """One wave's training items (arm and fold): a sequential study's wave template fans out over them
     with its own replicate."""
-    return [{"arm": s.arm, "fold": str(s.fold)} for s in study_runs(n_folds, design.arms, 1)]
+    return [run.wave_item() for run in study_runs(sweep_id, n_folds, design.arms, 1)]

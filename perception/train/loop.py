@@ -16,11 +16,12 @@ import numpy as np
 import torch
 
 from perception.atomic import atomic_path, atomic_write_text
-from perception.contract import ATTENTION, ATTENTION_PLOT, PREDICTIONS, SAMPLES_PER_S, train_tags, val_auc
+from perception.contract import ATTENTION, ATTENTION_PLOT, PREDICTIONS, SAMPLES_PER_S, val_auc
 from perception.errors import ConfigError
 from perception.gitinfo import git_sha
 from perception.locks import run_lock
-from perception.paths import DONE_FILE, new_sweep_id, perception_home, run_dir as derive_run_dir, run_name, tracking_uri
+from perception.paths import DONE_FILE, new_sweep_id, perception_home, tracking_uri
+from perception.run_id import RunId
 from perception.tracking import RunLedger, ensure_parent_run, store_identity
 from perception.train.config import Config, apply_arm
 from perception.train.diagnostics import GradNorms, query_drift, query_names, save_attention_by_lag
@@ -41,28 +42,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunPlace:
-    sweep_id: str
-    variant: str  # the arm's name (MLflow tag `variant`)
-    fold: int
-    replicate: int
+    run: RunId
     home: Path
-    dir: Path
-
-    @property
-    def name(self) -> str:
-        return run_name(self.variant, self.fold, self.replicate)
+    dir: Path  # run.directory(home), resolved once
 
 
 def place_of(cfg: Config) -> RunPlace:
     """The run's identity and directory; applies the arm's model fields and the replicate's seed."""
     home = perception_home()
     sweep_id = cfg.sweep_id or new_sweep_id()
-    variant = apply_arm(cfg)
+    arm = apply_arm(cfg)
     fold, replicate = int(cfg.data.fold), int(cfg.replicate)
     if replicate < 0:
         raise ConfigError(f"replicate={replicate}: expected 0 or a positive replicate number")
     cfg.seed = int(cfg.seed) + replicate
-    return RunPlace(sweep_id, variant, fold, replicate, home, derive_run_dir(sweep_id, variant, fold, home, replicate))
+    run = RunId(sweep_id, arm, fold, replicate)
+    return RunPlace(run, home, run.directory(home))
 
 
 def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -71,7 +66,7 @@ def train(cfg: Config, overrides: Sequence[str] = ()) -> dict[str, Any]:
     which perception-train also raises on SIGTERM), with its train.log and config uploaded."""
     place = place_of(cfg)
     check_config(cfg)  # a refused start leaves no run directory
-    with run_lock(place.dir, place.sweep_id):  # a second trainer of this run exits here, having touched nothing
+    with run_lock(place.dir, place.run.sweep_id):  # a second trainer of this run exits here, having touched nothing
         return _train_locked(cfg, overrides, place)
 
 
@@ -87,7 +82,7 @@ def _train_locked(cfg: Config, overrides: Sequence[str], place: RunPlace) -> dic
                 f"[perception] sent {pending - len(ledger.unsent())} of {pending} pending tracking operations"
                 + ("" if ok else f"; still unreachable: {ledger.failures()[-1]}")
             )
-        print(f"[perception] {place.dir.name} of sweep {place.sweep_id} already finished; nothing to do")
+        print(f"[perception] {place.dir.name} of sweep {place.run.sweep_id} already finished; nothing to do")
         return json.loads(done.read_text())["metrics"]
     write_config(place.dir, cfg, overrides)
     record = RunRecord(
@@ -118,7 +113,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     split = purged_split(ds, cfg.data)
     window, horizons = int(cfg.data.window), list(ds.horizons)
     norm = Normalizer.fit(ds, split.train_ends, window)
-    order_seed = int(cfg.seed) * 1009 + place.fold  # batch order: seed and fold only, same for both arms
+    order_seed = int(cfg.seed) * 1009 + place.run.fold  # batch order: seed and fold only, same for both arms
     pin = device.type == "cuda"  # page-locked batches: the copy to the GPU overlaps the step before
     train_loader = WindowLoader(
         ds,
@@ -181,8 +176,8 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     # ---- tracking ----------------------------------------------------------------------------
     uri, ledger = record.ledger.tracking_uri, record.ledger
     if not ledger.entries():
-        parent = cfg.tracking.parent_run_id or _parent_or_none(place.sweep_id, uri, cfg.tracking.experiment)
-        tags = train_tags(place.sweep_id, place.variant, place.fold, place.replicate)
+        parent = cfg.tracking.parent_run_id or _parent_or_none(place.run.sweep_id, uri, cfg.tracking.experiment)
+        tags = place.run.tags()
         if parent:
             tags["mlflow.parentRunId"] = parent
         params = flatten_config(cfg)
@@ -190,7 +185,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
             {
                 "git_sha": git_sha(),
                 "data_hash": ds.data_hash,
-                "sweep_id": place.sweep_id,
+                "sweep_id": place.run.sweep_id,
                 "experiment": str(cfg.experiment_name),
             }
         )
@@ -198,7 +193,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
             "start",
             tags=tags,
             params=params,
-            run_name=place.name,
+            run_name=place.run.name,
             experiment=cfg.tracking.experiment,
             store=store_identity(uri),
         )
@@ -215,7 +210,9 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     for epoch in range(position.epoch, int(cfg.trainer.epochs)):
         model.train()
         grad_norms = GradNorms(model)
-        bar = progress(steps_per_epoch, f"{place.name} epoch {epoch + 1}/{cfg.trainer.epochs}", cfg.trainer.progress)
+        bar = progress(
+            steps_per_epoch, f"{place.run.name} epoch {epoch + 1}/{cfg.trainer.epochs}", cfg.trainer.progress
+        )
         with prefetched(islice(train_loader.batches(epoch), steps_per_epoch), device) as batches:
             totals = train_epoch(
                 model,
@@ -254,13 +251,13 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         save_checkpoint(
             place.dir,
             f"epoch-{epoch + 1:04d}",
-            lambda p: save_model(p, model, {"sweep_id": place.sweep_id, "epoch": str(epoch + 1)}),
+            lambda p: save_model(p, model, {"sweep_id": place.run.sweep_id, "epoch": str(epoch + 1)}),
             state,
         )
         ledger.flush(force=True)
         record.monitoring()  # started late after an outage, or restarted after a failed request
         print(
-            f"[perception] {place.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "
+            f"[perception] {place.run.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "
             + " ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
             flush=True,
         )
@@ -282,12 +279,12 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
         print(
             f"[perception] WARNING: the tracking server ({uri}) was unreachable; {len(unsent)} operations "
             f"are kept in {place.dir / 'tracking.jsonl'} and will be sent by "
-            f"`perception-sweep sync --sweep-id {place.sweep_id}` or a resumed run. Last error: "
+            f"`perception-sweep sync --sweep-id {place.run.sweep_id}` or a resumed run. Last error: "
             f"{(ledger.failures() or ['none'])[-1]}",
             flush=True,
         )
     print(
-        f"[perception] finished {place.name} (sweep {place.sweep_id}, "
+        f"[perception] finished {place.run.name} (sweep {place.run.sweep_id}, "
         f"run {ledger.run_id()}): val_auc_mean={metrics.get('val_auc_mean', float('nan')):.4f}",
         flush=True,
     )
@@ -304,7 +301,11 @@ def _write_artifacts(place: RunPlace, ev: Evaluation, horizons: list[int]) -> li
             np.savez(f, probs=ev.probs, labels=ev.labels, mask=ev.mask, index=ev.index)
     names = query_names(ev.attention.sums.shape[0], horizons)
     save_attention_by_lag(
-        place.dir / ATTENTION, place.dir / ATTENTION_PLOT, ev.attention, names, title=f"attention by lag: {place.name}"
+        place.dir / ATTENTION,
+        place.dir / ATTENTION_PLOT,
+        ev.attention,
+        names,
+        title=f"attention by lag: {place.run.name}",
     )
     return [(rel, Path(rel).parent.as_posix()) for rel in written]
 

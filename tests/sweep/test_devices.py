@@ -21,7 +21,7 @@ def test_visible_gpus_follow_torch_count_and_cuda_visible_devices():
 
 
 def test_cpu_runs_one_at_a_time_in_study_order():
-    runs = study_runs(3)
+    runs = study_runs("s", 3)
     waves = plan_waves(runs, [])
     assert waves == [[(r, None)] for r in runs]
     assert [(r.arm, r.fold) for r in runs] == [
@@ -35,14 +35,14 @@ def test_cpu_runs_one_at_a_time_in_study_order():
 
 
 def test_two_gpus_train_both_variants_of_a_fold_side_by_side():
-    waves = plan_waves(study_runs(3), ["0", "1"])
+    waves = plan_waves(study_runs("s", 3), ["0", "1"])
     assert len(waves) == 3
     for fold, wave in enumerate(waves):
         assert [(r.arm, r.fold, d) for r, d in wave] == [("shared", fold, "0"), ("per_horizon", fold, "1")]
 
 
 def test_eight_gpus_run_the_whole_study_at_once():
-    [wave] = plan_waves(study_runs(3), [str(i) for i in range(8)])
+    [wave] = plan_waves(study_runs("s", 3), [str(i) for i in range(8)])
     assert [d for _, d in wave] == ["0", "1", "2", "3", "4", "5"]
 
 
@@ -71,6 +71,6 @@ def test_child_env_pins_one_gpu_or_leaves_the_environment_alone():
 def test_cpu_lanes_run_side_by_side_and_stay_off_gpus():
     from perception.sweep.devices import CPU_LANE, child_env
 
-    waves = plan_waves(study_runs(3), [CPU_LANE] * 3)
+    waves = plan_waves(study_runs("s", 3), [CPU_LANE] * 3)
     assert [len(w) for w in waves] == [3, 3]
     assert child_env({"CUDA_VISIBLE_DEVICES": "0,1"}, CPU_LANE)["CUDA_VISIBLE_DEVICES"] == ""

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from perception.paths import run_dir
+from perception.run_id import RunId
 
 
 @pytest.mark.slow(seconds=130)
@@ -36,7 +36,7 @@ def test_every_line_of_a_lane_s_train_log_is_written_once(perception_home):
     for arm in ("shared", "per_horizon"):
         for fold in (0, 1):
             name = f"{arm}-f{fold}"
-            lines = (run_dir("lanes", arm, fold, perception_home) / "train.log").read_text().splitlines()
+            lines = (RunId("lanes", arm, fold).directory(perception_home) / "train.log").read_text().splitlines()
             assert sum(ln.startswith("---- ") for ln in lines) == 1, lines
             assert sum(ln.startswith(f"[perception] {name} epoch 1/1: val_auc_h2=") for ln in lines) == 1, lines
             assert sum(ln.startswith(f"[perception] finished {name} ") for ln in lines) == 1, lines

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from perception.paths import run_dir
+from perception.run_id import RunId
 from tests.backends import both_backends
 
 CI = ["experiment=ci", "trainer.epochs=1"]
@@ -68,7 +68,7 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     assert "INFO mlflow" not in r.stderr + r.stdout and "Downloading artifacts" not in r.stderr, r.stderr[-3000:]
     assert (
         "Started monitoring system metrics"
-        in (run_dir(sweep_id, "shared", 0, perception_home) / "train.log").read_text()
+        in (RunId(sweep_id, "shared", 0).directory(perception_home) / "train.log").read_text()
     )
     assert r.stdout.splitlines()[-1].startswith(
         f"next: perception-sweep ui --sweep-id {sweep_id} --tracking-uri {mlflow_server}"
@@ -92,7 +92,7 @@ def test_local_sweep_decides_and_a_rerun_skips_finished_and_resumes_unfinished(p
     assert len(parents) == 1 and None not in parents
 
     # A run killed after its last checkpoint but before it recorded completion.
-    done = run_dir(sweep_id, "per_horizon", 1, perception_home) / "done.json"
+    done = RunId(sweep_id, "per_horizon", 1).directory(perception_home) / "done.json"
     before = json.loads(done.read_text())["run_id"]
     done.unlink()
     r = sweep_cli(*args)

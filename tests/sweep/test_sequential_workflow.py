@@ -42,7 +42,7 @@ def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, 
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
     design = cli._design(cli.parser().parse_args(prepare_args(doc)))  # prepare's own reading of its args
     prepared = {
-        "wave": json.dumps(wave_fan_out(N_FOLDS, design)),
+        "wave": json.dumps(wave_fan_out("s", N_FOLDS, design)),
         "parent-run-id": "p1",
         "control": design.control,
         "treatment": design.treatment,

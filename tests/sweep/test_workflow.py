@@ -120,7 +120,7 @@ def test_the_fan_out_follows_the_design(arms, replicates, aa, expected):
     from perception.sweep.design import Design
     from perception.sweep.prepare import fan_out
 
-    items = fan_out(3, Design.of(arms, replicates, aa))
+    items = fan_out("s", 3, Design.of(arms, replicates, aa))
     assert len(items) == len(expected) and {(i["arm"], i["fold"], i["replicate"]) for i in items} == expected
 
 
