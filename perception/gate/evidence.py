@@ -20,11 +20,14 @@ MULTIPLICITY = "holm(rule 1, rule 2)"  # written into the plan and the report
 POWER = 0.8  # the minimum detectable effect is shipped this often
 
 
-def holm_levels(p1: float, p2: float, alpha: float) -> tuple[float, float]:
-    """The level each rule's p is compared with under Holm over the two (a NaN p never rejects)."""
+def holm_levels(p1: float, p2: float, alpha: float, half: float | None = None) -> tuple[float, float]:
+    """The level each rule's p is compared with under Holm over the two (a NaN p never rejects): `half`
+    (default alpha / 2) for each, `alpha` for one once the other is rejected at `half`. A sequential look
+    passes its group-sequential levels for a rule holding α/2 and α."""
+    half = alpha / 2 if half is None else half
     ok1, ok2 = math.isfinite(p1), math.isfinite(p2)
-    level1 = alpha if ok2 and p2 < alpha / 2 else alpha / 2
-    level2 = alpha if ok1 and p1 < alpha / 2 else alpha / 2
+    level1 = alpha if ok2 and p2 < half else half
+    level2 = alpha if ok1 and p1 < half else half
     return level1, level2
 
 

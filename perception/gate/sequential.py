@@ -210,15 +210,15 @@ def look_verdict(rule1, rule2, look: int, bounds: Boundaries, noise_floor: float
     """The sequential decision at `look` (1-based) from the two rules' evidence of that look
     (perception.gate.decision.RuleResult with lift, fired, p_bootstrap, se, df filled in)."""
     from perception.gate.decision import conclude
+    from perception.gate.evidence import holm_levels
 
     K = bounds.max_looks
     if not 1 <= look <= K:
         raise ValueError(f"look {look} outside 1..{K}")
     half, a_k = bounds.half[look - 1], bounds.full[look - 1]
     rules = [copy.copy(rule1), copy.copy(rule2)]
-    for r, other in zip(rules, reversed(rules)):  # Holm: the other rule rejected at its half passes its α on
-        p = other.p_bootstrap
-        conclude(r, a_k if math.isfinite(p) and p < half else half, noise_floor)
+    for r, level in zip(rules, holm_levels(rules[0].p_bootstrap, rules[1].p_bootstrap, a_k, half)):
+        conclude(r, level, noise_floor)
     fired = next((r for r in rules if r.fired), None)
     if fired is not None and (fired.evidence_test or fired.evidence_floor):
         return LookVerdict(
