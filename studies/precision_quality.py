@@ -203,8 +203,12 @@ def main() -> int:
         )
     if shutil.which("perception-train") is None:
         raise SystemExit("perception-train is not on PATH: install the package (pip install -e .)")
-    jobs = [("fp32", args.seed + i) for i in range(args.fp32_seeds)]
-    jobs += [(s, args.seed + i) for s in args.settings for i in range(args.setting_seeds)]
+    # seed by seed, each fp32 run beside the runs paired with it: a killed study keeps whole pairs, and at
+    # most about half the runs at once are fp32's, the largest (an 80 GiB GPU holds two at production K)
+    jobs = []
+    for i in range(args.fp32_seeds):
+        jobs.append(("fp32", args.seed + i))
+        jobs += [(s, args.seed + i) for s in args.settings if i < args.setting_seeds]
     work = Path(tempfile.mkdtemp(prefix="precision-quality-"))
     out, tag = results_place(args)
     finished = out / f"{tag}.rows.jsonl"  # one line per finished run: a killed study keeps what it ran
