@@ -94,7 +94,7 @@ def run(args) -> list[dict]:
                 )
             )
             with torch.no_grad():  # the backward-through-time kernel alone, on recomputed activations
-                from perception.ops.cfc_autograd import recompute
+                from perception.ops.cfc import recompute
 
                 h_seq = op(*inputs)
                 _, z, gates = recompute(inputs[0], inputs[2], h_seq, inputs[3], inputs[4], inputs[5])

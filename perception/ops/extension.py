@@ -25,7 +25,7 @@ LIB_DIR = Path(__file__).parent / "lib"
 CSRC_DIR = Path(__file__).parent / "csrc"
 LIB_NAME = "perception_ops"
 REQUIRED_ARCHS = ("8.9", "9.0")  # L40S (production) and H100/H200 (development), always built
-REGISTRATION_MODULES = ("perception.ops.pool_autograd", "perception.ops.cfc_autograd")
+REGISTRATION_MODULES = ("perception.ops.pool", "perception.ops.cfc")
 
 
 class ExtensionUnavailable(ConfigError):

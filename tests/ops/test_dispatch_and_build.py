@@ -43,7 +43,7 @@ def test_no_atomics_in_kernel_sources():
 
 
 def test_every_family_follows_the_template():
-    """Schema csrc/<family>.cpp, kernels csrc/<family>*.cu on common.cuh, <family>_autograd.py, a wrapper
+    """Schema csrc/<family>.cpp, kernels csrc/<family>*.cu on common.cuh, ops/<family>.py, a wrapper
     check in ops/__init__.py, tests/ops/test_cuda_<family>.py and benchmarks/ops_<family>.py."""
     init = (CSRC.parent / "__init__.py").read_text()
     for family in FAMILIES:
@@ -52,12 +52,12 @@ def test_every_family_follows_the_template():
         assert kernels, f"no csrc/{family}*.cu"
         for cu in kernels:
             assert '#include "common.cuh"' in cu.read_text(), f"{cu.name} does not build on common.cuh"
-        assert (CSRC.parent / f"{family}_autograd.py").exists()
+        assert (CSRC.parent / f"{family}.py").exists()
         assert f"_{family}_kernel_takes(" in init, f"no _{family}_kernel_takes in ops/__init__.py"
         assert (REPO / "tests" / "ops" / f"test_cuda_{family}.py").exists()
         assert (REPO / "benchmarks" / f"ops_{family}.py").exists()
     assert sorted(p.stem for p in CSRC.glob("*.cpp")) == sorted(FAMILIES), "one schema file per family"
-    assert set(extension.REGISTRATION_MODULES) == {f"perception.ops.{f}_autograd" for f in FAMILIES}
+    assert set(extension.REGISTRATION_MODULES) == {f"perception.ops.{f}" for f in FAMILIES}
 
 
 def test_shared_helpers_live_only_in_common_cuh():
@@ -100,7 +100,7 @@ FAKES = textwrap.dedent(r"""
     for cpp in sorted(Path(sys.argv[1]).glob("*.cpp")):
         for m in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)\s*\)', cpp.read_text()):
             lib.define("".join(re.findall(r'"([^"]*)"', m.group(1))))
-    import perception.ops.cfc_autograd, perception.ops.pool_autograd  # noqa: E401
+    import perception.ops.cfc, perception.ops.pool  # noqa: E401
 
     ops, e = torch.ops.perception, torch.empty
     B, K, D, Q = 2, 70, 32, 5

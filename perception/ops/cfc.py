@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from perception.ops import KERNEL_WIDTHS
-from perception.ops.fake_checks import check_fp32, check_shape, check_width
+from perception.ops.common import check_fp32, check_shape, check_width
 from perception.ops.reference import lecun_tanh
 
 
