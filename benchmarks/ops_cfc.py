@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cuda_timing import cuda_median_ms as time_ms  # noqa: E402
 from benchmarks.cuda_timing import graphed, machine_info, write_table  # noqa: E402
-from perception.ops.reference import cfc_scan_ref  # noqa: E402
+from perception.ops import cfc_scan_ref  # noqa: E402
 
 TARGET_MS = 30.0  # issue target for forward + backward at B=64, K=6000, D=128 on an H100/H200
 TARGETS = {"cfc_scan": f"fwd+bwd <= {TARGET_MS:.0f} ms"}

@@ -2,14 +2,14 @@
 
 Order: the prebuilt library in `perception/ops/lib/` (made by `python -m perception.ops.build`) when its
 manifest matches this torch and this GPU; else, only where nvcc exists, a JIT build of `csrc/` into
-TORCH_EXTENSIONS_DIR; else the reference ops. A CPU-only install compiles nothing. After loading, the
-autograd/fake registrations of every op family are imported. `available()` is cheap after its first call
-and never raises; `require()` raises the actionable message."""
+TORCH_EXTENSIONS_DIR; else the reference ops. A CPU-only install compiles nothing. After loading, every
+op family's module (`perception/ops/<family>.py`) registers the fakes and autograd of its kernels, whose
+schemas the library has just defined. `available()` is cheap after its first call and never raises;
+`require()` raises the actionable message."""
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -25,6 +25,7 @@ LIB_DIR = Path(__file__).parent / "lib"
 CSRC_DIR = Path(__file__).parent / "csrc"
 LIB_NAME = "perception_ops"
 REQUIRED_ARCHS = ("8.9", "9.0")  # L40S (production) and H100/H200 (development), always built
+# Each has register(); imported by name once the library has loaded, since they import this module.
 REGISTRATION_MODULES = ("perception.ops.pool", "perception.ops.cfc")
 
 
@@ -118,12 +119,16 @@ def _load() -> str | None:
                 f"{mismatch}, and no nvcc for a JIT build; run `python -m perception.ops.build` on a "
                 "machine with the CUDA toolkit (nvcc) and this torch, or use the Docker image, which carries it"
             )
-        for name in REGISTRATION_MODULES:
-            if importlib.util.find_spec(name) is not None:
-                importlib.import_module(name)
+        register_families()
     except Exception as exc:  # noqa: BLE001 - any failure means "not available", with its reason
         return f"loading the extension failed: {exc}; rebuild with `python -m perception.ops.build`"
     return None
+
+
+def register_families() -> None:
+    """Fakes and autograd of every op family, onto the `perception::` schemas the library defined."""
+    for name in REGISTRATION_MODULES:
+        importlib.import_module(name).register()
 
 
 def available() -> bool:

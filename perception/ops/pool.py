@@ -1,15 +1,32 @@
-"""Autograd and fake (meta) registrations of the pool family, whose schemas live in csrc/pool.cpp.
+"""The pool family: the attention pool, the inverted pool and their merge (schemas in csrc/pool.cpp).
 
-Imported by `perception.ops.extension` once the library is loaded. Each forward op also returns what its
-one-pass backward needs (softmax max, sum and scores, attention, means); those extra outputs are not differentiable.
-The fakes are exact: they check what the kernels' entry points check and return the kernels' (contiguous) outputs."""
+Per op, top to bottom: the public op, which takes the kernel or the reference by `backend`; its pure-PyTorch
+reference `<op>_ref` (the kernels' oracle and the CPU path, written as the equations of DESIGN §3, with
+autograd for its backward); the fakes of the kernel's forward and backward ops; the kernel's autograd.
+`register()` at the end attaches fakes and autograd to the schemas, which exist only once
+`perception.ops.extension` has loaded the library, so it is the one that calls it.
+
+Each forward op also returns what its one-pass backward needs (softmax max, sum and scores, attention, means);
+those extra outputs are not differentiable. The fakes are exact: they check what the kernels' entry points
+check and return the kernels' (contiguous) outputs."""
 
 from __future__ import annotations
 
-import torch
+import math
 
-from perception.ops import KERNEL_WIDTHS
-from perception.ops.common import check_fp32, check_shape, check_width
+import torch
+from torch.library import register_autograd, register_fake
+
+from perception.ops.common import KERNEL_WIDTHS, check_fp32, check_shape, check_width, upcast, use_kernels
+
+
+def _pool_kernel_takes(backend: str, *tensors: torch.Tensor) -> bool:
+    """Pool kernels take fp32 with D (the first tensor's last dim) in KERNEL_WIDTHS. `auto` falls back to the
+    references where the answer is no; `cuda` always answers yes, so the kernel's own check names what it
+    expected."""
+    if getattr(backend, "value", backend) == "cuda":
+        return True
+    return all(t.dtype == torch.float32 for t in tensors) and tensors[0].shape[-1] in KERNEL_WIDTHS
 
 
 def _check_lnb(op: str, lnb: torch.Tensor) -> None:
@@ -32,7 +49,27 @@ def _check_pool_inputs(op: str, lnb: torch.Tensor, q: torch.Tensor) -> None:
 # --- attention_pool(lnb (B,K,D), q (Q,D)) -> ctx (B,Q,D), stats (B,Q,2) = max, sum; scores (B,K,Q) ---
 
 
-@torch.library.register_fake("perception::attention_pool")
+def attention_pool(lnb: torch.Tensor, q: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D)."""
+    if use_kernels(backend, lnb, q) and _pool_kernel_takes(backend, lnb, q):
+        # [1:] are the softmax statistics and scores kept for backward
+        return torch.ops.perception.attention_pool(lnb, q)[0]
+    return attention_pool_ref(lnb, q)
+
+
+def attention_weights_ref(lnb: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """lnb: (B, K, D), q: (Q, D) -> a: (B, Q, K), softmax over K of s = q . lnb (no extra scale)."""
+    lnb, q = upcast(lnb), upcast(q)
+    s = torch.einsum("qd,bkd->bqk", q, lnb)  # (B, Q, K)
+    return torch.softmax(s, dim=-1)
+
+
+def attention_pool_ref(lnb: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """lnb: (B, K, D), q: (Q, D) -> ctx: (B, Q, D) = softmax_k(q . lnb) @ lnb."""
+    a = attention_weights_ref(lnb, q)  # (B, Q, K)
+    return torch.einsum("bqk,bkd->bqd", a, upcast(lnb))
+
+
 def _attention_pool_fake(lnb, q):
     _check_pool_inputs("attention_pool", lnb, q)
     b, k, d = lnb.shape
@@ -40,7 +77,6 @@ def _attention_pool_fake(lnb, q):
     return lnb.new_empty((b, q_n, d)), lnb.new_empty((b, q_n, 2)), lnb.new_empty((b, k, q_n))
 
 
-@torch.library.register_fake("perception::attention_pool_bwd")
 def _attention_pool_bwd_fake(grad_ctx, lnb, q, ctx, stats, scores):
     op = "attention_pool_bwd"
     _check_pool_inputs(op, lnb, q)
@@ -67,22 +103,33 @@ def _attention_pool_backward(ctx, grad_ctx, _grad_stats, _grad_scores):
     return d_lnb, d_q
 
 
-torch.library.register_autograd(
-    "perception::attention_pool", _attention_pool_backward, setup_context=_attention_pool_setup
-)
-
-
 # --- inverted_pool(lnb (B,K,D)) -> inv (B,D), attn (B,D,D), mean (B,D) ------------------------------
 
 
-@torch.library.register_fake("perception::inverted_pool")
+def inverted_pool(lnb: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """lnb: (B, K, D) -> inv: (B, D)."""
+    if use_kernels(backend, lnb) and _pool_kernel_takes(backend, lnb):
+        return torch.ops.perception.inverted_pool(lnb)[0]  # [1:] are attention and means kept for backward
+    return inverted_pool_ref(lnb)
+
+
+def inverted_pool_ref(lnb: torch.Tensor) -> torch.Tensor:
+    """lnb: (B, K, D) -> inv: (B, D). Cross-variate attention: each hidden channel h attends over
+    channels j with s[h, j] = K^-1/2 sum_k X[h, k] X[j, k] and pools the channels' time means."""
+    x = upcast(lnb).transpose(1, 2)  # (B, D, K)
+    k = x.shape[-1]
+    s = torch.matmul(x, x.transpose(1, 2)) / math.sqrt(k)  # (B, D, D)
+    a = torch.softmax(s, dim=-1)
+    m = x.mean(dim=-1)  # (B, D)
+    return torch.matmul(a, m.unsqueeze(-1)).squeeze(-1)  # (B, D)
+
+
 def _inverted_pool_fake(lnb):
     _check_lnb("inverted_pool", lnb)
     b, _, d = lnb.shape
     return lnb.new_empty((b, d)), lnb.new_empty((b, d, d)), lnb.new_empty((b, d))
 
 
-@torch.library.register_fake("perception::inverted_pool_bwd")
 def _inverted_pool_bwd_fake(grad_inv, lnb, attn, mean, inv):
     op = "inverted_pool_bwd"
     _check_lnb(op, lnb)
@@ -107,15 +154,21 @@ def _inverted_pool_backward(ctx, grad_inv, _grad_attn, _grad_mean):
     return torch.ops.perception.inverted_pool_bwd(grad_inv.contiguous(), lnb, attn, mean, inv)
 
 
-torch.library.register_autograd(
-    "perception::inverted_pool", _inverted_pool_backward, setup_context=_inverted_pool_setup
-)
-
-
 # --- inv_pool_merge(ctx (B,Q,D), inv (B,D)) -> ctx + inv over every query ----------------------------
 
 
-@torch.library.register_fake("perception::inv_pool_merge")
+def inv_pool_merge(ctx: torch.Tensor, inv: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """ctx: (B, Q, D), inv: (B, D) -> ctx: (B, Q, D)."""
+    if use_kernels(backend, ctx, inv) and _pool_kernel_takes(backend, ctx, inv):
+        return torch.ops.perception.inv_pool_merge(ctx, inv)
+    return inv_pool_merge_ref(ctx, inv)
+
+
+def inv_pool_merge_ref(ctx: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """ctx: (B, Q, D), inv: (B, D) -> ctx + inv broadcast over every query."""
+    return upcast(ctx) + upcast(inv).unsqueeze(1)
+
+
 def _inv_pool_merge_fake(ctx, inv):
     op = "inv_pool_merge"  # any D: the merge is elementwise
     check_fp32(op, ctx=ctx, inv=inv)
@@ -124,7 +177,6 @@ def _inv_pool_merge_fake(ctx, inv):
     return ctx.new_empty(ctx.shape)
 
 
-@torch.library.register_fake("perception::inv_pool_merge_bwd")
 def _inv_pool_merge_bwd_fake(grad):
     check_fp32("inv_pool_merge_bwd", grad=grad)
     torch._check(grad.dim() == 3, lambda: f"inv_pool_merge_bwd: grad must be (B, Q, D), got {list(grad.shape)}")
@@ -140,6 +192,17 @@ def _inv_pool_merge_backward(ctx, grad):
     return grad, torch.ops.perception.inv_pool_merge_bwd(grad.contiguous())
 
 
-torch.library.register_autograd(
-    "perception::inv_pool_merge", _inv_pool_merge_backward, setup_context=_inv_pool_merge_setup
-)
+# ------------------------------------------------------------- registration ------------------------
+
+
+def register() -> None:
+    """Fakes and autograd of the pool family's kernels; needs their schemas, so the loaded library."""
+    register_fake("perception::attention_pool", _attention_pool_fake)
+    register_fake("perception::attention_pool_bwd", _attention_pool_bwd_fake)
+    register_autograd("perception::attention_pool", _attention_pool_backward, setup_context=_attention_pool_setup)
+    register_fake("perception::inverted_pool", _inverted_pool_fake)
+    register_fake("perception::inverted_pool_bwd", _inverted_pool_bwd_fake)
+    register_autograd("perception::inverted_pool", _inverted_pool_backward, setup_context=_inverted_pool_setup)
+    register_fake("perception::inv_pool_merge", _inv_pool_merge_fake)
+    register_fake("perception::inv_pool_merge_bwd", _inv_pool_merge_bwd_fake)
+    register_autograd("perception::inv_pool_merge", _inv_pool_merge_backward, setup_context=_inv_pool_merge_setup)

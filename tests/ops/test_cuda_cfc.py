@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from perception.ops.reference import cfc_scan_ref
+from perception.ops import cfc_scan_ref
 
 pytestmark = [
     pytest.mark.cuda,

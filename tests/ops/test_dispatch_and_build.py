@@ -18,8 +18,16 @@ import pytest
 import torch
 
 import perception.ops as ops
-from perception.ops import build, extension
-from perception.ops.reference import attention_pool_ref, cfc_scan_ref, inv_pool_merge_ref, inverted_pool_ref
+from perception.ops import (
+    attention_pool_ref,
+    build,
+    cfc,
+    cfc_scan_ref,
+    extension,
+    inv_pool_merge_ref,
+    inverted_pool_ref,
+    pool,
+)
 
 CSRC = extension.CSRC_DIR
 REPO = Path(__file__).resolve().parents[2]
@@ -43,17 +51,18 @@ def test_no_atomics_in_kernel_sources():
 
 
 def test_every_family_follows_the_template():
-    """Schema csrc/<family>.cpp, kernels csrc/<family>*.cu on common.cuh, ops/<family>.py, a wrapper
-    check in ops/__init__.py, tests/ops/test_cuda_<family>.py and benchmarks/ops_<family>.py."""
-    init = (CSRC.parent / "__init__.py").read_text()
+    """Schema csrc/<family>.cpp, kernels csrc/<family>*.cu on common.cuh; one module ops/<family>.py with the
+    wrapper's "can the kernel take this?" check, the references, the fakes and autograd and the register()
+    that extension.py calls; tests/ops/test_cuda_<family>.py and benchmarks/ops_<family>.py."""
     for family in FAMILIES:
         assert "m.def(" in (CSRC / f"{family}.cpp").read_text(), f"csrc/{family}.cpp holds no schema"
         kernels = sorted(CSRC.glob(f"{family}*.cu"))
         assert kernels, f"no csrc/{family}*.cu"
         for cu in kernels:
             assert '#include "common.cuh"' in cu.read_text(), f"{cu.name} does not build on common.cuh"
-        assert (CSRC.parent / f"{family}.py").exists()
-        assert f"_{family}_kernel_takes(" in init, f"no _{family}_kernel_takes in ops/__init__.py"
+        module = (CSRC.parent / f"{family}.py").read_text()
+        for part in (f"_{family}_kernel_takes(", "_ref(", "register_fake(", "register_autograd(", "def register()"):
+            assert part in module, f"ops/{family}.py holds no {part}"
         assert (REPO / "tests" / "ops" / f"test_cuda_{family}.py").exists()
         assert (REPO / "benchmarks" / f"ops_{family}.py").exists()
     assert sorted(p.stem for p in CSRC.glob("*.cpp")) == sorted(FAMILIES), "one schema file per family"
@@ -100,7 +109,8 @@ FAKES = textwrap.dedent(r"""
     for cpp in sorted(Path(sys.argv[1]).glob("*.cpp")):
         for m in re.finditer(r'm\.def\(((?:\s*"[^"]*")+)\s*\)', cpp.read_text()):
             lib.define("".join(re.findall(r'"([^"]*)"', m.group(1))))
-    import perception.ops.cfc, perception.ops.pool  # noqa: E401
+    from perception.ops import extension
+    extension.register_families()
 
     ops, e = torch.ops.perception, torch.empty
     B, K, D, Q = 2, 70, 32, 5
@@ -188,7 +198,8 @@ def kernels_claimed(monkeypatch):
         "inverted_pool": marker("inverted_pool", lambda lnb: (inverted_pool_ref(lnb), None, None)),
         "inv_pool_merge": marker("inv_pool_merge", inv_pool_merge_ref),
     }
-    monkeypatch.setattr(ops, "use_kernels", lambda backend, *tensors: True)
+    for family in (pool, cfc):  # each family module calls use_kernels from its own namespace
+        monkeypatch.setattr(family, "use_kernels", lambda backend, *tensors: True)
     monkeypatch.setattr(torch.ops, "perception", type("Ns", (), namespace), raising=False)
     return calls
 

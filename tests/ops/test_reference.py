@@ -21,7 +21,7 @@ from perception.ops import (
     inv_pool_merge_ref,
     inverted_pool_ref,
 )
-from perception.ops.reference import cfc_cell_ref, lecun_tanh
+from perception.ops.cfc import cfc_cell_ref, lecun_tanh
 
 f64 = dict(dtype=torch.float64)
 

@@ -1,5 +1,5 @@
 // Schemas of the CfC family (DESIGN §3 cell, §5 signature). CUDA kernels in cfc_scan.cu, on common.cuh;
-// autograd and fake registrations in perception/ops/cfc_autograd.py.
+// public op, reference, fakes and autograd in perception/ops/cfc.py.
 #include <torch/library.h>
 
 TORCH_LIBRARY_FRAGMENT(perception, m) {

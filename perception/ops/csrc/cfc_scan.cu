@@ -13,7 +13,7 @@
 //  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers, W_out read from L2
 //    each step (slower, same arithmetic order up to the split of the sums).
 // Backward stores nothing extra from the forward: z and the gate pre-activations are recomputed from h_seq
-// by two GEMMs outside (cfc_autograd.py), and the weight gradients are GEMMs over the per-step gradients
+// by two GEMMs outside (cfc.py), and the weight gradients are GEMMs over the per-step gradients
 // this kernel writes, so no atomics: every output element has exactly one writer and every sum a fixed order.
 // Every matvec sums in four interleaved partial sums (fixed order), so no thread waits on one long FMA chain.
 #include <ATen/ATen.h>

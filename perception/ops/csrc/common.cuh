@@ -15,7 +15,7 @@
 #include <string>
 
 // ---------------------------------------------------------------------------------------------------
-// Widths. Every family is compiled for D in {16, 32, 64, 128} (KERNEL_WIDTHS in perception/ops/__init__.py,
+// Widths. Every family is compiled for D in {16, 32, 64, 128} (KERNEL_WIDTHS in perception/ops/common.py,
 // which a CPU test keeps equal to the cases below).
 //
 // PERCEPTION_DISPATCH_WIDTH(d, ...) runs the statements in ... with `constexpr int kD` equal to the runtime

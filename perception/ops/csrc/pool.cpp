@@ -1,5 +1,5 @@
 // Schemas of the pool family (DESIGN §5). CUDA kernels in pool.cu (attention pool), pool_inverted.cu and
-// pool_merge.cu, on common.cuh; autograd and fake registrations in perception/ops/pool_autograd.py. This file
+// pool_merge.cu, on common.cuh; public ops, references, fakes and autograd in perception/ops/pool.py. This file
 // opens the `perception` namespace; other families (cfc.cpp) add theirs with TORCH_LIBRARY_FRAGMENT.
 #include <torch/library.h>
 
