@@ -13,35 +13,37 @@ the sweep, the gate and the workflow. The MLflow tag `variant` and the run direc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Mapping, Optional, Sequence
 
+from perception.enums import as_enum, enum_value
 from perception.errors import ConfigError
+from perception.model.config import AttentionPoolVariant
+
+# The model fields an arm sets (`model.<field>`): `arm=NAME` is how a run chooses them. Given on their own
+# they name an arm, so `model.attention_pool=per_horizon` is another spelling of `arm=per_horizon`.
+ARM_FIELDS = ("attention_pool", "shared_context_to_heads", "twin")
 
 
 @dataclass(frozen=True)
 class Arm:
     name: str
-    attention_pool: str  # model.attention_pool: "shared" | "per_horizon"
-    context_to_heads: bool  # Path-A heads read the pooled context (model.shared_context_to_heads for shared)
-    twin: bool = False  # model.twin: the A/A twin's own seed for the pool query and heads
+    attention_pool: AttentionPoolVariant
+    shared_context_to_heads: bool = False  # a shared pool's one context feeds Path-A heads too
+    twin: bool = False  # the A/A twin's own seed for the pool query and heads
     reseed: bool = False  # trains with seed + RESEED_OFFSET: another init and batch order throughout
 
     def model_fields(self) -> dict[str, object]:
-        """The model config fields this arm sets."""
-        return {
-            "attention_pool": self.attention_pool,
-            "shared_context_to_heads": self.context_to_heads and self.attention_pool == "shared",
-            "twin": self.twin,
-        }
+        """The model config fields this arm sets, by name (ARM_FIELDS)."""
+        return {key: getattr(self, key) for key in ARM_FIELDS}
 
 
 BASE_ARMS = {
     a.name: a
     for a in (
-        Arm("shared", "shared", context_to_heads=False),
-        Arm("per_horizon", "per_horizon", context_to_heads=True),
-        Arm("shared_skip", "shared", context_to_heads=True),
+        Arm("shared", AttentionPoolVariant.shared),
+        Arm("per_horizon", AttentionPoolVariant.per_horizon),
+        Arm("shared_skip", AttentionPoolVariant.shared, shared_context_to_heads=True),
     )
 }
 TWIN_SUFFIX = "_twin"
@@ -93,23 +95,61 @@ def get_arm(name: str) -> Arm:
     base = name[: len(name) - len(suffix)]
     if base not in BASE_ARMS:
         raise ConfigError(f"arm {name!r} is not an arm of the study: expected one of {arm_names()}")
-    arm = BASE_ARMS[base]
-    return Arm(
-        name, arm.attention_pool, arm.context_to_heads, twin=suffix == TWIN_SUFFIX, reseed=suffix == RESEED_SUFFIX
-    )
+    return replace(BASE_ARMS[base], name=name, twin=suffix == TWIN_SUFFIX, reseed=suffix == RESEED_SUFFIX)
 
 
-def arm_of_model(attention_pool: str, shared_context_to_heads: bool = False, twin: bool = False) -> str:
-    """The arm a model configuration is (runs set up with `model.*` alone, or made before arms)."""
-    for arm in BASE_ARMS.values():
-        if arm.attention_pool == attention_pool and (
-            attention_pool != "shared" or arm.context_to_heads == bool(shared_context_to_heads)
-        ):
-            return arm.name + (TWIN_SUFFIX if twin else "")
+def arms_with_pool(pool: AttentionPoolVariant) -> list[str]:
+    """The base arms of this attention pool (a checkpoint's variant)."""
+    return [a.name for a in BASE_ARMS.values() if a.attention_pool is pool]
+
+
+def choose_arm(name: Optional[str], model: Mapping[str, object]) -> Arm:
+    """A run's arm: `arm=NAME`; without it, the arm the model's ARM_FIELDS name (None: as the control
+    has it), so that `model.attention_pool=per_horizon` alone still chooses per_horizon. A model field
+    that disagrees with `arm=NAME` is a ConfigError naming both, never silently overridden."""
+    given = {key: value for key, value in model.items() if key in ARM_FIELDS and value is not None}
+    if "attention_pool" in given:
+        given["attention_pool"] = as_enum(AttentionPoolVariant, given["attention_pool"], "model.attention_pool")
+    if name is None:
+        return _named_by(given, BASE_ARMS[DEFAULT_CONTROL])
+    arm = get_arm(name)
+    for key, value in given.items():
+        wanted = arm.model_fields()[key]
+        if enum_value(value) != enum_value(wanted):
+            raise ConfigError(
+                f"arm={name} and model.{key}={_spelled(value)} disagree: arm {name} has "
+                f"model.{key}={_spelled(wanted)}. arm=NAME chooses the model; drop model.{key}"
+                + _or_the_arm_with(given, arm)
+            )
+    return arm
+
+
+def _named_by(given: Mapping[str, object], like: Arm) -> Arm:
+    """The arm (a base arm or a twin) with these model fields, unset ones as `like` has them."""
+    fields = {**like.model_fields(), **given}
+    for name in arm_names():
+        arm = get_arm(name)
+        if not arm.reseed and arm.model_fields() == fields:
+            return arm
     raise ConfigError(
-        f"model.attention_pool={attention_pool!r}: expected one of "
-        f"{sorted({a.attention_pool for a in BASE_ARMS.values()})}"
+        f"{_fields(given)}: no arm of the study has these model fields; choose an arm=NAME of {arm_names()}"
     )
+
+
+def _or_the_arm_with(given: Mapping[str, object], like: Arm) -> str:
+    try:
+        return f", or choose arm={_named_by(given, like).name}, which has {_fields(given)}"
+    except ConfigError:
+        return ""
+
+
+def _fields(given: Mapping[str, object]) -> str:
+    return " ".join(f"model.{key}={_spelled(value)}" for key, value in given.items())
+
+
+def _spelled(value: object) -> str:
+    """A value as a command line spells it: per_horizon, true."""
+    return str(value).lower() if isinstance(value, bool) else str(enum_value(value))
 
 
 def parse_arms(text: str, where: str = "--arms") -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from perception.arms import arms_with_pool
 from perception.atomic import atomic_path
 from perception.errors import CheckpointError
 from perception.model.config import AttentionPoolVariant
@@ -72,8 +73,8 @@ def load_model(path: str | os.PathLike, model) -> dict[str, str]:
         query = "q_h" if variant is AttentionPoolVariant.per_horizon else "q"
         raise CheckpointError(
             f"checkpoint {path} holds a {variant.value} model (tensor {query!r}); the model being "
-            f"loaded is {model.variant.value}: resume or load with model.attention_pool={variant.value}, "
-            "or warm-start the trunk with trainer.init_from"
+            f"loaded is {model.variant.value}: resume or load with an arm of a {variant.value} pool "
+            f"(arm={' or arm='.join(arms_with_pool(variant))}), or warm-start the trunk with trainer.init_from"
         )
     expected = model.state_dict()
     missing = [n for n in expected if n not in tensors]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Optional
 
 
 class AttentionPoolVariant(str, Enum):
@@ -42,7 +43,9 @@ class MambaConfig:
 
 @dataclass
 class ModelConfig:
-    attention_pool: AttentionPoolVariant = AttentionPoolVariant.shared
+    # attention_pool, shared_context_to_heads and twin are the arm's (perception/arms.py): a training sets
+    # them from `arm=NAME`. None: as the arm has them; given alone, they name the arm
+    attention_pool: Optional[AttentionPoolVariant] = None
     d_model: int = 128
     vsn: VSNConfig = field(default_factory=VSNConfig)
     mamba: MambaConfig = field(default_factory=MambaConfig)
@@ -50,10 +53,10 @@ class ModelConfig:
     head_aux_weight: float = 0.25  # alpha of Path A heads (per_horizon)
     # ablation: SharedQuery whose one context also feeds Path A heads [H, 2D], separating "per-horizon
     # queries" from "context skip" (the shared context otherwise reaches the logits only through h_0)
-    shared_context_to_heads: bool = False
-    # the A/A twin of an arm (perception/arms.py): another seed for the pool query and the heads only,
-    # the modules in which real arms differ; the trunk's init stays that of `seed`
-    twin: bool = False
+    shared_context_to_heads: Optional[bool] = None
+    # the A/A twin of an arm: another seed for the pool query and the heads only, the modules in which
+    # real arms differ; the trunk's init stays that of `seed`
+    twin: Optional[bool] = None
     ops: OpsBackend = OpsBackend.auto
     # recompute VSN and Mamba2 activations in backward instead of keeping them: at K = 6000 they are
     # most of the activation memory (benchmarks/model_step.py); costs about one extra trunk forward

@@ -30,7 +30,10 @@ class PerceptionModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_features: int, horizons: Sequence[int], seed: int):
         super().__init__()
-        self.variant = as_enum(AttentionPoolVariant, cfg.attention_pool, "model.attention_pool")
+        # None: no arm applied (a model built by hand, not by a training): the shared pool, the control's
+        self.variant = as_enum(
+            AttentionPoolVariant, cfg.attention_pool or AttentionPoolVariant.shared, "model.attention_pool"
+        )
         backend = as_enum(OpsBackend, cfg.ops, "model.ops").value
         d = int(cfg.d_model)
         if n_features < 1 or d < 1 or not horizons:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from perception.arms import ARM_FIELDS
 from perception.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -16,9 +17,7 @@ RESERVED_KEYS = (
     "sweep_id",
     "arm",
     "replicate",
-    "model.attention_pool",
-    "model.shared_context_to_heads",
-    "model.twin",
+    *(f"model.{key}" for key in ARM_FIELDS),  # the arm's model fields
     "data.fold",
     "tracking.parent_run_id",
 )

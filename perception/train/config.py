@@ -9,9 +9,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 
 from perception.data.config import DataConfig
-from perception.arms import RESEED_OFFSET, arm_of_model, get_arm
-from perception.enums import enum_value
-from perception.model.config import AttentionPoolVariant, ModelConfig
+from perception.arms import ARM_FIELDS, RESEED_OFFSET, Arm, choose_arm
+from perception.model.config import ModelConfig
 from perception.paths import MLFLOW_EXPERIMENT
 from perception.train.precision import Precision
 
@@ -63,8 +62,9 @@ class TrackingConfig:
 class Config:
     seed: int = 0
     sweep_id: Optional[str] = None  # None: a fresh id
-    # a named model configuration of perception/arms.py (shared, per_horizon, shared_skip, <arm>_twin,
-    # <arm>_reseed); it sets the model fields it names. None: the arm that model.* describes
+    # the run's arm, the way to choose the model's configuration (perception/arms.py: shared, per_horizon,
+    # shared_skip, <arm>_twin, <arm>_reseed); it sets model.attention_pool, shared_context_to_heads and
+    # twin. None: the arm those fields name where given (model.attention_pool=per_horizon), else shared
     arm: Optional[str] = None
     # replicate r of a (arm, fold) trains with seed + r: every arm of a replicate shares the trunk's
     # init and batch order, replicates differ in both (tag `replicate`, run directory `-r<r>`)
@@ -89,19 +89,18 @@ def register_configs() -> None:
     cs.store(group="tracking", name="base_tracking", node=TrackingConfig)
 
 
+def chosen_arm(cfg: Config) -> Arm:
+    """The arm `cfg` chooses (`arm=NAME`, or the model fields alone); a ConfigError where they disagree."""
+    return choose_arm(cfg.arm, {key: getattr(cfg.model, key) for key in ARM_FIELDS})
+
+
 def apply_arm(cfg: Config) -> str:
-    """Sets the model fields of `cfg.arm` when one is named; returns the run's arm name, which is its
-    MLflow `variant` tag and names its run directory (so arms never share one)."""
-    m = cfg.model
-    if cfg.arm is None:
-        name = arm_of_model(enum_value(m.attention_pool), m.shared_context_to_heads, m.twin)
-    else:
-        arm = get_arm(cfg.arm)
-        fields = arm.model_fields()
-        m.attention_pool = AttentionPoolVariant(fields["attention_pool"])
-        m.shared_context_to_heads, m.twin = bool(fields["shared_context_to_heads"]), bool(fields["twin"])
-        if arm.reseed:  # the logged seed says so; the gate exempts reseeded arms from seed agreement
-            cfg.seed = int(cfg.seed) + RESEED_OFFSET
-        name = arm.name
-    cfg.arm = name
-    return name
+    """Sets the model fields of the arm `cfg` chooses; returns its name, which is the run's MLflow
+    `variant` tag and names its run directory (so arms never share one)."""
+    arm = chosen_arm(cfg)
+    for key, value in arm.model_fields().items():
+        setattr(cfg.model, key, value)
+    if arm.reseed:  # the logged seed says so; the gate exempts reseeded arms from seed agreement
+        cfg.seed = int(cfg.seed) + RESEED_OFFSET
+    cfg.arm = arm.name
+    return arm.name

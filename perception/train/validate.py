@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 from perception.enums import enum_value
 from perception.errors import CheckpointError, ConfigError
-from perception.train.config import Config, ResumeMode
+from perception.train.config import Config, ResumeMode, chosen_arm
 
 if TYPE_CHECKING:
     import torch
@@ -33,6 +33,7 @@ def check_values(cfg: Config) -> None:
     from perception.data import check_data_config
 
     check_data_config(cfg.data)
+    chosen_arm(cfg)  # an unknown arm, or model fields that disagree with it
     t = cfg.trainer
     _positive("trainer.epochs", t.epochs)
     _positive("trainer.batch_size", t.batch_size)
@@ -76,7 +77,7 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
         found = enum_value(read_checkpoint_variant(resume_dir / "model.safetensors"))
         if found != variant:
             raise ConfigError(
-                f"cannot resume model.attention_pool={variant} from {resume_dir / 'model.safetensors'}: "
+                f"cannot resume arm={cfg.arm} (a {variant} pool) from {resume_dir / 'model.safetensors'}: "
                 f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
                 "use trainer.init_from=PATH in a fresh run directory)"
             )
