@@ -62,7 +62,8 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
     from perception.train.state import latest_checkpoint
 
     t = cfg.trainer
-    variant = enum_value(cfg.model.attention_pool)
+    arm = chosen_arm(cfg)
+    variant = arm.attention_pool.value
     resume_dir = None
     try:
         resume_dir = latest_checkpoint(run_dir)
@@ -77,7 +78,7 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
         found = enum_value(read_checkpoint_variant(resume_dir / "model.safetensors"))
         if found != variant:
             raise ConfigError(
-                f"cannot resume arm={cfg.arm} (a {variant} pool) from {resume_dir / 'model.safetensors'}: "
+                f"cannot resume arm={arm.name} (a {variant} pool) from {resume_dir / 'model.safetensors'}: "
                 f"it is a {found} checkpoint (to start a {variant} run from another variant's trunk, "
                 "use trainer.init_from=PATH in a fresh run directory)"
             )
