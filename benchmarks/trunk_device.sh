@@ -3,12 +3,12 @@
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
 #     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; LOOP=1 also runs
-#     benchmarks/train_loop.py; SSD=1 also runs benchmarks/mamba_ssd.py; CFC=0 skips the CfC tests and table)
+#     benchmarks/train_loop.py; SSD=1 also runs benchmarks/trunk_forms.py ssd; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S;
 #     PARALLEL (local runs at once, default 10), SEED (the first seed, default 0); MODEL_STEP=0 and
 #     PRODUCTION_S=0 skip model_step.py and the production-K runs)
-#   bash benchmarks/trunk_device.sh OUT fusion    # trunk_fusion.py (the fused forms before/after), compile_check.py
+#   bash benchmarks/trunk_device.sh OUT fusion    # trunk_forms.py fusion (the fused forms before/after), compile_check.py
 #   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
@@ -34,7 +34,7 @@ if [ "$mode" = speed ]; then
     echo "cfc: ${SECONDS} s"
   fi
   if [ "${SSD:-0}" = 1 ]; then  # one compiled Mamba2 block, the SSD's decay in both forms
-    timeout 240 python3 benchmarks/mamba_ssd.py --precisions "${SSD_PRECISIONS:-bf16,tf32}" --chunks "${SSD_CHUNKS:-${CHUNKS:-64}}" ${SSD_FLAGS-} \
+    timeout 240 python3 benchmarks/trunk_forms.py ssd --precisions "${SSD_PRECISIONS:-bf16,tf32}" --chunks "${SSD_CHUNKS:-${CHUNKS:-64}}" ${SSD_FLAGS-} \
       --out "$out/mamba_ssd.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/mamba_ssd.log" | tail -40 || status=1
     echo "mamba_ssd: ${SECONDS} s"
   fi
@@ -60,7 +60,7 @@ elif [ "$mode" = determinism ]; then
     | tail -4 || status=1
   echo "determinism: ${SECONDS} s"
 elif [ "$mode" = fusion ]; then
-  timeout 300 python3 benchmarks/trunk_fusion.py --precisions "${PRECISIONS:-bf16}" --out "$out/trunk_fusion.json" 2>&1 \
+  timeout 300 python3 benchmarks/trunk_forms.py fusion --precisions "${PRECISIONS:-bf16}" --out "$out/trunk_fusion.json" 2>&1 \
     | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/trunk_fusion.log" | tail -20 || status=1
   echo "trunk_fusion: ${SECONDS} s"
   timeout 150 python3 benchmarks/compile_check.py --ways model --out "$out/compile_check.json" 2>&1 | tail -30 || status=1

@@ -22,8 +22,9 @@ RESULTS = {folder: ROOT / folder / "results" for folder in SCRIPT_FOLDERS}
 DESIGN = ROOT / "docs" / "design.md"
 RESULT_EXTENSIONS = ("json", "jsonl", "md", "log", "png", "csv")
 # Results not named after one script: the kernels' tables and CUDA test logs (benchmarks/gpu_check.sh),
-# the CfC candidates, a run's diagnostics plot.
-RESULT_FAMILIES = ("ops", "cfc", "cuda_tests", "per_horizon_world")
+# the CfC candidates, a run's diagnostics plot, the compiled trunk's pieces (benchmarks/trunk_forms.py conv,
+# ssd, fusion).
+RESULT_FAMILIES = ("ops", "cfc", "cuda_tests", "per_horizon_world", "mamba_conv", "mamba_ssd", "trunk_fusion")
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "perception-home", "build", "dist"}
 TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".cpp", ".cu", ".cuh", ".h", ".cfg", ".ini", ""}
 

@@ -212,7 +212,7 @@ class Mamba2Block(nn.Module):
         shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses.
         Without Inductor's padding of matmul dimensions to multiples of 8: padding the (c + 1)-chunk
         recurrence's bmm copies its (b h, c + 1, p n) states each step, which costs more than the padded bmm
-        saves (benchmarks/results/mamba_ssd_h200.md; benchmarks/mamba_ssd.py measures the other choices)."""
+        saves (benchmarks/results/mamba_ssd_h200.md; benchmarks/trunk_forms.py ssd measures the other choices)."""
         self.mixer._conv = causal_conv_shifted
         self.mixer._decay_from_cumsum = True
         self.compile(dynamic=False, options=inductor_options(shape_padding=False))

@@ -27,7 +27,7 @@ def grouped_linear_block_diag(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor)
     """The same as `grouped_linear` as one dense GEMM, (..., F·i) @ block_diag(w)ᵀ (the compiled form): F
     times the FLOPs, but on tensor cores and with no permutes around a batched GEMM of inner size d_v = 8,
     which makes the VSN faster at both compiled precisions (docs/performance.md "The compiled trunk: what
-    was kept"; benchmarks/trunk_fusion.py)."""
+    was kept"; benchmarks/trunk_forms.py fusion)."""
     f, o, _ = w.shape
     dense = torch.block_diag(*w.unbind(0))  # (F·o, F·i)
     return (a.flatten(-2) @ dense.t()).unflatten(-1, (f, o)) + b
