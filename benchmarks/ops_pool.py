@@ -8,7 +8,13 @@ timed calls (host launch and autograd time included); the floor is the op's comp
 device-to-device copy bandwidth measured in the same run. GPU time alone comes from CUDA graphs of
 back-to-back iterations: the kernels by themselves and eager's forward + autograd backward, so the targets
 (a multiple of the floor, a speed-up over eager) compare like with like. The CfC family has its own
-benchmark, benchmarks/ops_cfc.py."""
+benchmark, benchmarks/ops_cfc.py.
+
+With --profile-once it times nothing and writes nothing: one forward + backward of each pool op at the same
+shapes, for a kernel profiler to attach to.
+
+    ncu --kernel-name regex:"attention_pool|inverted_pool" --section SpeedOfLight --section Occupancy \
+        --section WarpStateStats --csv python benchmarks/ops_pool.py --profile-once > pools_ncu.csv"""
 
 from __future__ import annotations
 
@@ -315,6 +321,30 @@ def merge_graph_rows(ctx, inv, cot, reps: int, shape: str) -> list[dict]:
     return rows
 
 
+def profile_once(args) -> int:
+    """A warm-up pass first (allocator, library load), then the measured pass: attention pool at each of
+    --queries, then the inverted pool, each its forward then its backward kernels, called through torch.ops
+    directly."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    lnb = torch.randn(args.batch, args.window, args.d, device="cuda", generator=gen)
+    queries = {nq: torch.randn(nq, args.d, device="cuda", generator=gen) / args.d**0.5 for nq in args.queries}
+    cot = {nq: torch.randn(args.batch, nq, args.d, device="cuda", generator=gen) for nq in queries}
+    g_inv = torch.randn(args.batch, args.d, device="cuda", generator=gen)
+    for _ in range(2):  # warm-up, then the pass a profiler skips to
+        one_pass(lnb, queries, cot, g_inv)
+    torch.cuda.synchronize()
+    return 0
+
+
+def one_pass(lnb: torch.Tensor, queries: dict[int, torch.Tensor], cot: dict[int, torch.Tensor], g_inv) -> None:
+    ops = torch.ops.perception
+    for nq, q in queries.items():
+        ctx, stats, scores = ops.attention_pool(lnb, q)
+        ops.attention_pool_bwd(cot[nq], lnb, q, ctx, stats, scores)
+    inv, attn, mean = ops.inverted_pool(lnb)
+    ops.inverted_pool_bwd(g_inv, lnb, attn, mean, inv)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
@@ -324,8 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows (slow to compile)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops_pool.json"))
+    parser.add_argument(
+        "--profile-once", action="store_true", help="one fwd+bwd of each pool op for a kernel profiler; no timing"
+    )
     args = parser.parse_args(argv)
     extension.require()
+    if args.profile_once:
+        return profile_once(args)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     started = time.perf_counter()
