@@ -10,6 +10,8 @@ its pre-registered gate plan, and lists the trainings (arms x folds x replicates
 changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC
 checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
+Every training runs at the precision prepare outputs: the one the sweep started with (its parent run's
+tag `trainer.precision`), so a sweep continued after the experiment's default changed keeps its own.
 Only run ids travel between steps; metrics stay in MLflow.
 
 With `-p calibrate=true` the experiment's training noise is measured first (`perception-sweep calibrate`):
@@ -306,7 +308,7 @@ def _wave(train: Container, look: Container) -> DAG:
     r), then the gate at look r + 1 whatever their outcome (a failed one makes the look refuse), then wave
     r + 1 only when that look's decision is `continue` and r + 1 < max-replicates. A refused or final look
     ends the recursion, so no later wave trains."""
-    wave_inputs = ["replicate", "wave", "parent-run-id", "control", "treatment", "gate-config"]
+    wave_inputs = ["replicate", "wave", "parent-run-id", "precision", "control", "treatment", "gate-config"]
     following = "{{=asInt(inputs.parameters.replicate) + 1}}"  # the look's number, and the next wave's replicate
     with DAG(name="wave", fail_fast=False, inputs=[Parameter(name=n) for n in wave_inputs]) as wave:
         Task(
@@ -318,6 +320,7 @@ def _wave(train: Container, look: Container) -> DAG:
                 "fold": "{{item.fold}}",
                 "replicate": "{{inputs.parameters.replicate}}",
                 "parent-run-id": "{{inputs.parameters.parent-run-id}}",
+                "precision": "{{inputs.parameters.precision}}",
             },
         )
         gate = Task(
@@ -423,7 +426,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
             volumes=_volumes(),  # runs too: the sweep's lock (runs/<sweep-id>/sweep.lock) is shared there
             outputs=[
                 Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
-                for name in ("parent-run-id", "runs", "wave", "control", "treatment", "gate-config")
+                for name in ("parent-run-id", "runs", "wave", "control", "treatment", "gate-config", "precision")
             ],
         )
         train = _container(
@@ -438,6 +441,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 f"trainer.device={device}",
                 "trainer.progress=false",
                 *shared_overrides(),
+                "trainer.precision={{inputs.parameters.precision}}",  # the sweep's, from prepare
             ],
             train_resources,
             retries=10,
@@ -446,6 +450,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 Parameter(name="fold"),
                 Parameter(name="replicate"),
                 Parameter(name="parent-run-id"),
+                Parameter(name="precision"),
             ],
             volumes=_volumes(),
             **gpu_placement,
@@ -544,6 +549,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "fold": "{{item.fold}}",
                     "replicate": "{{item.replicate}}",
                     "parent-run-id": prep.get_parameter("parent-run-id").value,
+                    "precision": prep.get_parameter("precision").value,
                 },
             )
             # Every outcome counts, so the gate can refuse with a reason instead of never running.
@@ -569,8 +575,10 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 arguments={
                     "replicate": "0",
                     "wave": prep.get_parameter("wave").value,
-                    "parent-run-id": prep.get_parameter("parent-run-id").value,
-                    **{name: prep.get_parameter(name).value for name in ("control", "treatment", "gate-config")},
+                    **{
+                        name: prep.get_parameter(name).value
+                        for name in ("parent-run-id", "precision", "control", "treatment", "gate-config")
+                    },
                 },
             )
     return w

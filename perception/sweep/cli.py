@@ -456,7 +456,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--outputs",
         type=Path,
-        help="write the step's output parameters here (parent-run-id, runs, wave, control, treatment, gate-config)",
+        help="write the step's output parameters here (parent-run-id, runs, wave, control, treatment, gate-config, "
+        "precision)",
     )
     s.add_argument(
         "--gate-config", default="auto", help="conf/gate/<name>.yaml for the plan; auto: the experiment's (default)"

@@ -1,6 +1,7 @@
 """The workflow's first step (`perception-sweep prepare`, DESIGN §7): the feature cache and the sweep's
 parent run with its pre-registered gate plan, and the step's outputs: the trainings to fan out (one per
-arm, fold and replicate), control, treatment and the resolved gate config. It holds the sweep's lock
+arm, fold and replicate), control, treatment, the resolved gate config and the precision every training
+runs at (the one the sweep started with, perception.sweep.precision_pin). It holds the sweep's lock
 (perception.locks) while it works, as `local` does."""
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from perception.atomic import atomic_write_text
+from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_USAGE
 from perception.locks import sweep_lock
 from perception.paths import check_sweep_id, perception_home, sweep_dir, tracking_uri
 from perception.sweep.design import Design, plan_tags, study_runs
 from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, resolve_gate_config
+from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
 
 
 def command(name: str) -> list[str]:
@@ -45,12 +49,13 @@ def prepare(
     design: Optional[Design] = None,
     outputs: Optional[Path] = None,
     gate_config: str = AUTO_GATE_CONFIG,
+    say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
 ) -> str:
-    """The feature cache plus the sweep's parent run (with its gate plan); returns its id. `outputs`
-    receives the step's output parameters as files: parent-run-id, runs (the trainings to fan out,
-    JSON), wave (one wave's trainings, for a sequential study's waves), control, treatment and
-    gate-config (`auto` resolved)."""
-    from perception.tracking import ensure_parent_run
+    """The feature cache plus the sweep's parent run (with its gate plan and precision); returns its id.
+    `outputs` receives the step's output parameters as files: parent-run-id, runs (the trainings to fan
+    out, JSON), wave (one wave's trainings, for a sequential study's waves), control, treatment,
+    gate-config (`auto` resolved) and precision (what every training appends as trainer.precision)."""
+    from perception.tracking import ensure_parent_run, parent_run_tags
     from perception.train.compose import composed
 
     design = design or Design()
@@ -58,11 +63,19 @@ def prepare(
     check_overrides(overrides)
     cfg = composed(overrides, checked=True)
     gate_config = resolve_gate_config(gate_config, cfg)
+    uri = tracking_uri(cfg.tracking.uri)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
     with sweep_lock(sweep_dir(sweep_id), sweep_id):
+        # a continued sweep keeps the precision it started with, as `local` does; refused before any work
+        started = parent_run_tags(sweep_id, uri, cfg.tracking.experiment).get(PRECISION_TAG)
+        composed_precision = str(enum_value(cfg.trainer.precision))
+        overrides, note = pin_precision(sweep_id, started, composed_precision, overrides)
+        precision = started or composed_precision
+        if note:
+            say(note)
         build_features(overrides, env, data_command)
-        plan = plan_tags(design, gate_config)
-        parent = ensure_parent_run(sweep_id, tracking_uri(cfg.tracking.uri), cfg.tracking.experiment, plan)
+        first_tags = {**plan_tags(design, gate_config), PRECISION_TAG: precision}
+        parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment, first_tags)
     if parent_run_id_file is not None:
         atomic_write_text(parent_run_id_file, parent)
     if outputs is not None:
@@ -73,6 +86,7 @@ def prepare(
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
         atomic_write_text(outputs / "gate-config", gate_config)
+        atomic_write_text(outputs / "precision", precision)
     return parent
 
 

@@ -4,10 +4,17 @@ before anything is touched (the gate would refuse arms trained at different prec
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import uuid
+
 import pytest
 
+from perception.enums import enum_value
 from perception.errors import ConfigError
 from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
+from perception.sweep.prepare import prepare
+from perception.train.compose import composed
 from perception.tracking import client, parent_run_tags
 from tests.sweep.test_local_orchestration import fakes, train_calls  # noqa: F401 (the fixture)
 
@@ -42,3 +49,47 @@ def test_a_continued_sweep_trains_at_its_recorded_precision(fakes, monkeypatch):
         fakes.sweep("experiment=ci", "trainer.precision=tf32")
     assert mlflow.get_run(first.parent_run_id).info.status == status  # refused before the parent was touched
     assert len(train_calls(fakes.calls())) == before + 1
+
+
+def test_a_continued_workflow_sweep_trains_at_its_recorded_precision(perception_home, mlflow_server, tmp_path, capsys):
+    """The workflow's prepare step: it records the precision on a new sweep's parent run, outputs the one a
+    continued sweep started with (every training pod appends it as trainer.precision) and refuses another."""
+    no_data_build = [sys.executable, "-c", "pass"]  # the feature cache is not what is tested here
+    sweep_id = f"wf-{uuid.uuid4().hex[:8]}"
+    overrides = ["experiment=ci", f"tracking.uri={mlflow_server}"]
+    default = str(enum_value(composed(overrides, checked=True).trainer.precision))
+    other = "bf16" if default != "bf16" else "tf32"
+
+    parent = prepare(sweep_id, overrides, data_command=no_data_build, outputs=tmp_path / "first")
+    assert (tmp_path / "first" / "precision").read_text() == default
+    assert parent_run_tags(sweep_id, mlflow_server)[PRECISION_TAG] == default
+    assert "was started at" not in capsys.readouterr().err
+
+    # stands for a sweep started before the experiment's default changed
+    client(mlflow_server).set_tag(parent, PRECISION_TAG, other)
+    assert prepare(sweep_id, overrides, data_command=no_data_build, outputs=tmp_path / "again") == parent
+    assert (tmp_path / "again" / "precision").read_text() == other
+    note = f"sweep {sweep_id} was started at trainer.precision={other}: it continues at {other}"
+    assert note in capsys.readouterr().err  # the step's log
+    assert parent_run_tags(sweep_id, mlflow_server)[PRECISION_TAG] == other  # the record is never rewritten
+
+    # the step as its pod runs it, naming today's default explicitly: refused before the feature cache is built
+    r = subprocess.run(
+        [
+            "perception-sweep",
+            "prepare",
+            "--sweep-id",
+            sweep_id,
+            "--outputs",
+            str(tmp_path / "refused"),
+            *overrides,
+            f"trainer.precision={default}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"trainer.precision={default}: sweep {sweep_id} was started at trainer.precision={other}" in r.stderr
+    assert f"continue it at {other} or start a new sweep id" in r.stderr
+    assert not (tmp_path / "refused").exists() and not (perception_home / "cache").exists()

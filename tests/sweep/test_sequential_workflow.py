@@ -21,6 +21,7 @@ from perception.sweep.schema import schema_errors
 from .argo_eval import substitute, when
 
 N_FOLDS = 3
+PRECISION = "bf16"  # prepare's output: the precision the sweep started with
 
 
 def templates(doc: dict) -> dict[str, dict]:
@@ -44,6 +45,7 @@ def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, 
     prepared = {
         "wave": json.dumps(wave_fan_out("s", N_FOLDS, design)),
         "parent-run-id": "p1",
+        "precision": PRECISION,
         "control": design.control,
         "treatment": design.treatment,
         "gate-config": "ci",
@@ -73,6 +75,9 @@ def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, 
         for item in json.loads(substitute(train["withParam"], local)):
             args = arguments(train, {**local, **{f"item.{k}": v for k, v in item.items()}})
             trained.append((args["arm"], args["fold"], args["replicate"]))
+            pod = {"workflow.name": "wf", **{f"inputs.parameters.{k}": v for k, v in args.items()}}
+            pod_args = [substitute(a, {**scope, **pod}) for a in tpl[train["template"]]["container"]["args"]]
+            assert f"trainer.precision={PRECISION}" in pod_args  # every wave at the sweep's precision
         look = steps["look"]
         assert look["depends"] == "train.Succeeded || train.Failed || train.Errored"  # a failure makes it refuse
         number = int(arguments(look, local)["look"])

@@ -92,7 +92,11 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
         "fold": "{{item.fold}}",
         "replicate": "{{item.replicate}}",
         "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}",
+        "precision": "{{tasks.prepare.outputs.parameters.precision}}",
     }
+    # every training at the sweep's precision, which prepare reads off its parent run (a continued sweep's)
+    train_args = templates(docs[smoke])["train"]["container"]["args"]
+    assert train_args[-1] == "trainer.precision={{inputs.parameters.precision}}"
     prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
     for name in ("arms", "aa", "design"):
         assert "{{workflow.parameters.%s}}" % name in prepare_args
@@ -225,7 +229,7 @@ def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
 def test_only_run_ids_and_the_decision_travel_between_steps(docs):
     tpl = templates(docs[False])
     outputs = {n: [p["name"] for p in t.get("outputs", {}).get("parameters", [])] for n, t in tpl.items()}
-    assert outputs["prepare"] == ["parent-run-id", "runs", "wave", "control", "treatment", "gate-config"]
+    assert outputs["prepare"] == ["parent-run-id", "runs", "wave", "control", "treatment", "gate-config", "precision"]
     assert outputs["gate"] == ["decision"]
     assert outputs["look"] == ["decision", "summary"]  # the summary: the gate's JSON line, no metrics
     assert outputs["train"] == []
