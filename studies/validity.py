@@ -57,11 +57,12 @@ RESULTS = Path(os.environ.get("PERCEPTION_VALIDITY_RESULTS", Path(__file__).reso
 RUNS = RESULTS / "validity_runs.jsonl"
 SUMMARY = RESULTS / "validity.json"
 PLOT = RESULTS / "validity.png"
-# The gate's test: "holm" (one α over both rules by Holm, replicates' prediction noise counted once,
-# between-fold evidence at one replicate without a noise file), "t" (Satterthwaite's df, two unadjusted
-# routes: before it) or "normal" (before that); a row is only ever counted with rows of the same evidence,
-# and a re-run redoes rows of another.
-EVIDENCE = "holm"
+# The gate's test: "holm+folds" (Holm, with the folds' agreement test widening se where the folds
+# disagree), "holm" (one α over both rules by Holm, replicates' prediction noise counted once,
+# between-fold evidence at one replicate without a noise file: before the folds' test), "t" (Satterthwaite's
+# df, two unadjusted routes: before it) or "normal" (before that); a row is only ever counted with rows of
+# the same evidence, and a re-run redoes rows of another.
+EVIDENCE = "holm+folds"
 # Seed bases keep every test's seeds apart, and apart from perception-sweep calibrate's (90000 on).
 SEED_BASE = {
     "ab": 50_000,
@@ -210,7 +211,7 @@ def run_sweep(
 def _evidence(report: dict) -> str:
     """Which gate decided a report (see EVIDENCE)."""
     if report.get("multiplicity"):
-        return "holm"
+        return "holm+folds" if any("heterogeneity_p" in r for r in report.get("rules") or []) else "holm"
     return "t" if any("df" in r for r in report.get("rules") or []) else "normal"
 
 
