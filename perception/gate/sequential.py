@@ -34,8 +34,8 @@ from perception.errors import ConfigError
 FIXED, SEQUENTIAL = "fixed", "sequential"
 DESIGNS = (FIXED, SEQUENTIAL)
 DEFAULT_MAX_REPLICATES = 3
-SPENDING_RHO = 2.5  # a·t^ρ: little α at look 1, whose 2-df evidence could rarely use it (set on calibration worlds)
-FUTILITY_P = 0.25  # stop as keep before the last look when both rules' p exceed this (set on calibration worlds)
+SPENDING_RHO = 4.0  # a·t^ρ: little α at look 1, whose 2-df evidence could rarely use it (set on calibration worlds)
+FUTILITY_P = 0.35  # stop as keep before the last look when both rules' p exceed this (set on calibration worlds)
 METHOD = "group-sequential"
 SPENDING = "group-sequential power-family spending a*t^{rho} per rule inside holm(rule 1, rule 2) (Maurer-Bretz)"
 LEGACY_SPENDING = "Bonferroni alpha-spending over looks inside holm(rule 1, rule 2)"
