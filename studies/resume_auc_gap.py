@@ -32,17 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.gate.inputs import AUC_TOLERANCE  # noqa: E402
 from perception.metrics import auc  # noqa: E402
+from perception.run_id import RunId  # noqa: E402
 
 KILL_POINTS = ("after_final_checkpoint", "mid_final_epoch")
 EPOCHS = 2  # experiment=ci
 
 
 def command(sweep_id: str, fold: int) -> list[str]:
-    return ["perception-train", "experiment=ci", f"sweep_id={sweep_id}", f"data.fold={fold}", "trainer.progress=false"]
+    run = RunId(sweep_id, "shared", fold)
+    return ["perception-train", "experiment=ci", f"sweep_id={sweep_id}", *run.overrides(), "trainer.progress=false"]
 
 
 def run_dir(home: Path, sweep_id: str, fold: int) -> Path:
-    return home / "runs" / sweep_id / f"shared-f{fold}"
+    return RunId(sweep_id, "shared", fold).directory(home)
 
 
 def latest_epoch(directory: Path) -> int:
