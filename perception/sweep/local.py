@@ -27,7 +27,7 @@ from perception.paths import DONE_FILE, check_sweep_id, new_sweep_id, perception
 from perception.run_id import RunId
 from perception.gate.sequential import CONTINUE
 from perception.sweep.design import Design, plan_tags, study_runs
-from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
+from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, idle_lanes, plan_waves
 from perception.sweep.overrides import check_overrides, experiment_gate_config
 from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
 from perception.sweep.prepare import build_features, command
@@ -165,10 +165,13 @@ def run_local_sweep(
         trainer = train_command or command("perception-train")
         built: list[bool] = []  # the feature cache built (once, before the first training)
 
-        def train(specs: list[RunId]) -> None:
-            """Trains those of `specs` not finished earlier (the feature cache built first, once)."""
+        def train(specs: list[RunId], ahead: Sequence[RunId] = ()) -> None:
+            """Trains those of `specs` not finished earlier (the feature cache built first, once); the
+            last round's idle lanes take the first unfinished trainings of `ahead` (the next wave)."""
             pending = []
             for spec in specs:
+                if any(r.spec == spec for r in result.runs):
+                    continue  # trained ahead on an idle lane, before the look
                 done = _read_done(spec.directory(home))
                 if done is not None:
                     run_id = _mlflow_run_id(spec.directory(home), uri) or done.get("run_id")
@@ -176,6 +179,14 @@ def run_local_sweep(
                     say(f"[{len(result.runs)}/{len(runs)}] {spec.label}: finished earlier (run {run_id}), skipped")
                 else:
                     pending.append(spec)
+            unfinished = [s for s in ahead if _read_done(s.directory(home)) is None]
+            fill = unfinished[: idle_lanes(len(pending), len(lanes))]
+            if fill:
+                say(
+                    f"{len(fill)} training(s) of replicate {fill[0].replicate} start on the last round's idle "
+                    f"lane(s); the look before them does not read them"
+                )
+            pending += fill
             if pending and not built:
                 say("building the feature cache (perception-data build)")
                 build_features(overrides, env, data_command)
@@ -220,14 +231,21 @@ def run_local_sweep(
         else:
             for wave in range(design.replicates):
                 specs = [s for s in runs if s.replicate == wave]
-                train(specs)
                 later = [s for s in runs if s.replicate == wave + 1]
-                if later and all(_read_done(s.directory(home)) for s in later):
+                train(specs, ahead=later)
+                ahead = [r for r in result.runs if r.spec.replicate > wave]  # trained on idle lanes just now
+                if later and all(_read_done(s.directory(home)) for s in later) and not ahead:
                     continue  # resumed past this look: the gate decides every look up to the last wave anyway
                 # this look's waves only: a later one half-trained before an interruption is not read
                 result.gate = decide(look=wave + 1)
                 say(look_line(result.gate))
                 if result.gate.refused or result.gate.decision != CONTINUE:
+                    kept = sum(r.status == "finished" for r in ahead)
+                    if kept:
+                        say(
+                            f"{kept} training(s) of replicate {wave + 1} ran on idle lanes before the study "
+                            f"stopped at look {wave + 1}: kept as finished runs, not read by its decision"
+                        )
                     break
         result.wall_s = time.perf_counter() - t_start
         return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perception.sweep.devices import child_env, plan_waves, visible_gpus
+from perception.sweep.devices import child_env, idle_lanes, plan_waves, visible_gpus
 from perception.sweep.design import study_runs
 
 
@@ -74,3 +74,19 @@ def test_cpu_lanes_run_side_by_side_and_stay_off_gpus():
     waves = plan_waves(study_runs("s", 3), [CPU_LANE] * 3)
     assert [len(w) for w in waves] == [3, 3]
     assert child_env({"CUDA_VISIBLE_DEVICES": "0,1"}, CPU_LANE)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@given(pending=st.integers(0, 30), lanes=st.integers(0, 8))
+def test_the_idle_lanes_fill_the_last_round_without_adding_one(pending, lanes):
+    idle = idle_lanes(pending, lanes)
+    gpus = [str(i) for i in range(lanes)]
+    rounds = plan_waves(list(range(pending)), gpus)
+    assert len(plan_waves(list(range(pending + idle)), gpus)) == len(rounds)
+    if rounds and gpus:
+        assert len(rounds[-1]) + idle == lanes  # the last round then uses every lane
+    else:
+        assert idle == 0  # nothing trains, or one training at a time: no lane is idle
+
+
+def test_a_three_arm_wave_on_six_gpus_leaves_three_lanes_idle():
+    assert idle_lanes(9, 6) == 3 and idle_lanes(6, 6) == 0 and idle_lanes(2, 8) == 6 and idle_lanes(5, 0) == 0

@@ -209,15 +209,18 @@ def test_the_gate_config_the_sweep_overrides_choose_is_the_one_it_decides_with(f
     assert [c["config_name"] for c in fakes.gate_calls] == ["default"]
 
 
-def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, tmp_path):
+def sequential_sweep(fakes, tmp_path, verdicts, arms=("shared", "per_horizon"), gpus=()):
+    """A `--design sequential --max-replicates 3` sweep with a gate answering `verdicts` look by look
+    (then keep_shared); each gate call records how many trainings had run and the look it was asked."""
     from perception.sweep.design import Design
 
-    verdicts = iter(["continue", "ship_per_horizon"])
+    answers = iter(verdicts)
 
     def gate(sweep_id, **kw):
         look = len(fakes.gate_calls) + 1
-        fakes.gate_calls.append({"look": look, "trained": len(train_calls(fakes.calls())), "asked": kw.get("look")})
-        decision = next(verdicts, "keep_shared")
+        trained = len(train_calls(fakes.calls()))
+        fakes.gate_calls.append({"look": look, "trained": trained, "asked": kw.get("look")})
+        decision = next(answers, "keep_shared")
         summary = {
             "look": look,
             "max_looks": 3,
@@ -233,15 +236,20 @@ def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, t
         result = run_local_sweep(
             sweep_id,
             ["experiment=ci", f"tracking.uri={fakes.uri}"],
-            gpus=[],
+            gpus=list(gpus),
             train_command=[sys.executable, str(tmp_path / "train.py")],
             data_command=[sys.executable, str(tmp_path / "data.py")],
             gate=gate,
             say=lines.append,
-            design=Design(replicates=3, kind="sequential"),
+            design=Design(arms=tuple(arms), replicates=3, kind="sequential"),
         )
         return result, lines
 
+    return run
+
+
+def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, tmp_path):
+    run = sequential_sweep(fakes, tmp_path, ["continue", "ship_per_horizon"])
     result, lines = run()
     assert [c["trained"] for c in fakes.gate_calls] == [6, 12]  # a look after each wave, no third wave
     assert [c["asked"] for c in fakes.gate_calls] == [1, 2]  # each look reads its own waves only
@@ -253,9 +261,74 @@ def test_a_sequential_sweep_trains_wave_by_wave_until_the_gate_stops_it(fakes, t
     assert looks[0].startswith("look 1/3: W +0.0100") and looks[0].endswith("-> continue")
     assert "look 2/3" in looks[1] and "ship_per_horizon (efficacy boundary crossed)" in looks[1]
     assert "up to 18 runs" in lines[0] and "waves of 6" in lines[0]
+    assert not any("idle" in line for line in lines)  # one training at a time: no lane is ever idle
 
     # a re-run finds both waves done: one gate call at the last complete look, nothing trained
     again, _ = run()
     assert len(train_calls(fakes.calls())) == 12 and len(fakes.gate_calls) == 3
     assert fakes.gate_calls[-1]["asked"] == 2
     assert [r.status for r in again.runs] == ["skipped"] * 12
+
+
+THREE_ARMS = ("shared", "per_horizon", "shared_skip")
+SIX_GPUS = [str(i) for i in range(6)]
+
+
+def rounds_of(calls: list[dict]) -> list[list[tuple[str, str]]]:
+    """The trainings grouped into the rounds they ran in (a round starts once the one before it has
+    ended), each as (GPU, run name) in GPU order."""
+    rounds: list[list[dict]] = []
+    for c in sorted(calls, key=lambda c: c["t0"]):
+        if rounds and c["t0"] < max(x["t1"] for x in rounds[-1]):
+            rounds[-1].append(c)
+        else:
+            rounds.append([c])
+    return [sorted((c["gpu"], c["name"]) for c in r) for r in rounds]
+
+
+def fold_names(fold: int, replicate: int = 0) -> list[str]:
+    return [f"{arm}-f{fold}" + (f"-r{replicate}" if replicate else "") for arm in THREE_ARMS]
+
+
+def test_a_three_arm_wave_fills_its_last_rounds_idle_gpus_with_the_next_waves_trainings(fakes, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_SLEEP", "1.0")
+    run = sequential_sweep(fakes, tmp_path, ["continue", "ship_per_horizon"], arms=THREE_ARMS, gpus=SIX_GPUS)
+    result, lines = run()
+    rounds = rounds_of(train_calls(fakes.calls()))
+    assert rounds == [
+        list(zip(SIX_GPUS, fold_names(0) + fold_names(1))),
+        list(zip(SIX_GPUS, fold_names(2) + fold_names(0, 1))),  # wave 1's last three, wave 2's first three
+        list(zip(SIX_GPUS, fold_names(1, 1) + fold_names(2, 1))),  # the rest of wave 2: no third wave
+    ]
+    # look 1 after the second round, look 2 after the third, each asked for its own waves only
+    assert [(c["asked"], c["trained"]) for c in fakes.gate_calls] == [(1, 12), (2, 18)]
+    assert [r.spec.name for r in result.runs] == [n for r in rounds for _, n in r]  # each once, none skipped
+    assert all(r.status == "finished" for r in result.runs) and result.exit_code == 0
+    assert any(line.startswith("3 training(s) of replicate 1 start on the last round's idle lane(s)") for line in lines)
+    assert not any("kept as finished runs" in line for line in lines)  # the study went on and used them
+
+
+def test_a_study_stopping_at_the_look_keeps_the_trainings_that_ran_on_idle_gpus(
+    fakes, tmp_path, monkeypatch, perception_home
+):
+    run = sequential_sweep(fakes, tmp_path, ["ship_per_horizon"], arms=THREE_ARMS, gpus=SIX_GPUS)
+    result, lines = run()
+    ahead = fold_names(0, 1)
+    trained = sorted(c["name"] for c in train_calls(fakes.calls()))
+    assert trained == sorted(fold_names(0) + fold_names(1) + fold_names(2) + ahead)  # wave 1 and three of wave 2
+    assert [(c["asked"], c["trained"]) for c in fakes.gate_calls] == [(1, 12)]
+    assert [r.status for r in result.runs if r.spec.replicate == 1] == ["finished"] * 3
+    for name in ahead:
+        assert (perception_home / "runs" / fakes.id / name / "done.json").exists()
+    assert (
+        "3 training(s) of replicate 1 ran on idle lanes before the study stopped at look 1: kept as finished "
+        "runs, not read by its decision"
+    ) in lines
+    assert result.gate.decision == "ship_per_horizon" and result.exit_code == 0
+
+    # a re-run with the same sweep id trains nothing and decides look 1 again from wave 1 alone
+    again, lines = run()
+    assert len(train_calls(fakes.calls())) == 12
+    assert [c["asked"] for c in fakes.gate_calls] == [1, 1]
+    assert [r.status for r in again.runs] == ["skipped"] * 9
+    assert not any("kept as finished runs" in line for line in lines)
