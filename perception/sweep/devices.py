@@ -39,7 +39,7 @@ def plan_waves(runs: Sequence[T], gpus: Sequence[str]) -> list[list[tuple[T, Opt
 
 def idle_lanes(pending: int, lanes: int) -> int:
     """How many lanes the last round of `pending` trainings leaves idle: a sequential study fills them
-    with the next wave's first trainings (DESIGN §7). None without lanes (one training at a time)."""
+    with the next wave's first trainings (DESIGN §7). 0 without lanes (one training at a time)."""
     if pending <= 0 or lanes <= 0:
         return 0
     return -pending % lanes

@@ -171,7 +171,7 @@ def run_local_sweep(
             pending = []
             for spec in specs:
                 if any(r.spec == spec for r in result.runs):
-                    continue  # trained ahead on an idle lane, before the look
+                    continue  # trained ahead on an idle lane; one that failed is retried by a re-run, as in its wave
                 done = _read_done(spec.directory(home))
                 if done is not None:
                     run_id = _mlflow_run_id(spec.directory(home), uri) or done.get("run_id")
