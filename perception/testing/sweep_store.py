@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -98,62 +101,35 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
     return found.experiment_id
 
 
-def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment: str = "perception-ab") -> dict:
-    """Logs the sweep; returns {(variant, fold): run_id} of the runs the gate should pick."""
+@contextmanager
+def _sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment: str) -> Iterator[Callable[..., str]]:
+    """The sweep's parent run (role=sweep), open while its training runs are logged: yields
+    log(variant, fold, pred, **log_run's options) -> run_id; the parent ends when the block does."""
     exp_id = _experiment_id(client, experiment)
     parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
-    chosen = {}
     with tempfile.TemporaryDirectory() as tmp:
+        yield partial(log_run, client, exp_id, parent.info.run_id, sweep_id, spec, tmp=Path(tmp))
+    client.set_terminated(parent.info.run_id)
+
+
+def build_sweep(client: MlflowClient, sweep_id: str, spec: SweepSpec, experiment: str = "perception-ab") -> dict:
+    """Logs the sweep; returns {(variant, fold): run_id} of the runs the gate should pick."""
+    chosen = {}
+    with _sweep(client, sweep_id, spec, experiment) as log:
         for fold, rep in ((f, r) for f in range(3) for r in range(spec.replicates)):
             preds = fold_predictions(spec, fold, rep)
             for variant in spec.arms():
                 if (variant, fold) in spec.skip or spec.skip_replicate == (variant, fold, rep):
                     continue
                 if rep:
-                    log_run(
-                        client,
-                        exp_id,
-                        parent.info.run_id,
-                        sweep_id,
-                        spec,
-                        variant,
-                        fold,
-                        preds[variant],
-                        Path(tmp),
-                        replicate=rep,
-                    )
+                    log(variant, fold, preds[variant], replicate=rep)
                     continue
                 if spec.duplicate == (variant, fold):
-                    log_run(
-                        client,
-                        exp_id,
-                        parent.info.run_id,
-                        sweep_id,
-                        spec,
-                        variant,
-                        fold,
-                        preds[variant],
-                        Path(tmp),
-                        auc_shift=-0.05,
-                    )
+                    log(variant, fold, preds[variant], auc_shift=-0.05)
                     time.sleep(0.01)  # a strictly later end time for the run that counts
-                chosen[(variant, fold)] = log_run(
-                    client, exp_id, parent.info.run_id, sweep_id, spec, variant, fold, preds[variant], Path(tmp)
-                )
+                chosen[(variant, fold)] = log(variant, fold, preds[variant])
                 if spec.duplicate == (variant, fold):
-                    log_run(
-                        client,
-                        exp_id,
-                        parent.info.run_id,
-                        sweep_id,
-                        spec,
-                        variant,
-                        fold,
-                        preds[variant],
-                        Path(tmp),
-                        finish=False,
-                    )
-    client.set_terminated(parent.info.run_id)
+                    log(variant, fold, preds[variant], finish=False)
     return chosen
 
 
@@ -167,24 +143,9 @@ def log_sweep(
 ) -> None:
     """Logs a sweep of given predictions, {(variant, fold, replicate): npz fields}, as build_sweep does
     (without diagnostics/attention_by_lag.npz when `attention` is false: runs may lack it)."""
-    exp_id = _experiment_id(client, experiment)
-    parent = client.create_run(exp_id, tags={"role": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
-    with tempfile.TemporaryDirectory() as tmp:
+    with _sweep(client, sweep_id, spec, experiment) as log:
         for (variant, fold, rep), pred in sorted(cells.items()):
-            log_run(
-                client,
-                exp_id,
-                parent.info.run_id,
-                sweep_id,
-                spec,
-                variant,
-                fold,
-                pred,
-                Path(tmp),
-                replicate=rep,
-                attention=attention,
-            )
-    client.set_terminated(parent.info.run_id)
+            log(variant, fold, pred, replicate=rep, attention=attention)
 
 
 def log_run(
