@@ -167,68 +167,34 @@ def decide(
     noise_words = _noise_words(len(reps), noise, experiment)
     thinned = _thinned(inputs, control, treatment)  # shared by both rules and the per-fold rows
 
+    def evidenced(
+        name: str, statement: str, lift_name: str, lift: float, on: list[int], weights: list[float], fired: bool
+    ) -> RuleResult:
+        """A rule on these horizons with these weights, its evidence filled in from this sweep."""
+        rule = RuleResult(name, statement, lift_name, lift, on, weights, fired, math.nan, math.nan)
+        return _rule(rule, inputs, control, treatment, boot, cells, noise, thinned)
+
     rule1_h = [h for h in horizons if cfg.weights.get(h, 0.0) > 0]
-    rule1 = _rule(
-        RuleResult(
-            "rule 1",
-            f"W >= min_lift ({cfg.min_lift:g})",
-            "W",
-            W,
-            rule1_h,
-            [cfg.weights[h] for h in rule1_h],
-            W >= cfg.min_lift,
-            math.nan,
-            math.nan,
-        ),
-        inputs,
-        control,
-        treatment,
-        boot,
-        cells,
-        noise,
-        thinned,
+    rule1 = evidenced(
+        "rule 1",
+        f"W >= min_lift ({cfg.min_lift:g})",
+        "W",
+        W,
+        rule1_h,
+        [cfg.weights[h] for h in rule1_h],
+        W >= cfg.min_lift,
     )
     rule2_fires = G > 0 and G >= max(0.0, -W) and (cfg.shift_allows_loss or W >= 0)
     rule2_text = "G > 0 and G >= max(0, -W)" + ("" if cfg.shift_allows_loss else " and W >= 0")
-    rule2 = _rule(
-        RuleResult(
-            "rule 2",
-            rule2_text,
-            "G",
-            G,
-            list(cfg.shift_horizons),
-            [1.0] * len(cfg.shift_horizons),
-            rule2_fires,
-            math.nan,
-            math.nan,
-        ),
-        inputs,
-        control,
-        treatment,
-        boot,
-        cells,
-        noise,
-        thinned,
-    )
+    shift = list(cfg.shift_horizons)
+    rule2 = evidenced("rule 2", rule2_text, "G", G, shift, [1.0] * len(shift), rule2_fires)
     for r, level, threshold in zip(
         (rule1, rule2), holm_levels(rule1.p_bootstrap, rule2.p_bootstrap, cfg.alpha), (cfg.min_lift, 0.0)
     ):
         conclude(r, level, cfg.noise_floor)
         r.mde = minimum_detectable(r.se, r.df, cfg.alpha / 2, threshold)
 
-    se_by_horizon = {
-        h: _rule(
-            RuleResult(f"h{h}", "", f"Δ_h{h}", delta[h], [h], [1.0], False, math.nan, math.nan),
-            inputs,
-            control,
-            treatment,
-            boot,
-            cells,
-            noise,
-            thinned,
-        ).se
-        for h in horizons
-    }
+    se_by_horizon = {h: evidenced(f"h{h}", "", f"Δ_h{h}", delta[h], [h], [1.0], False).se for h in horizons}
 
     fired = next((r for r in (rule1, rule2) if r.fired), None)
     reasons = [_rule_line(r) for r in (rule1, rule2)]
