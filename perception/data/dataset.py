@@ -34,6 +34,7 @@ from perception.data.dbn_io import read_mbp10
 from perception.data.features import FEATURE_NAMES, compute_features, compute_labels
 from perception.data import ingest
 from perception.data.assemble import inferred_tick, resolve_tick
+from perception.data.stitch import Clock
 from perception.errors import ConfigError, DataError, PerceptionError
 from perception.locks import Lock, LockHeld
 from perception.paths import cache_dir, perception_home
@@ -178,17 +179,7 @@ def build_in_memory(cfg: Any) -> Dataset:
     tick = _tick(cfg, smallest_price_step(snaps))
     feats = compute_features(snaps, tick)
     y, mask = compute_labels(snaps, cfg.horizons)
-    return Dataset(
-        feats,
-        snaps.dt,
-        y,
-        mask,
-        snaps.segment,
-        list(FEATURE_NAMES),
-        list(cfg.horizons),
-        "",
-        {k: int(v) for k, v in sorted(counts.items())},
-    )
+    return _dataset(cfg, "", snaps, feats, y, mask, counts)
 
 
 def _strip_ts_out(rec: np.ndarray) -> np.ndarray:
@@ -249,17 +240,7 @@ def _build(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path] = 
         y = synthetic.independent_labels(len(snaps), cfg.synthetic_seed, cfg.horizons, mask)
     bar.update()
     bar.close()
-    return Dataset(
-        feats,
-        snaps.dt,
-        y,
-        mask,
-        snaps.segment,
-        list(FEATURE_NAMES),
-        list(cfg.horizons),
-        key,
-        {k: int(v) for k, v in sorted(counts.items())},
-    )
+    return _dataset(cfg, key, snaps, feats, y, mask, counts)
 
 
 def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path]) -> Dataset:
@@ -270,18 +251,32 @@ def _build_dbn(cfg: DataConfig, key: str, progress: bool, out_dir: Optional[Path
         clock, feats, y, mask = ingest.build(
             cfg, resolve_paths(cfg.paths), Path(spill), _names(cfg), progress, features_file
         )
-    counts = {k: int(v) for k, v in sorted(clock.counts.items())}
+    return _dataset(cfg, key, clock, feats, y, mask, clock.counts, clock.summary)
+
+
+def _dataset(
+    cfg: DataConfig,
+    key: str,
+    timeline: Snapshots | Clock,
+    feats: np.ndarray,
+    y: np.ndarray,
+    mask: np.ndarray,
+    counts: Counter,
+    summary: Optional[dict] = None,
+) -> Dataset:
+    """A build's Dataset: the snapshots' dt and segments (in memory, or a streamed build's clock), the
+    features and labels computed on them, the drop counts by reason in name order."""
     return Dataset(
         feats,
-        clock.dt,
+        timeline.dt,
         y,
         mask,
-        clock.segment,
+        timeline.segment,
         list(FEATURE_NAMES),
         list(cfg.horizons),
         key,
-        counts,
-        summary=clock.summary,
+        {k: int(v) for k, v in sorted(counts.items())},
+        summary=summary,
     )
 
 
