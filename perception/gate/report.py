@@ -33,6 +33,18 @@ def _gpu_cell(runs: list) -> str:
     return "–"
 
 
+def _comparison_json(result: GateResult) -> dict:
+    """Which arms a comparison beside the main one set against each other, what it decided, and on what."""
+    return {
+        "control": result.control,
+        "treatment": result.treatment,
+        "decision": result.decision,
+        "W": result.W,
+        "G": result.G,
+        "p": result.p,
+    }
+
+
 def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
     """Every number behind the decision, JSON-safe (NaN -> null)."""
     result = study.main
@@ -69,26 +81,12 @@ def summary_json(study: Study, inputs: SweepInputs, cfg: GateConfig) -> dict:
             "attribution": None
             if study.attribution is None
             else {
-                "control": study.attribution.control,
-                "treatment": study.attribution.treatment,
-                "decision": study.attribution.decision,
-                "W": study.attribution.W,
-                "G": study.attribution.G,
-                "p": study.attribution.p,
+                **_comparison_json(study.attribution),
                 "delta": {f"h{h}": d for h, d in study.attribution.delta.items()},
                 "mde": study.attribution.mde,
                 "verdict": study.verdict,
             },
-            "context_path": None
-            if study.context_path is None
-            else {
-                "control": study.context_path.control,
-                "treatment": study.context_path.treatment,
-                "decision": study.context_path.decision,
-                "W": study.context_path.W,
-                "G": study.context_path.G,
-                "p": study.context_path.p,
-            },
+            "context_path": None if study.context_path is None else _comparison_json(study.context_path),
             "diagnostics": study.diagnostics,
             "flags": study.flags,
             "plan": study.plan,
