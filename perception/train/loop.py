@@ -115,26 +115,15 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     norm = Normalizer.fit(ds, split.train_ends, window)
     order_seed = int(cfg.seed) * 1009 + place.run.fold  # batch order: seed and fold only, same for both arms
     pin = device.type == "cuda"  # page-locked batches: the copy to the GPU overlaps the step before
-    train_loader = WindowLoader(
-        ds,
-        split.train_ends,
-        window,
-        cfg.trainer.batch_size,
-        normalizer=norm,
-        shuffle=True,
-        seed=order_seed,
-        pin_memory=pin,
-    )
-    val_loader = WindowLoader(
-        ds,
-        split.val_ends,
-        window,
-        cfg.trainer.eval_batch_size,
-        normalizer=norm,
-        shuffle=False,
-        seed=order_seed,
-        pin_memory=pin,
-    )
+
+    def loader(ends: np.ndarray, batch_size: int, shuffle: bool) -> WindowLoader:
+        """Windows ending at `ends`, z-scored with the training fold's statistics, in the run's batch order."""
+        return WindowLoader(
+            ds, ends, window, batch_size, normalizer=norm, shuffle=shuffle, seed=order_seed, pin_memory=pin
+        )
+
+    train_loader = loader(split.train_ends, cfg.trainer.batch_size, shuffle=True)
+    val_loader = loader(split.val_ends, cfg.trainer.eval_batch_size, shuffle=False)
     steps_per_epoch = len(train_loader)
     if cfg.trainer.max_train_batches:
         steps_per_epoch = min(steps_per_epoch, int(cfg.trainer.max_train_batches))
