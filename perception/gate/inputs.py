@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 from mlflow.entities import Run, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -58,6 +59,13 @@ READERS = 8
 # (docs/design.md §6 "Checkpoints"); 1e-3 leaves room for a re-evaluation on other hardware and still lies an order of
 # magnitude under the gate's min_lift (0.01). More is another run's predictions or an edited metric.
 AUC_TOLERANCE = 1e-3
+
+# What np.load and reading its arrays raise on a damaged .npz (cut short, not a zip, a bad member) or one
+# without a named array: a run's artifact to report, not a gate to crash.
+NPZ_ERRORS = (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error)
+ATTENTION_LEFT_OUT = "; its attention profile is left out of the report"
+PREDICTION_ARRAYS: dict[str, DTypeLike] = {"probs": np.float32, "labels": np.uint8, "mask": bool, "index": np.int64}
+ATTENTION_ARRAYS: dict[str, DTypeLike] = {"lag_edges": np.int64, "mass": np.float32, "query_names": str}
 
 
 class GateRefusal(PerceptionError):
@@ -491,17 +499,8 @@ def _download(client: MlflowClient, run: Run, path: str, tmp: Path) -> Optional[
 def _load_predictions(
     client: MlflowClient, run: Run, horizons: list[int], tmp: Path, where: str, reasons: list[str]
 ) -> Optional[Predictions]:
-    path = _download(client, run, PREDICTIONS, tmp)
-    if path is None or not path.is_file():
-        reasons.append(f"{where}: artifact {PREDICTIONS} is missing")
-        return None
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in ("probs", "labels", "mask", "index")}
-    except (KeyError, ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        reasons.append(
-            f"{where}: {PREDICTIONS} is unreadable or lacks probs/labels/mask/index ({type(e).__name__}: {e})"
-        )
+    arrays = _npz_arrays(client, run, PREDICTIONS, PREDICTION_ARRAYS, tmp, where, reasons)
+    if arrays is None:
         return None
     n, h = len(arrays["index"]), len(horizons)
     for key in ("probs", "labels", "mask"):
@@ -511,12 +510,10 @@ def _load_predictions(
                 f"(N windows x the {h} horizons {horizons})"
             )
             return None
-    index = arrays["index"].astype(np.int64)
-    if arrays["index"].ndim != 1 or len(np.unique(index)) != n:
+    index, mask, probs = arrays["index"], arrays["mask"], arrays["probs"]
+    if index.ndim != 1 or len(np.unique(index)) != n:
         reasons.append(f"{where}: {PREDICTIONS} index must be one distinct window end per row")
         return None
-    mask = arrays["mask"].astype(bool)
-    probs = arrays["probs"].astype(np.float32)
     if not np.isfinite(probs[mask]).all():
         reasons.append(f"{where}: {PREDICTIONS} probs has non-finite values at unmasked windows")
         return None
@@ -527,21 +524,40 @@ def _load_predictions(
         )
         return None
     order = np.argsort(index, kind="stable")  # time order: the block bootstrap needs it
-    return Predictions(probs[order], arrays["labels"].astype(np.uint8)[order], mask[order], index[order])
+    return Predictions(probs[order], arrays["labels"][order], mask[order], index[order])
 
 
 def _load_attention(client: MlflowClient, run: Run, tmp: Path, where: str, notes: list[str]) -> Optional[Attention]:
-    path = _download(client, run, ATTENTION, tmp)
+    arrays = _npz_arrays(client, run, ATTENTION, ATTENTION_ARRAYS, tmp, where, notes, ATTENTION_LEFT_OUT)
+    if arrays is None:
+        return None
+    return Attention(arrays["lag_edges"], arrays["mass"], [str(q) for q in arrays["query_names"]])
+
+
+def _npz_arrays(
+    client: MlflowClient,
+    run: Run,
+    artifact: str,
+    fields: dict[str, DTypeLike],
+    tmp: Path,
+    where: str,
+    said: list[str],
+    consequence: str = "",
+) -> Optional[dict[str, np.ndarray]]:
+    """The run's .npz `artifact`'s arrays named in `fields`, each as its dtype there; None, with a line in
+    `said` (ending in `consequence`), when the run has no such file, it is damaged, or an array is absent or
+    of another kind."""
+    path = _download(client, run, artifact, tmp)
     if path is None or not path.is_file():
-        notes.append(f"{where}: no {ATTENTION}; its attention profile is left out of the report")
+        said.append(f"{where}: artifact {artifact} is missing{consequence}")
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
-            return Attention(
-                z["lag_edges"].astype(np.int64), z["mass"].astype(np.float32), [str(q) for q in z["query_names"]]
-            )
-    except (KeyError, ValueError, OSError) as e:
-        notes.append(f"{where}: {ATTENTION} unreadable ({e}); its attention profile is left out")
+            return {k: z[k].astype(dtype) for k, dtype in fields.items()}
+    except NPZ_ERRORS as e:
+        said.append(
+            f"{where}: {artifact} is unreadable or lacks {'/'.join(fields)} ({type(e).__name__}: {e}){consequence}"
+        )
         return None
 
 

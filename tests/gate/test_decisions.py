@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 from sklearn.metrics import roc_auc_score
 
+from perception.contract import ATTENTION
 from perception.errors import ConfigError
 from perception.gate import stats
 from perception.gate.run import run_gate
@@ -223,6 +225,33 @@ def test_duplicate_runs_use_the_latest_finished_and_are_reported(gate_store, tmp
     assert any(n.startswith("duplicate runs for shared fold 0") and chosen[("shared", 0)] in n for n in notes)
     assert any("status RUNNING" in n for n in notes)
     assert math.isfinite(outcome.summary["W"])
+
+
+def test_a_damaged_or_missing_attention_profile_is_a_note_and_the_gate_decides(gate_store, tmp_path):
+    uri, client = gate_store
+    chosen = build_sweep(client, "attention-lost", SweepSpec(mu_a=BASE, mu_b=BASE))
+    damaged, lost = chosen[("per_horizon", 1)], chosen[("shared", 2)]
+    whole = Path(client.download_artifacts(damaged, ATTENTION, str(tmp_path / "dl")))
+    cut = tmp_path / "cut" / whole.name
+    cut.parent.mkdir()
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])  # a copy cut short
+    client.log_artifact(damaged, str(cut), artifact_path=str(Path(ATTENTION).parent))
+    (Path(urlparse(client.get_run(lost).info.artifact_uri).path) / ATTENTION).unlink()
+
+    outcome = run_gate("attention-lost", tracking_uri=uri, config_name="ci", out_dir=tmp_path / "r", progress=False)
+    assert not outcome.refused and outcome.decision is not None, outcome.reasons
+    notes = outcome.summary["notes"]
+    left_out = "; its attention profile is left out of the report"
+    assert any(
+        n.startswith(
+            f"per_horizon fold 1 (run {damaged}): {ATTENTION} is unreadable or lacks lag_edges/mass/query_names"
+        )
+        and "BadZipFile" in n
+        and n.endswith(left_out)
+        for n in notes
+    ), notes
+    assert f"shared fold 2 (run {lost}): artifact {ATTENTION} is missing{left_out}" in notes
+    assert (tmp_path / "r" / "attention_by_lag.png").is_file()  # drawn from the runs that have a profile
 
 
 # ---------------------------------------------------------------- attribution (three arms)
