@@ -97,37 +97,41 @@ def cfc_scan_ref(
 # ------------------------------------------------------------- fakes -------------------------------
 
 
-def _cfc_scan_fake(x_proj, ts, h0, w_rec, w_out, b_out):
-    op = "cfc_scan"
-    torch._check(x_proj.dim() == 3, lambda: f"{op}: x_proj must be (B, K, U), got {list(x_proj.shape)}")
-    b, k, d = x_proj.shape
-    check_fp32(op, x_proj=x_proj, ts=ts, h0=h0, w_rec=w_rec, w_out=w_out, b_out=b_out)
-    for name, t, shape in [
-        ("ts", ts, (b, k)),
-        ("h0", h0, (b, d)),
-        ("w_rec", w_rec, (d, d)),
-        ("w_out", w_out, (4 * d, d)),
-        ("b_out", b_out, (4 * d,)),
-    ]:
-        check_shape(op, name, t, shape)
+def _check_scan_operands(
+    op: str, lead_name: str, layout: str, lead: torch.Tensor, **operands: torch.Tensor
+) -> tuple[int, int, int]:
+    """What the scan kernels' entry points check: `lead` 3-d (`layout`, its sizes B, K, D), every operand
+    fp32, each other one of its shape at that B, K and D (the kernels take U = D), D a kernel width.
+    Returns (B, K, D)."""
+    torch._check(lead.dim() == 3, lambda: f"{op}: {lead_name} must be {layout}, got {list(lead.shape)}")
+    b, k, d = lead.shape
+    check_fp32(op, **{lead_name: lead}, **operands)
+    shapes = {
+        "ts": (b, k),
+        "h0": (b, d),
+        "w_rec": (d, d),
+        "w_out": (4 * d, d),
+        "b_out": (4 * d,),
+        "gates": (b, k, 4 * d),
+        "z": (b, k, d),
+    }
+    for name, t in operands.items():
+        check_shape(op, name, t, shapes[name])
     check_width(op, d, KERNEL_WIDTHS)
+    return b, k, d
+
+
+def _cfc_scan_fake(x_proj, ts, h0, w_rec, w_out, b_out):
+    b, k, d = _check_scan_operands(
+        "cfc_scan", "x_proj", "(B, K, U)", x_proj, ts=ts, h0=h0, w_rec=w_rec, w_out=w_out, b_out=b_out
+    )
     return x_proj.new_empty((b, k, d))
 
 
 def _cfc_scan_bwd_fake(grad_h, gates, z, ts, w_rec, w_out):
-    op = "cfc_scan_bwd"
-    torch._check(grad_h.dim() == 3, lambda: f"{op}: grad_h must be (B, K, D), got {list(grad_h.shape)}")
-    b, k, d = grad_h.shape
-    check_fp32(op, grad_h=grad_h, gates=gates, z=z, ts=ts, w_rec=w_rec, w_out=w_out)
-    for name, t, shape in [
-        ("gates", gates, (b, k, 4 * d)),
-        ("z", z, (b, k, d)),
-        ("ts", ts, (b, k)),
-        ("w_rec", w_rec, (d, d)),
-        ("w_out", w_out, (4 * d, d)),
-    ]:
-        check_shape(op, name, t, shape)
-    check_width(op, d, KERNEL_WIDTHS)
+    b, k, d = _check_scan_operands(
+        "cfc_scan_bwd", "grad_h", "(B, K, D)", grad_h, gates=gates, z=z, ts=ts, w_rec=w_rec, w_out=w_out
+    )
     return grad_h.new_empty((b, k, d)), grad_h.new_empty((b, k, 4 * d)), grad_h.new_empty((b, d))
 
 
