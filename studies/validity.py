@@ -162,7 +162,11 @@ def run_sweep(
         "treatment": b,
         "seed": seed,
         "replicates": replicates,
-        **({"design": "sequential", "max_replicates": max_replicates} if max_replicates else {}),
+        **(
+            {"design": "sequential", "max_replicates": max_replicates, "boundaries": boundaries_label()}
+            if max_replicates
+            else {}
+        ),
         "returncode": done.returncode,
         "seconds": round(time.perf_counter() - t0, 1),
         "extra": extra,
@@ -206,6 +210,13 @@ def run_sweep(
     else:
         row["kept_home"] = str(home)  # a failed one's runs and logs, for whoever looks into it
     return row
+
+
+def boundaries_label() -> str:
+    """The sequential boundaries this checkout pre-registers (a row is counted with rows of the same)."""
+    from perception.gate.sequential import FUTILITY_P, SPENDING_RHO
+
+    return f"rho {SPENDING_RHO:g}, futility p > {FUTILITY_P:g}"
 
 
 def _evidence(report: dict) -> str:

@@ -36,8 +36,9 @@ def counts(row: dict) -> bool:
 
 
 def summarize(runs: list[dict]) -> list[dict]:
-    """One row per test, experiment, arms, replicates (or sequential design), training-noise source and
-    evidence: the ships among its sweeps with their Wilson interval against the target, and the spread of W."""
+    """One row per test, experiment, arms, replicates (or sequential design and its boundaries), training-noise
+    source and evidence: the ships among its sweeps with their Wilson interval against the target, and the
+    spread of W."""
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         if r.get("decision") and r["test"] != "calibrate":  # rows of an earlier calibration test
@@ -51,10 +52,11 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "" if seq else r.get("training_noise", "")[:40],
                 r.get("evidence", "normal"),
                 r.get("max_replicates", 0),
+                r.get("boundaries", "") if seq else "",  # a sequential study's pre-registered boundaries
             )
             groups.setdefault(key, []).append(r)
     rows = []
-    for (test, experiment, a, b, reps, _, evidence, max_reps), rs in sorted(groups.items()):
+    for (test, experiment, a, b, reps, _, evidence, max_reps, bounds), rs in sorted(groups.items()):
         reps = reps or max_reps
         ships = sum(counts(r) for r in rs)
         lo, hi = wilson(ships, len(rs))
@@ -84,6 +86,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "W_sd": float(np.std([r["W"] for r in rs], ddof=1)) if len(rs) > 1 else None,
                 "median_sweep_s": float(np.median([r["seconds"] for r in rs])),
                 **(_sequential_summary(rs, max_reps) if max_reps else {}),
+                **({"boundaries": bounds} if bounds else {}),
             }
         )
     return rows

@@ -122,3 +122,23 @@ def test_three_arm_tests_count_by_their_attribution():
     assert p["attribution_mde_W_median"] == pytest.approx(0.05)
     assert p["diagnostics_median"]["per_horizon"]["query_divergence"] == pytest.approx(0.3)
     assert t["ci95"] == pytest.approx(validity.wilson(1, 2))
+
+
+def test_sequential_studies_under_other_boundaries_are_counted_apart():
+    def seq(seed: int, decision: str, bounds: str) -> dict:
+        return {
+            **row(seed, decision, 0.01, test="aa", evidence="holm+folds"),
+            "max_replicates": 2,
+            "design": "sequential",
+            "look": 2,
+            "trainings": 12,
+            "boundaries": bounds,
+        }
+
+    before = [seq(s, "keep_shared", "rho 2.5, futility p > 0.25") for s in range(4)]
+    now = [seq(10, "ship_per_horizon", "rho 4, futility p > 0.35"), seq(11, "keep_shared", "rho 4, futility p > 0.35")]
+    rows = validity.summarize(before + now)
+    assert [(r["boundaries"], r["n"], r["ships"]) for r in rows] == [
+        ("rho 2.5, futility p > 0.25", 4, 0),
+        ("rho 4, futility p > 0.35", 2, 1),
+    ]
