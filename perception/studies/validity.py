@@ -148,7 +148,11 @@ def print_table(rows: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         op = "<=" if r["measures"] == "false_ship" else ">="
-        reps = f"seq ≤ {r['max_replicates']}" if r.get("design") == "sequential" else r["replicates"]
+        reps = (
+            f"seq ≤ {r['max_replicates']}" + (f" ({r['boundaries']})" if r.get("boundaries") else "")
+            if r.get("design") == "sequential"
+            else r["replicates"]
+        )
         print(
             f"| {r['test']} | {r['experiment']} | {contrast(r)} | {reps} | {r['evidence']} | "
             f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
