@@ -14,11 +14,17 @@ the sweep, the gate and the workflow. The MLflow tag `variant` and the run direc
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Mapping, Optional, Sequence
 
 from perception.enums import as_enum, enum_value
 from perception.errors import ConfigError
-from perception.model.config import AttentionPoolVariant
+
+
+class AttentionPoolVariant(str, Enum):  # model.attention_pool, what arms differ in
+    shared = "shared"  # one query (Q = 1): SharedQuery
+    per_horizon = "per_horizon"  # one query per horizon (Q = H): PerHorizon
+
 
 # The model fields an arm sets (`model.<field>`): `arm=NAME` is how a run chooses them. Given on their own
 # they name an arm, so `model.attention_pool=per_horizon` is another spelling of `arm=per_horizon`.

@@ -6,10 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Optional
 
-
-class AttentionPoolVariant(str, Enum):
-    shared = "shared"  # one query (Q = 1): SharedQuery
-    per_horizon = "per_horizon"  # one query per horizon (Q = H): PerHorizon
+from perception.arms import AttentionPoolVariant
 
 
 class OpsBackend(str, Enum):
