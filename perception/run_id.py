@@ -15,6 +15,15 @@ from perception.contract import FOLD, REPLICATE, ROLE, ROLE_TRAIN, SWEEP_ID, VAR
 from perception.paths import inside, sweep_dir
 
 RunKey = tuple[str, int, int]  # (arm, fold, replicate): a run within one sweep, as the gate groups them
+FOLD_SEED_STRIDE = 100_003  # far above any replicate count, far below the reseeded arms' offset
+
+
+def run_seed(seed: int, fold: int, replicate: int) -> int:
+    """The seed a run trains from (init and batch order): `seed + replicate + FOLD_SEED_STRIDE·fold`.
+    Each (fold, replicate) starts from its own init, so the gate's cells are independent draws of the
+    training noise; with one init for every fold, the init's luck would be common to the folds and
+    neither the folds' spread nor se²_training = s²/(F·R) would see it (DESIGN §7)."""
+    return int(seed) + int(replicate) + FOLD_SEED_STRIDE * int(fold)
 
 
 def run_name(arm: str, fold: int, replicate: int = 0) -> str:
@@ -41,6 +50,10 @@ class RunId:
     @property
     def key(self) -> RunKey:
         return (self.arm, self.fold, self.replicate)
+
+    def seed(self, base: int) -> int:
+        """This run's seed in a sweep whose seed is `base`."""
+        return run_seed(base, self.fold, self.replicate)
 
     def directory(self, home: Optional[Path] = None) -> Path:
         """runs/<sweep_id>/<name>/, checked to lie under the sweep's directory."""

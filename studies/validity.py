@@ -63,6 +63,9 @@ PLOT = RESULTS / "validity.png"
 # df, two unadjusted routes: before it) or "normal" (before that); a row is only ever counted with rows of
 # the same evidence, and a re-run redoes rows of another.
 EVIDENCE = "holm+folds"
+# How the runs were seeded: "cells" (each fold and replicate its own init, `run_id.run_seed`); rows
+# without it trained every fold of a replicate from one init, which the gate's evidence does not model.
+SEEDING = "cells"
 # Seed bases keep every test's seeds apart, and apart from perception-sweep calibrate's (90000 on).
 SEED_BASE = {
     "ab": 50_000,
@@ -167,6 +170,7 @@ def run_sweep(
             if max_replicates
             else {}
         ),
+        "seeding": SEEDING,
         "returncode": done.returncode,
         "seconds": round(time.perf_counter() - t0, 1),
         "extra": extra,
@@ -247,7 +251,7 @@ def run_test(args: argparse.Namespace) -> None:
             r.get("max_replicates", 0),
         )
         for r in done_rows()
-        if r.get("decision") and r.get("evidence", "normal") == EVIDENCE
+        if r.get("decision") and r.get("evidence", "normal") == EVIDENCE and r.get("seeding") == SEEDING
     }
     _, _, a0, _ = design(args.test, args.control)
     todo = [

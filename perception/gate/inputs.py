@@ -394,9 +394,9 @@ def _agreed_params(chosen: dict[Key, Run], reasons: list[str]) -> dict[str, str]
 
 
 def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
-    """The arms of one replicate share the seed (trunk init and batch order); replicates differ.
-    A reseeded A/A arm (`<arm>_reseed`) trains from another seed by design."""
-    by_rep: dict[int, dict[str, list[str]]] = {}
+    """The arms of one (fold, replicate) share the seed (trunk init and batch order); cells differ
+    (`run_id.run_seed`). A reseeded A/A arm (`<arm>_reseed`) trains from another seed by design."""
+    by_cell: dict[tuple[int, int], dict[str, list[str]]] = {}
     for k, run in sorted(chosen.items()):
         seed = run.data.params.get(SEED)
         if seed is None:
@@ -404,15 +404,12 @@ def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
             continue
         if k[0].endswith(RESEED_SUFFIX):
             continue
-        by_rep.setdefault(k[2], {}).setdefault(seed, []).append(_label(k))
-    for rep, values in sorted(by_rep.items()):
+        by_cell.setdefault((k[1], k[2]), {}).setdefault(seed, []).append(_label(k))
+    for (fold, rep), values in sorted(by_cell.items()):
         if len(values) > 1:
             listing = "; ".join(f"{v!r} in {', '.join(who)}" for v, who in values.items())
-            reasons.append(
-                "runs disagree on seed"
-                + (f" within replicate {rep}" if rep or len(by_rep) > 1 else "")
-                + f": {listing}"
-            )
+            where = f"fold {fold}" + (f" replicate {rep}" if rep or any(r for _, r in by_cell) else "")
+            reasons.append(f"runs disagree on seed within {where}: {listing}")
 
 
 def _parse_horizons(text: str, reasons: list[str]) -> list[int]:

@@ -53,10 +53,11 @@ def summarize(runs: list[dict]) -> list[dict]:
                 r.get("evidence", "normal"),
                 r.get("max_replicates", 0),
                 r.get("boundaries", "") if seq else "",  # a sequential study's pre-registered boundaries
+                r.get("seeding", "replicates"),  # "cells": each fold its own init; before, one per replicate
             )
             groups.setdefault(key, []).append(r)
     rows = []
-    for (test, experiment, a, b, reps, _, evidence, max_reps, bounds), rs in sorted(groups.items()):
+    for (test, experiment, a, b, reps, _, evidence, max_reps, bounds, seeding), rs in sorted(groups.items()):
         reps = reps or max_reps
         ships = sum(counts(r) for r in rs)
         lo, hi = wilson(ships, len(rs))
@@ -69,6 +70,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "treatment": b,
                 "replicates": reps,
                 "evidence": evidence,
+                "seeding": seeding,
                 "n": len(rs),
                 "ships": ships,
                 "rate": ships / len(rs),
@@ -154,7 +156,9 @@ def print_table(rows: list[dict]) -> None:
             else r["replicates"]
         )
         print(
-            f"| {r['test']} | {r['experiment']} | {contrast(r)} | {reps} | {r['evidence']} | "
+            f"| {r['test']} | {r['experiment']} | {contrast(r)} | {reps} | {r['evidence']}"
+            + (", folds seeded apart" if r.get("seeding") == "cells" else "")
+            + " | "
             f"{r['n']} | {r['ships']} | {r['rate']:.3f} | [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | "
             f"{op} {r['target']} |"
         )

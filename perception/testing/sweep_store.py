@@ -20,6 +20,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from perception.metrics import auc
+from perception.run_id import run_seed
 
 VARIANTS = ("shared", "per_horizon")
 CI_HORIZONS = [2, 5, 10, 20, 40]
@@ -181,7 +182,7 @@ def log_run(
         "data.n_folds": 3,
         "data.fold": fold,
         "data.embargo": "None",
-        "seed": spec.seed + replicate,
+        "seed": run_seed(spec.seed, fold, replicate),
         **spec.extra_params,
         "trainer.epochs": spec.epochs,
         "model.attention_pool": variant,

@@ -48,15 +48,15 @@ class RunPlace:
 
 
 def place_of(cfg: Config) -> RunPlace:
-    """The run's identity and directory; applies the arm's model fields and the replicate's seed."""
+    """The run's identity and directory; applies the arm's model fields and the run's own seed (`RunId.seed`)."""
     home = perception_home()
     sweep_id = cfg.sweep_id or new_sweep_id()
     arm = apply_arm(cfg)
     fold, replicate = int(cfg.data.fold), int(cfg.replicate)
     if replicate < 0:
         raise ConfigError(f"replicate={replicate}: expected 0 or a positive replicate number")
-    cfg.seed = int(cfg.seed) + replicate
     run = RunId(sweep_id, arm, fold, replicate)
+    cfg.seed = run.seed(int(cfg.seed))
     return RunPlace(run, home, run.directory(home))
 
 

@@ -142,3 +142,13 @@ def test_sequential_studies_under_other_boundaries_are_counted_apart():
         ("rho 2.5, futility p > 0.25", 4, 0),
         ("rho 4, futility p > 0.35", 2, 1),
     ]
+
+
+def test_sweeps_whose_folds_shared_one_init_are_counted_apart(capsys):
+    """Rows trained before each fold had its own init (no `seeding`) answer another question."""
+    shared_init = [row(s, "ship_per_horizon", 0.02, test="aa", evidence="holm+folds") for s in range(3)]
+    own_init = [{**row(s, "keep_shared", 0.0, test="aa", evidence="holm+folds"), "seeding": "cells"} for s in range(5)]
+    rows = validity.summarize(shared_init + own_init)
+    assert sorted((r["seeding"], r["n"], r["ships"]) for r in rows) == [("cells", 5, 0), ("replicates", 3, 3)]
+    validity.print_table(rows)
+    assert capsys.readouterr().out.count("folds seeded apart") == 1

@@ -40,3 +40,25 @@ def test_a_reseeded_arm_trains_from_another_seed_altogether():
     assert any(not torch.equal(trunk_a[k], trunk_b[k]) for k in trunk_a)
     assert get_arm("per_horizon_reseed").attention_pool == "per_horizon"
     assert {"shared_reseed", "shared_skip_reseed", "shared_twin"} <= set(arm_names())
+
+
+def test_every_fold_and_replicate_starts_from_its_own_init(tmp_path, monkeypatch):
+    """The gate's cells must be independent draws of training noise: with one init for every fold the
+    twin's lucky head would be ahead in every fold alike, and the folds' agreement would not be evidence."""
+    from perception.train.loop import place_of
+
+    monkeypatch.setenv("PERCEPTION_HOME", str(tmp_path))
+    seeds = {}
+    for arm in ("shared", "shared_twin"):
+        for fold in range(3):
+            for replicate in range(2):
+                cfg = Config(arm=arm, seed=11, sweep_id="cells", replicate=replicate)
+                cfg.data.fold = fold
+                place_of(cfg)
+                seeds[arm, fold, replicate] = int(cfg.seed)
+    cells = [(f, r) for f in range(3) for r in range(2)]
+    assert len({seeds["shared", f, r] for f, r in cells}) == 6  # every cell its own seed
+    assert all(seeds["shared", f, r] == seeds["shared_twin", f, r] for f, r in cells)  # the arms pair up
+    assert seeds["shared", 0, 0] == 11 and seeds["shared", 0, 1] == 12  # fold 0 keeps seed + replicate
+    trunks = [_split(_model("shared", seeds["shared", f, 0]))[1] for f in range(2)]
+    assert any(not torch.equal(trunks[0][k], trunks[1][k]) for k in trunks[0])
