@@ -18,20 +18,23 @@ for a fixed R = 3 sweep), so power and trainings are compared world by world.
     python studies/gate_oc_sequential.py installed --n 10    # the installed perception-gate, wave by wave, on
                                                                  # the first 10 worlds of each τ = 0.005 setting
 
-Each world's looks are appended to studies/results/gate_oc_sequential_looks.jsonl as they end (a re-run
-resumes); the decisions are recomputed from them by `report`, so the boundaries are applied as the gate applies
-them now. Trainings: 6 a look (2 arms x 3 folds); wall time in GPU rounds on six GPUs: one round a look.
+Each world's looks are appended to studies/results/gate_oc_sequential_looks.jsonl.gz as they end (a re-run
+resumes; one gzip member a run, 21 MB as plain text); the decisions are recomputed from them by `report`,
+so the boundaries are applied as the gate applies them now. Trainings: 6 a look (2 arms x 3 folds); wall
+time in GPU rounds on six GPUs: one round a look.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
 import platform
 import sys
 import time
+import zlib
 from dataclasses import asdict
 from multiprocessing import Pool
 from pathlib import Path
@@ -39,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from perception.atomic import atomic_path
 from perception.studies.gate_oc import (
     HORIZONS,
     STRIDE,
@@ -58,7 +62,7 @@ FOLDS, ARMS = 3, ("shared", "per_horizon")
 GPUS = 6
 TRAININGS_PER_LOOK = FOLDS * len(ARMS)
 NOISE_CELLS = 15
-LOOKS_FILE = RESULTS / "gate_oc_sequential_looks.jsonl"
+LOOKS_FILE = RESULTS / "gate_oc_sequential_looks.jsonl.gz"
 FIXED_MDE = {0.005: 0.0318, 0.015: 0.0387}  # the fixed R = 3 design's median MDE_W (gate_oc.json, null worlds)
 TARGETS = {"false_ship": 0.05, "upper": 0.075, "power_gap": 0.05, "saving": 0.30}
 
@@ -209,15 +213,37 @@ def world_looks(task: tuple[Setting, list[int]]) -> list[dict]:
     return rows
 
 
-def done_rows() -> list[dict]:
+def read_looks() -> tuple[list[dict], bool]:
+    """Every complete row of LOOKS_FILE, and whether it ends cut short (a run killed mid-write): the rows
+    before the cut stand."""
+    rows: list[dict] = []
     if not LOOKS_FILE.is_file():
-        return []
+        return rows, False
+    try:
+        with gzip.open(LOOKS_FILE, "rt") as f:
+            for line in f:
+                if not line.endswith("\n"):
+                    return rows, True
+                rows.append(json.loads(line))
+    except (EOFError, gzip.BadGzipFile, zlib.error):
+        return rows, True
+    return rows, False
+
+
+def done_rows() -> list[dict]:
     first: dict[tuple[str, int], dict] = {}
-    for line in LOOKS_FILE.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            first.setdefault((r["setting"], r["world"]), r)
+    for r in read_looks()[0]:
+        first.setdefault((r["setting"], r["world"]), r)
     return list(first.values())
+
+
+def _mend_looks() -> None:
+    """A member cut short would hide every member appended after it: rewrite the complete rows first."""
+    rows, cut = read_looks()
+    if cut:
+        print(f"{LOOKS_FILE}: cut short; keeping its {len(rows)} complete rows", file=sys.stderr)
+        with atomic_path(LOOKS_FILE) as tmp, gzip.open(tmp, "wt") as out:
+            out.writelines(json.dumps(r) + "\n" for r in rows)
 
 
 def run(todo: list[Setting], workers: int, budget_s: float | None, batch: int = 5) -> None:
@@ -229,7 +255,8 @@ def run(todo: list[Setting], workers: int, budget_s: float | None, batch: int = 
     RESULTS.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + budget_s if budget_s else None
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    with Pool(workers) as pool, open(LOOKS_FILE, "a") as out:
+    _mend_looks()
+    with Pool(workers) as pool, gzip.open(LOOKS_FILE, "at") as out:
         bar = tqdm(total=total, desc="worlds", unit="world")
         for rows in pool.imap_unordered(world_looks, tasks):
             for row in rows:

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT_FOLDERS = ("benchmarks", "studies")
 RESULTS = {folder: ROOT / folder / "results" for folder in SCRIPT_FOLDERS}
 DESIGN = ROOT / "docs" / "design.md"
-RESULT_EXTENSIONS = ("json", "jsonl", "md", "log", "png", "csv")
+RESULT_EXTENSIONS = ("json", "jsonl", "md", "log", "png", "csv", "gz")
 # Results not named after one script: the kernels' tables and CUDA test logs (benchmarks/gpu_check.sh),
 # the CfC candidates, a run's diagnostics plot, the compiled trunk's pieces (benchmarks/trunk_forms.py conv,
 # ssd, fusion).

@@ -42,6 +42,7 @@ from hera.workflows import (
 from hera.workflows.models import (
     Backoff,
     Capabilities,
+    ContinueOn,
     LabelValueFrom,
     PodGC,
     PodSecurityContext,
@@ -77,6 +78,8 @@ OUTPUTS = "/tmp/prepare"  # prepare's output parameters, one file each
 DECISION_FILE = "/tmp/decision"
 GATE_LINE_FILE = "/tmp/gate.json"  # a look's JSON line (decision, W, G, look), read by `perception-sweep status`
 # prepare takes --replicates for the fixed design and --max-replicates for the sequential one, never both
+# wave r's `ahead` items: aheads[r] (Argo's expression functions `jsonpath` and `toJson`)
+AHEAD_ITEMS = "{{=toJson(jsonpath(inputs.parameters.aheads, '$[' + inputs.parameters.replicate + ']'))}}"
 REPLICATES_FLAG = (
     '{{=workflow.parameters.design == "sequential" ? "--max-replicates=" + '
     'workflow.parameters["max-replicates"] : "--replicates=" + workflow.parameters.replicates}}'
@@ -174,6 +177,12 @@ def _params(smoke: bool) -> list[Parameter]:
             name="max-replicates",
             value="3",
             description="design=sequential: the most waves it may train (replicates is then unused)",
+        ),
+        Parameter(
+            name="gpus",
+            value="6",
+            description="design=sequential: the GPUs the trainings share; a wave's idle ones train the next "
+            "wave's first trainings",
         ),
         Parameter(
             name="aa",
@@ -307,22 +316,31 @@ def _wave(train: Container, look: Container) -> DAG:
     """One wave of a sequential study (DESIGN §7), recursive: its trainings (every arm and fold at replicate
     r), then the gate at look r + 1 whatever their outcome (a failed one makes the look refuse), then wave
     r + 1 only when that look's decision is `continue` and r + 1 < max-replicates. A refused or final look
-    ends the recursion, so no later wave trains."""
-    wave_inputs = ["replicate", "wave", "parent-run-id", "precision", "control", "treatment", "gate-config"]
+    ends the recursion, so no later wave trains. Beside its trainings a wave trains the next wave's first
+    ones on the GPUs its last round leaves idle (`ahead`, prepare's `aheads[r]`, empty where there are none):
+    the look reads only its own waves, the next wave finds them finished (a pod that exits at once), and
+    after a stop they stay as finished runs."""
+    wave_inputs = ["replicate", "wave", "aheads", "parent-run-id", "precision", "control", "treatment", "gate-config"]
     following = "{{=asInt(inputs.parameters.replicate) + 1}}"  # the look's number, and the next wave's replicate
     with DAG(name="wave", fail_fast=False, inputs=[Parameter(name=n) for n in wave_inputs]) as wave:
-        Task(
-            name="train",
-            template=train,
-            with_param="{{inputs.parameters.wave}}",
-            arguments={
-                "arm": "{{item.arm}}",
-                "fold": "{{item.fold}}",
-                "replicate": "{{inputs.parameters.replicate}}",
-                "parent-run-id": "{{inputs.parameters.parent-run-id}}",
-                "precision": "{{inputs.parameters.precision}}",
-            },
-        )
+        for name, items, replicate in (
+            ("train", "{{inputs.parameters.wave}}", "{{inputs.parameters.replicate}}"),
+            ("ahead", AHEAD_ITEMS, following),
+        ):
+            Task(
+                name=name,
+                template=train,
+                with_param=items,
+                arguments={
+                    "arm": "{{item.arm}}",
+                    "fold": "{{item.fold}}",
+                    "replicate": replicate,
+                    "parent-run-id": "{{inputs.parameters.parent-run-id}}",
+                    "precision": "{{inputs.parameters.precision}}",
+                },
+                # an ahead training that fails is trained again by its own wave
+                continue_on=ContinueOn(failed=True, error=True) if name == "ahead" else None,
+            )
         gate = Task(
             name="look",
             template=look,
@@ -335,7 +353,7 @@ def _wave(train: Container, look: Container) -> DAG:
         Task(
             name="next",
             template=wave,
-            depends="look.Succeeded",
+            depends="look.Succeeded && (ahead.Succeeded || ahead.Failed || ahead.Errored || ahead.Skipped)",
             when=f"{gate.get_parameter('decision')} == continue && "
             "{{inputs.parameters.replicate}} + 1 < {{workflow.parameters.max-replicates}}",
             arguments={
@@ -411,6 +429,8 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 p % "treatment",
                 "--gate-config",
                 p % "gate-config",
+                "--gpus",
+                p % "gpus",
                 *shared_overrides(),
             ],
             # `perception-data build` streams the files (benchmarks/results/data_pipeline_files.json):
@@ -426,7 +446,16 @@ def build_workflow(smoke: bool = False) -> Workflow:
             volumes=_volumes(),  # runs too: the sweep's lock (runs/<sweep-id>/sweep.lock) is shared there
             outputs=[
                 Parameter(name=name, value_from=ValueFrom(path=f"{OUTPUTS}/{name}"))
-                for name in ("parent-run-id", "runs", "wave", "control", "treatment", "gate-config", "precision")
+                for name in (
+                    "parent-run-id",
+                    "runs",
+                    "wave",
+                    "aheads",
+                    "control",
+                    "treatment",
+                    "gate-config",
+                    "precision",
+                )
             ],
         )
         train = _container(
@@ -575,6 +604,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 arguments={
                     "replicate": "0",
                     "wave": prep.get_parameter("wave").value,
+                    "aheads": prep.get_parameter("aheads").value,
                     **{
                         name: prep.get_parameter(name).value
                         for name in ("parent-run-id", "precision", "control", "treatment", "gate-config")

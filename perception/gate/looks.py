@@ -29,6 +29,7 @@ from perception.gate.sequential import (
     settle,
 )
 from perception.gate.study import Study, attribution_verdict, study_result
+from perception.rounds import ahead_counts, rounds_used
 
 
 @dataclass
@@ -165,11 +166,12 @@ def _finite_or_none(x):
 
 
 def cost(looks_used: int, max_looks: int, trainings_per_wave: int, gpus: int = 6) -> dict:
-    """Trainings and GPU rounds (waves one after another, each in ceil(trainings / gpus) rounds) used against
-    the fixed design's (all max_looks waves at once)."""
+    """Trainings and GPU rounds used against the fixed design's (all max_looks waves at once); a wave's idle
+    GPUs train the next wave's first trainings (`rounds.rounds_used`), counted in the rounds they took."""
     return {
         "trainings": looks_used * trainings_per_wave,
         "fixed_trainings": max_looks * trainings_per_wave,
-        "gpu_rounds_on_6": looks_used * math.ceil(trainings_per_wave / gpus),
+        "gpu_rounds_on_6": rounds_used(trainings_per_wave, gpus, looks_used, max_looks),
+        "trained_ahead_on_6": ahead_counts(trainings_per_wave, gpus, max_looks)[looks_used - 1] if looks_used else 0,
         "fixed_gpu_rounds_on_6": math.ceil(max_looks * trainings_per_wave / gpus),
     }

@@ -44,8 +44,14 @@ def looks_section(s: dict) -> list[str]:
         "",
         stopped,
         "",
-        f"Used {c['trainings']} trainings ({c['gpu_rounds_on_6']} GPU rounds on six GPUs, waves one after "
-        f"another) against the fixed design's {c['fixed_trainings']} ({c['fixed_gpu_rounds_on_6']} rounds).",
+        f"Used {c['trainings']} trainings ({c['gpu_rounds_on_6']} GPU rounds on six GPUs, a wave's idle GPUs "
+        f"training the next wave's first) against the fixed design's {c['fixed_trainings']} "
+        f"({c['fixed_gpu_rounds_on_6']} rounds)."
+        + (
+            f" On six GPUs its last wave also trained {c['trained_ahead_on_6']} of the next one's (kept as runs)."
+            if c.get("trained_ahead_on_6")
+            else ""
+        ),
         "",
     ]
     return lines

@@ -108,6 +108,7 @@ def _prepare(args: argparse.Namespace) -> int:
         design=_design(args),
         outputs=args.outputs,
         gate_config=args.gate_config,
+        gpus=args.gpus,
     )
     print(parent)
     return 0
@@ -456,8 +457,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--outputs",
         type=Path,
-        help="write the step's output parameters here (parent-run-id, runs, wave, control, treatment, gate-config, "
-        "precision)",
+        help="write the step's output parameters here (parent-run-id, runs, wave, aheads, control, treatment, "
+        "gate-config, precision)",
+    )
+    s.add_argument(
+        "--gpus",
+        type=int,
+        default=6,
+        help="the GPUs the trainings share: a sequential wave's idle ones train the next wave's first (default 6)",
     )
     s.add_argument(
         "--gate-config", default="auto", help="conf/gate/<name>.yaml for the plan; auto: the experiment's (default)"

@@ -37,14 +37,6 @@ def plan_waves(runs: Sequence[T], gpus: Sequence[str]) -> list[list[tuple[T, Opt
     return [list(zip(runs[i : i + n], gpus)) for i in range(0, len(runs), n)]
 
 
-def idle_lanes(pending: int, lanes: int) -> int:
-    """How many lanes the last round of `pending` trainings leaves idle: a sequential study fills them
-    with the next wave's first trainings (DESIGN §7). 0 without lanes (one training at a time)."""
-    if pending <= 0 or lanes <= 0:
-        return 0
-    return -pending % lanes
-
-
 CPU_LANE = "cpu"  # a CPU worker's lane: trainings side by side, one core each (the scales' num_threads=1)
 
 

@@ -27,7 +27,8 @@ from perception.paths import DONE_FILE, check_sweep_id, new_sweep_id, perception
 from perception.run_id import RunId
 from perception.gate.sequential import CONTINUE
 from perception.sweep.design import Design, plan_tags, study_runs
-from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, idle_lanes, plan_waves
+from perception.rounds import idle_lanes
+from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
 from perception.sweep.overrides import check_overrides, experiment_gate_config
 from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
 from perception.sweep.prepare import build_features, command

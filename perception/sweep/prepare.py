@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from perception.rounds import ahead_counts
 from perception.atomic import atomic_write_text
 from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
@@ -50,15 +51,19 @@ def prepare(
     outputs: Optional[Path] = None,
     gate_config: str = AUTO_GATE_CONFIG,
     say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    gpus: int = 6,
 ) -> str:
     """The feature cache plus the sweep's parent run (with its gate plan and precision); returns its id.
     `outputs` receives the step's output parameters as files: parent-run-id, runs (the trainings to fan
-    out, JSON), wave (one wave's trainings, for a sequential study's waves), control, treatment,
+    out, JSON), wave (one wave's trainings, for a sequential study's waves), aheads (per wave, the next
+    wave's trainings it runs on the GPUs its last round leaves idle of `gpus`), control, treatment,
     gate-config (`auto` resolved) and precision (what every training appends as trainer.precision)."""
     from perception.tracking import ensure_parent_run, parent_run_tags
     from perception.train.compose import composed
 
     design = design or Design()
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus}: expected the number of GPUs the trainings share, 1 or more")
     check_sweep_id(sweep_id)
     check_overrides(overrides)
     cfg = composed(overrides, checked=True)
@@ -82,7 +87,9 @@ def prepare(
         outputs.mkdir(parents=True, exist_ok=True)
         atomic_write_text(outputs / "parent-run-id", parent)
         atomic_write_text(outputs / "runs", json.dumps(fan_out(sweep_id, int(cfg.data.n_folds), design)))
-        atomic_write_text(outputs / "wave", json.dumps(wave_fan_out(sweep_id, int(cfg.data.n_folds), design)))
+        wave = wave_fan_out(sweep_id, int(cfg.data.n_folds), design)
+        atomic_write_text(outputs / "wave", json.dumps(wave))
+        atomic_write_text(outputs / "aheads", json.dumps(aheads(wave, design, gpus)))
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
         atomic_write_text(outputs / "gate-config", gate_config)
@@ -99,3 +106,11 @@ def wave_fan_out(sweep_id: str, n_folds: int, design: Design) -> list[dict[str, 
     """One wave's training items (arm and fold): a sequential study's wave template fans out over them
     with its own replicate."""
     return [run.wave_item() for run in study_runs(sweep_id, n_folds, design.arms, 1)]
+
+
+def aheads(wave: list[dict[str, str]], design: Design, gpus: int) -> list[list[dict[str, str]]]:
+    """Per wave r of a sequential study, the items of wave r + 1 it trains on its idle GPUs (the workflow's
+    `ahead` task; `rounds.ahead_counts`); empty for the last wave and for a fixed study."""
+    if not design.sequential:
+        return []
+    return [wave[:n] for n in ahead_counts(len(wave), gpus, design.replicates)]

@@ -265,3 +265,18 @@ def test_auto_falls_back_to_the_reference_where_the_kernel_does_not_apply(op):
     out = cfc_scan(*doubles, backend="auto")
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, cfc_scan_ref(*doubles), rtol=0, atol=0)
+
+
+SM89_SHARED_BYTES = 99 * 1024  # the most shared memory one block may opt in to on sm_89 (the L40S)
+SM89_REGISTERS_PER_BLOCK = 64 * 1024
+
+
+@pytest.mark.parametrize("d", [16, 32, 64, 128])
+def test_every_portable_kernel_fits_an_sm89_block(op, d):
+    """The study's L40S run the portable kernels: each block's shared memory and registers, as built here,
+    must fit sm_89's limits, which are below sm_90's (227 KiB)."""
+    fwd_smem, bwd_smem, fwd_regs, bwd_regs, threads = torch.ops.perception.cfc_portable_resources(d)
+    assert threads == 2 * d
+    assert 0 < fwd_smem <= SM89_SHARED_BYTES and 0 < bwd_smem <= SM89_SHARED_BYTES, (fwd_smem, bwd_smem)
+    assert 0 < fwd_regs * threads <= SM89_REGISTERS_PER_BLOCK, (fwd_regs, threads)
+    assert 0 < bwd_regs * threads <= SM89_REGISTERS_PER_BLOCK, (bwd_regs, threads)

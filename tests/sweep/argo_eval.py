@@ -1,10 +1,12 @@
 """What Argo's controller does with the few template forms the workflow uses, written out independently
 of the product so tests can run a rendered template's wiring: `{{...}}` substitution, `{{=...}}` expressions
-(expr-lang: a ternary, ==, !=, +, asInt) and a task's `when` (govaluate: bare words are strings, &&,
-comparisons, integer arithmetic). Anything else raises, so a new form needs this file extended first."""
+(expr-lang: a ternary, ==, !=, +, asInt; toJson, and jsonpath at an array index `$[N]`) and a task's `when`
+(govaluate: bare words are strings, &&, comparisons, integer arithmetic). Anything else raises, so a new
+form needs this file extended first."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Mapping
 
@@ -34,9 +36,22 @@ def _expression(expr: str, scope: Mapping[str, str]):
     ternary = re.fullmatch(r"(.*?)\?(.*?):(.*)", python)
     if ternary:
         python = f"({ternary.group(2)}) if ({ternary.group(1)}) else ({ternary.group(3)})"
-    if re.search(r"[A-Za-z_]\w*\(", python.replace("asInt(", "")):
-        raise ValueError(f"expression {expr!r}: only asInt is known here")
-    return eval(python, {"__builtins__": {}}, {"asInt": int})  # noqa: S307 (the test's own renders)
+    known = {"asInt": int, "toJson": _to_json, "jsonpath": _jsonpath}
+    if set(re.findall(r"([A-Za-z_]\w*)\(", python)) - set(known):
+        raise ValueError(f"expression {expr!r}: only {sorted(known)} are known here")
+    return eval(python, {"__builtins__": {}}, known)  # noqa: S307 (the test's own renders)
+
+
+def _to_json(value) -> str:
+    return json.dumps(value, separators=(",", ":"))  # Go's json.Marshal: no spaces
+
+
+def _jsonpath(text: str, path: str):
+    """Argo's jsonpath(json, path) for the one form used: an array's element `$[N]`, returned as itself."""
+    m = re.fullmatch(r"\$\[(\d+)\]", path)
+    if not m:
+        raise ValueError(f"jsonpath {path!r}: only $[N] is known here")
+    return json.loads(text)[int(m.group(1))]
 
 
 def when(condition: str, scope: Mapping[str, str]) -> bool:

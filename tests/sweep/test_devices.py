@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perception.sweep.devices import child_env, idle_lanes, plan_waves, visible_gpus
+from perception.rounds import idle_lanes
+from perception.sweep.devices import child_env, plan_waves, visible_gpus
 from perception.sweep.design import study_runs
 
 

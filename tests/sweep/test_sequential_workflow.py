@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-from typing import Callable
+from typing import Callable, Optional
 
 import pytest
 import yaml
 
 from perception.sweep import cli
 from perception.sweep.design import Design
-from perception.sweep.prepare import wave_fan_out
+from perception.sweep.prepare import aheads, wave_fan_out
+from perception.rounds import ahead_counts
 from perception.sweep.render import render
 from perception.sweep.schema import schema_errors
 
@@ -36,14 +37,21 @@ def arguments(task: dict, scope: dict) -> dict[str, str]:
     return {p["name"]: substitute(p["value"], scope) for p in task["arguments"]["parameters"]}
 
 
-def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, str]], list[tuple[int, str]]]:
-    """Runs the rendered workflow's control flow after prepare: the trainings (arm, fold, replicate) it starts
-    and the looks (look, decision) it takes, `gate(look)` deciding each ("refused" fails the look's step)."""
+Run = tuple[str, str, str]  # (arm, fold, replicate)
+
+
+def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = None) -> tuple[list[Run], list]:
+    """Runs the rendered workflow's control flow after prepare: the trainings (arm, fold, replicate) its waves
+    start and the looks (look, decision) it takes, `gate(look)` deciding each ("refused" fails the look's
+    step); `ahead` receives the next wave's trainings a wave starts on its idle GPUs."""
     tpl = templates(doc)
     params = {p["name"]: p["value"] for p in doc["spec"]["arguments"]["parameters"]}
-    design = cli._design(cli.parser().parse_args(prepare_args(doc)))  # prepare's own reading of its args
+    args = cli.parser().parse_args(prepare_args(doc))
+    design = cli._design(args)  # prepare's own reading of its args
+    wave_items = wave_fan_out("s", N_FOLDS, design)
     prepared = {
-        "wave": json.dumps(wave_fan_out("s", N_FOLDS, design)),
+        "wave": json.dumps(wave_items),
+        "aheads": json.dumps(aheads(wave_items, design, args.gpus)),
         "parent-run-id": "p1",
         "precision": PRECISION,
         "control": design.control,
@@ -72,12 +80,15 @@ def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, 
         steps = tasks_of(wave)
         train = steps["train"]
         assert tpl[train["template"]]["container"]["command"] == ["perception-train"]
-        for item in json.loads(substitute(train["withParam"], local)):
-            args = arguments(train, {**local, **{f"item.{k}": v for k, v in item.items()}})
-            trained.append((args["arm"], args["fold"], args["replicate"]))
-            pod = {"workflow.name": "wf", **{f"inputs.parameters.{k}": v for k, v in args.items()}}
-            pod_args = [substitute(a, {**scope, **pod}) for a in tpl[train["template"]]["container"]["args"]]
-            assert f"trainer.precision={PRECISION}" in pod_args  # every wave at the sweep's precision
+        for fan_out, started in ((train, trained), (steps["ahead"], ahead if ahead is not None else [])):
+            assert fan_out["template"] == train["template"]
+            for item in json.loads(substitute(fan_out["withParam"], local)):
+                pod_in = arguments(fan_out, {**local, **{f"item.{k}": v for k, v in item.items()}})
+                started.append((pod_in["arm"], pod_in["fold"], pod_in["replicate"]))
+                pod = {"workflow.name": "wf", **{f"inputs.parameters.{k}": v for k, v in pod_in.items()}}
+                pod_args = [substitute(a, {**scope, **pod}) for a in tpl[train["template"]]["container"]["args"]]
+                assert f"trainer.precision={PRECISION}" in pod_args  # every wave at the sweep's precision
+        assert steps["ahead"]["continueOn"] == {"failed": True, "error": True}  # its own wave trains it again
         look = steps["look"]
         assert look["depends"] == "train.Succeeded || train.Failed || train.Errored"  # a failure makes it refuse
         number = int(arguments(look, local)["look"])
@@ -90,7 +101,9 @@ def unroll(doc: dict, gate: Callable[[int], str]) -> tuple[list[tuple[str, str, 
         outputs = {p["name"]: p["valueFrom"]["path"] for p in gate_tpl["outputs"]["parameters"]}
         assert gate_args[gate_args.index("--decision-file") + 1] == outputs["decision"]
         nxt = steps["next"]
-        assert nxt["template"] == task["template"] and nxt["depends"] == "look.Succeeded"
+        assert nxt["template"] == task["template"]
+        # the next wave starts once the look has decided and no ahead training still runs
+        assert nxt["depends"] == "look.Succeeded && (ahead.Succeeded || ahead.Failed || ahead.Errored || ahead.Skipped)"
         local["tasks.look.outputs.parameters.decision"] = decided
         task, caller = (nxt if decided != "refused" and when(nxt["when"], local) else None), local
     return trained, looks
@@ -171,8 +184,12 @@ def test_the_recursion_ends_at_max_replicates_whatever_the_gate_says():
 
 def test_three_arms_and_the_aa_test_fan_out_per_wave_as_the_fixed_design_does():
     arms = ("shared", "per_horizon", "shared_skip")
-    trained, _ = unroll(sequential(3, arms=",".join(arms)), scripted("continue", "ship_per_horizon"))
+    ahead: list[Run] = []
+    trained, _ = unroll(sequential(3, arms=",".join(arms)), scripted("continue", "ship_per_horizon"), ahead)
     assert trained == wave(0, arms) + wave(1, arms)
+    # 9 a wave on six GPUs: wave 0's second round trains 3 of wave 1 beside its last 3; wave 1 fills its
+    # rounds (6 left), so it trains none of wave 2
+    assert ahead == wave(1, arms)[:3]
     trained, _ = unroll(sequential(2, smoke=True, aa="true"), scripted("continue", "keep_shared"))
     assert trained == wave(0, ("shared", "shared_twin")) + wave(1, ("shared", "shared_twin"))
 
@@ -208,3 +225,15 @@ def test_the_design_flags_are_the_same_as_the_parameters():
     )
     assert flags.returncode == 0, flags.stderr
     assert yaml.safe_load(flags.stdout) == sequential(2)
+
+
+@pytest.mark.parametrize("gpus, expected", [("6", [3, 0, 0]), ("4", [3, 2, 0]), ("9", [0, 0, 0]), ("1", [0, 0, 0])])
+def test_the_idle_gpus_come_from_the_gpus_parameter(gpus, expected):
+    arms = ("shared", "per_horizon", "shared_skip")
+    ahead: list[Run] = []
+    unroll(sequential(3, arms=",".join(arms), gpus=gpus), lambda look: "continue", ahead)
+    counts = [sum(r == str(k + 1) for _, _, r in ahead) for k in range(3)]
+    assert counts == expected and all(run in wave(int(run[2]), arms) for run in ahead)
+    two_arms: list[Run] = []
+    unroll(sequential(3, gpus=gpus), lambda look: "continue", two_arms)
+    assert len(two_arms) == sum(ahead_counts(6, int(gpus), 3))

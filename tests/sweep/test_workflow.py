@@ -229,7 +229,16 @@ def test_volumes_are_mounted_per_template_on_the_shared_claims(docs):
 def test_only_run_ids_and_the_decision_travel_between_steps(docs):
     tpl = templates(docs[False])
     outputs = {n: [p["name"] for p in t.get("outputs", {}).get("parameters", [])] for n, t in tpl.items()}
-    assert outputs["prepare"] == ["parent-run-id", "runs", "wave", "control", "treatment", "gate-config", "precision"]
+    assert outputs["prepare"] == [
+        "parent-run-id",
+        "runs",
+        "wave",
+        "aheads",
+        "control",
+        "treatment",
+        "gate-config",
+        "precision",
+    ]
     assert outputs["gate"] == ["decision"]
     assert outputs["look"] == ["decision", "summary"]  # the summary: the gate's JSON line, no metrics
     assert outputs["train"] == []

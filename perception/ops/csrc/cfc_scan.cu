@@ -517,9 +517,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cfc_scan_bwd_cuda(const at::Tenso
   return {d_pre, d_gates, d_h0};
 }
 
+// What one block of each portable kernel needs at width D, as built for this GPU: shared memory (static +
+// dynamic) and registers, forward then backward, and the threads per block. The portable path is the one an
+// sm_89 GPU (the L40S) runs: a test holds these to sm_89's limits, 99 KiB of shared memory and 64 K registers
+// per block, whatever GPU builds them.
+std::vector<int64_t> cfc_portable_resources(int64_t D) {
+  check_width(D);
+  std::vector<int64_t> out;
+  PERCEPTION_DISPATCH_WIDTH(D, {
+    cudaFuncAttributes fwd{}, bwd{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&fwd, reinterpret_cast<const void*>(&cfc_scan_fwd<kD>)));
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&bwd, reinterpret_cast<const void*>(&cfc_scan_bwd<kD, 1>)));
+    out = {static_cast<int64_t>(fwd.sharedSizeBytes + Shape<kD, 1>::fwd_smem_floats * sizeof(float)),
+           static_cast<int64_t>(bwd.sharedSizeBytes + Shape<kD, 1>::bwd_smem_floats * sizeof(float)),
+           fwd.numRegs, bwd.numRegs, Shape<kD, 1>::T};
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(perception, CUDA, m) {
   m.impl("cfc_scan", &cfc_scan_cuda);
   m.impl("cfc_scan_bwd", &cfc_scan_bwd_cuda);
 }
+
+// Not an op on tensors, so its schema comes with its function (dispatched catch-all, no tensor to pick a key):
+// (int) -> [fwd shared bytes, bwd shared bytes, fwd registers, bwd registers, threads per block]
+TORCH_LIBRARY_FRAGMENT(perception, m) { m.def("cfc_portable_resources(int D) -> int[]", &cfc_portable_resources); }
