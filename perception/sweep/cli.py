@@ -544,7 +544,11 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("logs", help="the pods' logs of a submitted sweep")
     s.add_argument("name", help="the workflow's name")
-    s.add_argument("--task", help="one step: a training (shared-f0), prepare, gate; or a template (train)")
+    s.add_argument(
+        "--task",
+        help="one step: a training (shared-f0), prepare, gate, a sequential study's look (look-2); or a template "
+        "(train, look)",
+    )
     s.add_argument("-f", "--follow", action="store_true", help="keep streaming while the pods run")
     _server_options(s)
     s.set_defaults(run=_logs)

@@ -259,6 +259,18 @@ def test_logs_of_one_task_ask_for_its_pods_and_follow_the_latest(argo):
     assert all(q["podName"].startswith("ab-sweep-abcde-train-") for q in reqs)
 
 
+def test_logs_of_one_look_pick_its_wave(argo):
+    """Every wave's gate step is named `look`; `--task look-2` is the second look, `--task look` all of them."""
+    argo.add("ab-sweep-seqlg", "sequential", at_end=True)
+    r = sweep("logs", "ab-sweep-seqlg", "--task", "look-2", *server_args(argo))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines and all(ln.startswith("look-2: ") for ln in lines), r.stdout
+    r = sweep("logs", "ab-sweep-seqlg", "--task", "look", *server_args(argo))
+    assert r.returncode == 0, r.stderr
+    assert {ln.split(":")[0] for ln in r.stdout.splitlines()} == {"look-1", "look-2"}
+
+
 def test_logs_of_an_unknown_task_name_the_known_ones(argo):
     argo.add("ab-sweep-abcde", "succeeds", at_end=True)
     r = sweep("logs", "ab-sweep-abcde", "--task", "shared-f9", *server_args(argo))
