@@ -75,6 +75,7 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
                 f"trainer.resume=never but {run_dir} already holds a checkpoint ({resume_dir.name}); "
                 "use trainer.resume=auto to continue it, or another sweep_id"
             )
+        _check_resumed_seed(cfg, run_dir)
         found = enum_value(read_checkpoint_variant(resume_dir / "model.safetensors"))
         if found != variant:
             raise ConfigError(
@@ -83,6 +84,25 @@ def check_resume(cfg: Config, run_dir: Path) -> Optional[Path]:
                 "use trainer.init_from=PATH in a fresh run directory)"
             )
     return resume_dir
+
+
+def _check_resumed_seed(cfg: Config, run_dir: Path) -> None:
+    """A resumed run keeps the seed it started with (its batch order and its logged `seed`). A run started
+    before each fold had its own seed (`run_id.run_seed`) has another one on every fold but 0."""
+    import yaml
+
+    from perception.train.run_record import CONFIG_FILE
+
+    try:
+        started = yaml.safe_load((run_dir / CONFIG_FILE).read_text()).get("seed")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return  # no readable config: the checkpoint's own checks decide
+    if started is not None and int(started) != int(cfg.seed):
+        raise ConfigError(
+            f"cannot resume {run_dir}: it started with seed {started} ({run_dir / CONFIG_FILE}), this run's seed "
+            f"is {cfg.seed}; a run started before each fold had its own seed is finished by the code it started "
+            "with (or start another sweep_id)"
+        )
 
 
 def resolve_device(device) -> "torch.device":

@@ -111,3 +111,18 @@ def test_perception_train_takes_the_alias_as_the_arm(perception_home, choice):
     assert res.returncode == 2, res.stderr[-2000:]
     assert "cannot resume arm=per_horizon (a per_horizon pool)" in res.stderr, res.stderr[-1500:]
     assert "it is a shared checkpoint" in res.stderr, res.stderr[-1500:]
+
+
+def test_a_run_resumed_with_another_seed_is_refused(perception_home):
+    """Fold 1 of a sweep started before each fold had its own seed trained from `seed + replicate`: resumed
+    now its seed would change (batch order, the logged param), so it is refused, naming both seeds."""
+    run_dir = perception_home / "runs" / "s2" / "shared-f1"
+    checkpoint = run_dir / CHECKPOINTS / "ep1"
+    checkpoint.mkdir(parents=True)
+    save_model(checkpoint / MODEL_FILE, PerceptionModel(ModelConfig(d_model=16), 3, [2], 0))
+    (checkpoint / STATE_FILE).write_bytes(b"")
+    (checkpoint.parent / LATEST).write_text(json.dumps({"dir": checkpoint.name}))
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    res = cli("perception-train", "experiment=ci", "sweep_id=s2", "data.fold=1", home=perception_home)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "it started with seed 0" in res.stderr and "this run's seed is 100003" in res.stderr, res.stderr[-1500:]
