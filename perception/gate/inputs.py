@@ -409,7 +409,7 @@ def _check_seeds(chosen: dict[Key, Run], reasons: list[str]) -> None:
         if len(values) > 1:
             listing = "; ".join(f"{v!r} in {', '.join(who)}" for v, who in values.items())
             where = f"fold {fold}" + (f" replicate {rep}" if rep or any(r for _, r in by_cell) else "")
-            reasons.append(f"runs disagree on seed within {where}: {listing}")
+            reasons.append(f"runs disagree on seed: {listing} (within {where})")
 
 
 def _parse_horizons(text: str, reasons: list[str]) -> list[int]:
