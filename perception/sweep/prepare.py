@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from perception.rounds import ahead_counts
 from perception.atomic import atomic_write_text
 from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_USAGE
 from perception.locks import sweep_lock
 from perception.paths import check_sweep_id, perception_home, sweep_dir, tracking_uri
+from perception.rounds import ahead_counts
 from perception.sweep.design import Design, plan_tags, study_runs
 from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, resolve_gate_config
 from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
