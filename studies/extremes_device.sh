@@ -11,6 +11,8 @@
 # holds. Long: start it in its own session and collect while it runs.
 #   setsid nohup bash studies/extremes_device.sh WORK > WORK.log 2>&1 < /dev/null &
 #   bash studies/extremes_device.sh --collect WORK OUT   # copies what is done so far to OUT
+#   SEQUENTIAL=R N=16 PARALLEL=16 SEED=86000 bash studies/extremes_device.sh WORK   # the known yes as a sequential study
+#     of up to R waves, N sweeps PARALLEL at a time, decided with the shipped noise file; no twin, no calibration
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SCALE="data.n_snapshots=240000 model.d_model=32 model.vsn.d_var=8 model.mamba.d_state=16 model.mamba.headdim=16
@@ -43,6 +45,14 @@ noise=$work/noise/ci_extremes.json
 [ -f perception/gate/noise/ci_extremes.json ] && cp -n perception/gate/noise/ci_extremes.json "$noise"  # measured earlier
 world=data.synthetic_world=per_horizon_extremes
 nproc; nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep "Model name"
+
+if [ -n "${SEQUENTIAL:-}" ]; then
+  [ -f "$noise" ] || { echo "no noise file $noise: run the calibration first"; exit 1; }
+  python3 studies/validity.py extremes --experiment ci --n "${N:-16}" --gpus 1 --parallel "${PARALLEL:-16}" \
+    --max-replicates "$SEQUENTIAL" --seed-base "${SEED:-86000}" $SCALE > "$work"/laneS.log 2>&1
+  echo "extremes_device: done"
+  exit 0
+fi
 
 (
   if [ ! -f "$noise" ]; then
