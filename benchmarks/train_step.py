@@ -1,7 +1,7 @@
 """One full training step (forward, masked BCE, backward, AdamW) of PerceptionModel at production size
 (B=64, K=6000, D=128, F=65 as the production data has, H=5) on one GPU: reference ops vs CUDA kernels
 and the kernel path at each trainer.precision (fp32, tf32, bf16), with the trunk compiled
-(model.compile_trunk) and with fla-core's SSD (model.mamba.ssd=fla); peak memory, the kernels that
+(model.compile_trunk) and with fla-core's or mamba_ssm's SSD (model.mamba.ssd=fla|mamba); peak memory, the kernels that
 dominate, and the projected cost of the production study (DESIGN §4 "Scales": 2 variants x 3 folds x 30
 epochs over 2,000,000 snapshots, window stride 50) on this GPU and on six L40S.
 
@@ -31,6 +31,7 @@ from benchmarks.cuda_timing import graphed  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
 from perception.model.config import MambaConfig  # noqa: E402
 from perception.model.ssd_fla import fla_refusal  # noqa: E402
+from perception.model.ssd_mamba import mamba_refusal  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
 HORIZONS = [30, 100, 300, 1000, 6000]
@@ -122,7 +123,7 @@ def label(row: dict) -> str:
         + (f" ({row['cfc_path']})" if row["cfc_path"] else "")
         + (f" {row['precision']}" if row["precision"] != "fp32" else "")
         + (" compiled" if row["compiled"] else "")
-        + (" fla" if row["ssd"] == "fla" else "")
+        + (f" {row['ssd']}" if row["ssd"] != "chunked" else "")
         + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
         + (" CUDA graph" if row.get("graph") else "")
         + (" [profiled]" if "kernels" in row else "")
@@ -252,6 +253,11 @@ def main() -> None:
         help="precisions of the compiled model.mamba.ssd=fla rows ('' for none; skipped without fla-core)",
     )
     parser.add_argument(
+        "--mamba",
+        default="",
+        help="precisions of the compiled model.mamba.ssd=mamba rows ('' for none; skipped without mamba_ssm)",
+    )
+    parser.add_argument(
         "--project",
         default="",
         help="profile and project the fastest row at each of these "
@@ -296,6 +302,14 @@ def main() -> None:
             rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, ssd="fla"))
     else:
         print(f"  (model.mamba.ssd=fla rows skipped: {refusal})")
+    refusal = mamba_refusal() if listed(args.mamba) else None
+    if refusal is None:
+        for precision in listed(args.mamba):
+            rows.append(
+                measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, ssd="mamba")
+            )
+    else:
+        print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
 
     kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])

@@ -20,6 +20,9 @@ class SSDBackend(str, Enum):
     # EXPERIMENTAL: fla-core's Triton kernels (CUDA; saves q, k, v, g only): perception/model/ssd_fla.py.
     # Not yet verified where it would matter: untested on the L40S, refused on Hopper with Triton < 3.7.1
     fla = "fla"
+    # EXPERIMENTAL: mamba_ssm's fused chunk-scan Triton kernels in their deterministic mode (CUDA):
+    # perception/model/ssd_mamba.py. Not yet measured on a GPU
+    mamba = "mamba"
 
 
 @dataclass
@@ -35,7 +38,7 @@ class MambaConfig:
     expand: int = 2
     d_conv: int = 4
     chunk: int = 128  # the chunk's [chunk x chunk] decay matrices dominate activation memory
-    ssd: SSDBackend = SSDBackend.chunked  # chunked | fla (experimental)
+    ssd: SSDBackend = SSDBackend.chunked  # chunked | fla | mamba (both experimental)
 
 
 @dataclass

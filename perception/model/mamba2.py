@@ -17,6 +17,7 @@ from perception.model.compiled import inductor_options
 from perception.model.config import SSDBackend
 from perception.model.init import init_linear, uniform_
 from perception.model.ssd_fla import require_fla, ssd_scan_fla
+from perception.model.ssd_mamba import require_mamba, ssd_scan_mamba
 
 
 def segment_sums(a: torch.Tensor) -> torch.Tensor:
@@ -144,6 +145,8 @@ class Mamba2Mixer(nn.Module):
         self.ssd = as_enum(SSDBackend, ssd, "model.mamba.ssd")
         if self.ssd is SSDBackend.fla:
             require_fla()
+        if self.ssd is SSDBackend.mamba:
+            require_mamba()
         d_inner = expand * d_model
         if d_inner % headdim:
             raise ConfigError(f"model.mamba.headdim={headdim} must divide expand * d_model = {d_inner}")
@@ -190,6 +193,8 @@ class Mamba2Mixer(nn.Module):
         x = x.reshape(b, k, self.n_heads, self.headdim)
         if self.ssd is SSDBackend.fla:
             y = ssd_scan_fla(x, dt, A, B, C, self.D)
+        elif self.ssd is SSDBackend.mamba:
+            y = ssd_scan_mamba(x, dt, A, B, C, self.D, self.chunk)
         else:
             y = ssd_scan(x, dt, A, B, C, self.D, self.chunk, self._decay_from_cumsum)
         y = y.reshape(b, k, self.d_inner) * F.silu(z)

@@ -1,0 +1,145 @@
+"""The Mamba2 SSD scan through mamba_ssm's fused chunked-scan Triton kernels, CUDA only
+(`model.mamba.ssd=mamba`). The same contract as `ssd_scan` (y = SSD(dt·x) + D·x, B and C one group shared by
+all heads): `mamba_chunk_scan_combined` is the reference Mamba2's own call, the chunk scan's forward in five
+kernels and its backward (recomputing the chunk states) in about a dozen, for sm_89 and sm_90 alike.
+
+Determinism: the library's deterministic mode (`mamba_ssm.utils.determinism`) is switched on when the
+kernels are first loaded: its backward then reduces per-tile partials in a fixed order instead of with
+atomics, and every autotuned kernel runs its one cheapest configuration, so the bits do not depend on a
+per-process autotuning race. Its forward and backward are wrapped as two `torch.library` custom ops with
+exact fakes, so a compiled Mamba2 block traces through them without a graph break."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+import warnings
+
+import torch
+
+from perception.errors import ConfigError
+
+MAMBA_REQUIREMENT = "mamba-ssm==2.3.2.post1"  # internal entry points below are pinned to this release
+# a wheel without its CUDA extensions: only the Triton kernels are used
+MAMBA_INSTALL = (
+    f"MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE pip install --no-deps --no-build-isolation "
+    f"'{MAMBA_REQUIREMENT}' einops"
+)
+
+
+def _ssd_combined() -> types.ModuleType:
+    """mamba_ssm.ops.triton.ssd_combined, in deterministic mode. Imported without running mamba_ssm's package
+    __init__ when that fails: it loads the selective-scan CUDA extension and transformers, which the SSD's
+    Triton kernels do not use."""
+    if "mamba_ssm" not in sys.modules:
+        try:
+            importlib.import_module("mamba_ssm")
+        except ImportError:
+            spec = importlib.util.find_spec("mamba_ssm")
+            if spec is None or not spec.submodule_search_locations:
+                raise
+            package = types.ModuleType("mamba_ssm")
+            package.__path__ = list(spec.submodule_search_locations)
+            sys.modules["mamba_ssm"] = package
+    from mamba_ssm.utils import determinism
+
+    determinism.set_deterministic_mode(True)
+    # the cheapest configuration is the deterministic mode's documented choice; its hint to autotune instead is not
+    warnings.filterwarnings("ignore", message="Deterministic mode: ", module="mamba_ssm")
+    return importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+
+
+def require_mamba() -> None:
+    """Raise a ConfigError naming the key when mamba_ssm's SSD kernels or Triton cannot be imported."""
+    try:
+        _ssd_combined()
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or Triton failing to find a driver
+        raise ConfigError(
+            f"model.mamba.ssd=mamba needs {MAMBA_REQUIREMENT} and Triton on a CUDA machine ({MAMBA_INSTALL}); "
+            f"importing it failed: {exc}. Use model.mamba.ssd=chunked."
+        ) from None
+
+
+def mamba_refusal() -> str | None:
+    """Why model.mamba.ssd=mamba cannot train here (require_mamba's message), or None."""
+    try:
+        require_mamba()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+@torch.library.custom_op("perception::ssd_mamba_fwd", mutates_args=(), device_types="cuda")
+def ssd_mamba_fwd(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """x: (b, K, h, p), dt: (b, K, h), A: (h,), B, C: (b, K, 1, n), D: (h,) -> y: (b, K, h, p) in x's dtype."""
+    ssd = _ssd_combined()
+    with torch.cuda.device(x.device):
+        y, *_ = ssd._mamba_chunk_scan_combined_fwd(
+            x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), chunk, D=D
+        )
+    return y
+
+
+@ssd_mamba_fwd.register_fake
+def _(x, dt, A, B, C, D, chunk):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("perception::ssd_mamba_bwd", mutates_args=(), device_types="cuda")
+def ssd_mamba_bwd(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    chunk: int,
+    y: torch.Tensor,
+    grad_y: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dx, ddt, dA, dB, dC, dD), each shaped and typed as its input."""
+    ssd = _ssd_combined()
+    with torch.cuda.device(x.device):
+        dx, ddt, dA, dB, dC, dD, *_ = ssd._mamba_chunk_scan_combined_bwd(
+            grad_y.contiguous(), x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), y, chunk, D=D
+        )
+    grads = (dx, ddt, dA, dB, dC, dD)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (x, dt, A, B, C, D)))  # type: ignore[return-value]
+
+
+@ssd_mamba_bwd.register_fake
+def _(x, dt, A, B, C, D, chunk, y, grad_y):
+    return tuple(torch.empty_like(t) for t in (x, dt, A, B, C, D))
+
+
+def _setup_context(ctx, inputs, output):
+    x, dt, A, B, C, D, chunk = inputs
+    ctx.save_for_backward(x, dt, A, B, C, D, output)
+    ctx.chunk = chunk
+
+
+def _backward(ctx, grad_y):
+    x, dt, A, B, C, D, y = ctx.saved_tensors
+    return (*ssd_mamba_bwd(x, dt, A, B, C, D, ctx.chunk, y, grad_y), None)
+
+
+ssd_mamba_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def ssd_scan_mamba(
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """`ssd_scan`'s contract (x: (b, K, h, p), dt: (b, K, h), A: (h,), B, C: (b, K, n), D: (h,) -> (b, K, h, p))
+    on CUDA tensors. x, B and C keep their dtype (bf16 under autocast); the library keeps dt's cumulative
+    decay and the chunk states in fp32."""
+    if not x.is_cuda:
+        raise ConfigError(
+            f"model.mamba.ssd=mamba runs on CUDA tensors only; got {x.device}. Use model.mamba.ssd=chunked."
+        )
+    Bg, Cg = (t.to(x.dtype).unsqueeze(2) for t in (B, C))  # (b, K, 1, n): one group
+    return ssd_mamba_fwd(x, dt.float(), A.float(), Bg, Cg, D.float(), chunk)
