@@ -11,6 +11,7 @@ exact fakes, so a compiled Mamba2 block traces through them without a graph brea
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import sys
@@ -29,6 +30,7 @@ MAMBA_INSTALL = (
 )
 
 
+@functools.cache  # once a process: every op call asks for it
 def _ssd_combined() -> types.ModuleType:
     """mamba_ssm.ops.triton.ssd_combined, in deterministic mode. Imported without running mamba_ssm's package
     __init__ when that fails: it loads the selective-scan CUDA extension and transformers, which the SSD's

@@ -4,6 +4,7 @@ graph breaks, bitwise repeatability, and the errors a machine without CUDA or ma
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import pytest
@@ -13,7 +14,8 @@ from perception.errors import ConfigError
 from perception.model import ModelConfig, PerceptionModel
 from perception.model.config import MambaConfig
 from perception.model.mamba2 import Mamba2Block, ssd_scan, ssd_scan_sequential
-from perception.model.ssd_mamba import mamba_refusal, ssd_scan_mamba
+from perception.model import ssd_mamba
+from perception.model.ssd_mamba import _ssd_combined, mamba_refusal, ssd_scan_mamba
 
 from .test_ssd_fla import _inputs
 
@@ -26,6 +28,8 @@ def mamba():
 
 
 def test_mamba_without_mamba_ssm_is_a_config_error_naming_the_install(monkeypatch):
+    # a fresh cache: a GPU machine may have loaded the kernels already in this process
+    monkeypatch.setattr(ssd_mamba, "_ssd_combined", functools.cache(_ssd_combined.__wrapped__))
     for name in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "mamba_ssm", None)  # makes `import mamba_ssm` fail as on a machine without it
