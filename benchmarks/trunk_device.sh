@@ -10,6 +10,8 @@
 #     PRODUCTION_S=0 skip model_step.py and the production-K runs)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_forms.py fusion (the fused forms before/after), compile_check.py
 #   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
+#     (env: SETTINGS, e.g. "bf16+compiled bf16+compiled+mamba")
+#   the mamba SSD in one call: MAMBA=tf32,bf16 CFC=0 CUDA_TESTS=tests/model/test_ssd_mamba.py bash benchmarks/trunk_device.sh OUT speed
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -55,8 +57,10 @@ if [ "$mode" = speed ]; then
     echo "tests: ${SECONDS} s"
   fi
 elif [ "$mode" = determinism ]; then
-  timeout 330 python3 benchmarks/determinism.py --processes 10 --out "$out/determinism.json" 2>&1 | tail -4 || status=1
-  timeout 290 python3 benchmarks/determinism.py --processes 3 --batch 64 --parallel 3 --out "$out/determinism_b64.json" 2>&1 \
+  timeout 330 python3 benchmarks/determinism.py --processes 10 --settings ${SETTINGS:-tf32+compiled bf16+compiled} \
+    --out "$out/determinism.json" 2>&1 | tail -4 || status=1
+  timeout 290 python3 benchmarks/determinism.py --processes 3 --batch 64 --parallel 3 --settings ${SETTINGS:-tf32+compiled bf16+compiled} \
+    --out "$out/determinism_b64.json" 2>&1 \
     | tail -4 || status=1
   echo "determinism: ${SECONDS} s"
 elif [ "$mode" = fusion ]; then
