@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.cuda_timing import cuda_median_ms as median_ms  # noqa: E402
 from benchmarks.cuda_timing import graphed  # noqa: E402
 from perception.model import ModelConfig, PerceptionModel, masked_bce  # noqa: E402
-from perception.model.config import MambaConfig  # noqa: E402
+from perception.model.config import MambaConfig, VSNConfig  # noqa: E402
 from perception.model.ssd_fla import fla_refusal  # noqa: E402
 from perception.model.ssd_mamba import mamba_refusal  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
@@ -71,9 +71,17 @@ def build(
     ssd: str = "chunked",
     chunk: int | None = None,
     graph: bool = False,
+    fused_grn: bool = False,
 ):
     mamba = MambaConfig(ssd=ssd) if chunk is None else MambaConfig(ssd=ssd, chunk=chunk)
-    cfg = ModelConfig(attention_pool=variant, d_model=args.d_model, ops=ops, compile_trunk=compiled, mamba=mamba)
+    cfg = ModelConfig(
+        attention_pool=variant,
+        d_model=args.d_model,
+        ops=ops,
+        compile_trunk=compiled,
+        mamba=mamba,
+        vsn=VSNConfig(fused_grn=fused_grn),
+    )
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
     model.set_dt_scale(1.0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=graph)
@@ -124,6 +132,7 @@ def label(row: dict) -> str:
         + (f" {row['precision']}" if row["precision"] != "fp32" else "")
         + (" compiled" if row["compiled"] else "")
         + (f" {row['ssd']}" if row["ssd"] != "chunked" else "")
+        + (" fused GRN" if row.get("fused_grn") else "")
         + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
         + (" CUDA graph" if row.get("graph") else "")
         + (" [profiled]" if "kernels" in row else "")
@@ -142,6 +151,7 @@ def measure(
     profile: bool = False,
     chunk: int | None = None,
     graph: bool = False,
+    fused_grn: bool = False,
 ) -> dict:
     """Median step and eval time and peak memory; with `profile`, also the CUDA time of every kernel
     over one step and one eval, the CfC scan's share of each, and the step's GPU time in kernels (the
@@ -150,7 +160,7 @@ def measure(
         os.environ["PERCEPTION_CFC_PATH"] = path
     torch._dynamo.reset()  # every row compiles afresh, never into the recompile limit
     chunk = chunk or DEFAULT_CHUNK
-    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd, chunk, graph)
+    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd, chunk, graph, fused_grn)
     train_step()  # warm-up: autotuning, compilation, allocator
     model.eval()
     eval_step()
@@ -171,6 +181,7 @@ def measure(
         ssd=ssd,
         chunk=chunk,
         graph=graph,
+        fused_grn=fused_grn,
         step_ms=step_ms,
         eval_ms=eval_ms,
         peak_gib=peak,
@@ -258,6 +269,13 @@ def main() -> None:
         help="precisions of the compiled model.mamba.ssd=mamba rows ('' for none; skipped without mamba_ssm)",
     )
     parser.add_argument(
+        "--fused-grn",
+        default="",
+        help="precisions of compiled rows with model.vsn.fused_grn (the VSN's GRNs in Triton), with the "
+        "SSD backend of --fused-grn-ssd ('' for none)",
+    )
+    parser.add_argument("--fused-grn-ssd", default="chunked", help="model.mamba.ssd of the --fused-grn rows")
+    parser.add_argument(
         "--project",
         default="",
         help="profile and project the fastest row at each of these "
@@ -311,12 +329,32 @@ def main() -> None:
     else:
         print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
 
+    for precision in listed(args.fused_grn):
+        rows.append(
+            measure(
+                args,
+                "cuda",
+                "per_horizon",
+                args.reps,
+                precision=precision,
+                compiled=True,
+                ssd=args.fused_grn_ssd,
+                fused_grn=True,
+            )
+        )
+
     kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
     by_precision = {}
     for precision in listed(args.project) or [""]:
         best = min((r for r in kernel_rows if precision in ("", r["precision"])), key=lambda r: r["step_ms"])
-        setting = dict(precision=best["precision"], compiled=best["compiled"], ssd=best["ssd"], chunk=best["chunk"])
+        setting = dict(
+            precision=best["precision"],
+            compiled=best["compiled"],
+            ssd=best["ssd"],
+            chunk=best["chunk"],
+            fused_grn=best["fused_grn"],
+        )
         fast = measure(args, "cuda", "per_horizon", args.reps, profile=True, **setting)  # again, under the profiler
         portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", profile=True, **setting)
         rows += [fast, portable]

@@ -283,7 +283,9 @@ def fusion_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--modules", default="vsn,mamba2", help="of vsn, mamba2")
     parser.add_argument(
-        "--vsn-forms", default="after,pointwise", help="VSN forms beside 'before': after (the model's), pointwise"
+        "--vsn-forms",
+        default="after,pointwise",
+        help="VSN forms beside 'before': after (the model's), pointwise, fused_grn (model.vsn.fused_grn)",
     )
     parser.add_argument("--out", default="benchmarks/results/trunk_fusion.json")
 
@@ -364,10 +366,12 @@ VSN_FORMS = {"before": grouped_linear, "after": grouped_linear_block_diag, "poin
 
 
 def vsn_module(features: int, d_model: int, form: str) -> torch.nn.Module:
-    vsn = VSN(features, 8, d_model)
+    """`fused_grn`: the variables' GRNs and their weighting in grn_select's Triton kernels (model.vsn.fused_grn)."""
+    vsn = VSN(features, 8, d_model, fused_grn=form == "fused_grn")
     vsn.reset_parameters(torch.Generator().manual_seed(0))
     if form != "eager":
         vsn.compile_regions()
+    if form in VSN_FORMS:
         vsn.var_grn._linear = VSN_FORMS[form]
     return vsn.cuda()
 

@@ -28,6 +28,9 @@ class SSDBackend(str, Enum):
 @dataclass
 class VSNConfig:
     d_var: int = 8  # per-variable width; a TFT VSN at width D would hold [B, K, F, D]
+    # EXPERIMENTAL: the variables' GRNs and their weighting in one Triton pass each way on CUDA tensors
+    # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Not yet measured on a GPU
+    fused_grn: bool = False
 
 
 @dataclass

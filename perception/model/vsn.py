@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from perception.model.compiled import inductor_options
+from perception.ops.grn import grn_select
 from perception.model.init import init_linear, uniform_
 
 
@@ -100,11 +101,14 @@ def select(logits: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 class VSN(nn.Module):
-    """x: (B, K, F) -> (B, K, D), plus the selection weights v: (B, K, F)."""
+    """x: (B, K, F) -> (B, K, D), plus the selection weights v: (B, K, F). With `fused_grn` the variables'
+    GRNs and their weighting are one op (`perception.ops.grn_select`, kernels by `backend`), which keeps
+    none of the GRNs' (B, K, F, ·) intermediates."""
 
-    def __init__(self, n_features: int, d_var: int, d_model: int):
+    def __init__(self, n_features: int, d_var: int, d_model: int, fused_grn: bool = False, backend: str = "auto"):
         super().__init__()
         self.n_features, self.d_var = n_features, d_var
+        self.fused_grn, self.backend = fused_grn, backend
         self.embed_w = nn.Parameter(torch.empty(n_features, d_var))  # Linear(1 -> d_v) per variable
         self.embed_b = nn.Parameter(torch.empty(n_features, d_var))
         self.var_grn = GroupedGRN(n_features, d_var)
@@ -120,7 +124,8 @@ class VSN(nn.Module):
         (benchmarks/compile_check.py)."""
         self._embed = torch.compile(embed, dynamic=False, options=inductor_options())
         self._select = torch.compile(select, dynamic=False, options=inductor_options())
-        self.var_grn.compile_fused()  # in place: parameter names and checkpoints unchanged
+        if not self.fused_grn:  # else the GRNs run in grn_select's kernels
+            self.var_grn.compile_fused()  # in place: parameter names and checkpoints unchanged
         self.select_grn.compile(dynamic=False, options=inductor_options())
 
     def reset_parameters(self, gen: torch.Generator) -> None:
@@ -132,6 +137,11 @@ class VSN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         e = self._embed(x, self.embed_w, self.embed_b)  # (B, K, F, d_v)
+        if self.fused_grn:
+            v = torch.softmax(self.select_grn(e.flatten(-2)), dim=-1)  # (B, K, F)
+            g = self.var_grn
+            weights = (g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b)
+            return self.out(grn_select(e, v, *weights, backend=self.backend).flatten(-2)), v
         xi = self.var_grn(e)  # (B, K, F, d_v)
         selected, v = self._select(self.select_grn(e.flatten(-2)), xi)  # (B, K, F * d_v), (B, K, F)
         return self.out(selected), v

@@ -1,0 +1,93 @@
+"""model.vsn.fused_grn checked without a GPU: the grn family's Triton kernels run in Triton's interpreter
+(TRITON_INTERPRET=1, numpy on CPU tensors) behind the project's custom ops, fp32 against the fp64 reference,
+output and every gradient, at widths 4, 8 and 16 and row counts that end mid-block. It checks the kernels'
+arithmetic and the ops' layout; the GPU's codegen and speed are the CUDA tests' and trunk_forms.py's. Needs
+triton (a CUDA build of torch ships it; `pip install triton` beside a CPU build):
+
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/grn_interpret.py [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    sys.exit("set TRITON_INTERPRET=1: the kernels run in Triton's interpreter here")
+
+import torch  # noqa: E402
+
+torch.cuda.device = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment,misc]  # no CUDA device here
+
+from perception.ops import grn  # noqa: E402
+
+NAMES = ("e", "v", "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln_w", "ln_b")
+
+
+def inputs(n: int, f: int, d: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
+    return [r(n, f, d), torch.softmax(r(n, f), -1), r(f, d, d) / 3, r(f, d) / 3, r(f, 2 * d, d) / 3, r(f, 2 * d) / 3,
+            1 + r(f, d) / 3, r(f, d) / 3]  # fmt: skip
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b).abs().max() / b.abs().max()).item()
+
+
+def check(n: int, f: int, d: int, seed: int) -> dict:
+    leaves64 = [t.requires_grad_() for t in inputs(n, f, d, seed)]
+    out64 = grn.grn_select_ref(*leaves64)
+    grad = torch.randn(out64.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    out64.backward(grad)
+    leaves32 = [t.detach().float().requires_grad_() for t in leaves64]
+    t0 = time.perf_counter()
+    out32 = grn.grn_select_fwd(*leaves32)
+    out32.backward(grad.float())
+    row = {"n": n, "f": f, "d": d, "seed": seed, "out": relative(out32.detach(), out64.detach())}
+    row.update({"d" + name: relative(a.grad, b.grad) for name, a, b in zip(NAMES, leaves32, leaves64)})
+    row["seconds"] = round(time.perf_counter() - t0, 2)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/grn_interpret.json")
+    args = parser.parse_args()
+    for op in (grn.grn_select_fwd, grn.grn_select_bwd):  # the same functions, for CPU tensors
+        op.register_kernel("cpu")(op._init_fn)
+    shapes = [(300, 5, 8), (4099, 3, 8), (1000, 7, 4), (65, 2, 16), (5000, 65, 8)]
+    rows = [check(n, f, d, seed) for seed, (n, f, d) in enumerate(shapes)]
+    torch.library.opcheck(
+        grn.grn_select_fwd,
+        [t.float().requires_grad_() for t in inputs(200, 4, 8, 9)],
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+    keys = ["out", *("d" + name for name in NAMES)]
+    worst = max(r[k] for r in rows for k in keys)
+    print("| N | F | d | " + " | ".join(keys) + " | s |\n|" + "---|" * (len(keys) + 4))
+    for r in rows:
+        print(f"| {r['n']} | {r['f']} | {r['d']} | " + " | ".join(f"{r[k]:.1e}" for k in keys) + f" | {r['seconds']} |")
+    print(f"largest relative error {worst:.2e} (fp32 kernels in the interpreter against fp64); opcheck passed")
+    import triton
+
+    result = {
+        "rows": rows,
+        "largest_relative_error": worst,
+        "opcheck": "passed (schema, fake tensors, aot dispatch)",
+        "machine": {"host": platform.node(), "cpu": platform.processor(), "cores": os.cpu_count()},
+        "versions": {"torch": torch.__version__, "triton": triton.__version__},
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
