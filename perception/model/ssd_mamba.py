@@ -84,12 +84,12 @@ def ssd_mamba_fwd(
         y, *_ = ssd._mamba_chunk_scan_combined_fwd(
             x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), chunk, D=D
         )
-    return y
+    return y.contiguous()  # the library's y may be a strided view; the fake says contiguous
 
 
 @ssd_mamba_fwd.register_fake
 def _(x, dt, A, B, C, D, chunk):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous whatever x's strides (empty_like would keep them)
 
 
 @torch.library.custom_op("perception::ssd_mamba_bwd", mutates_args=(), device_types="cuda")
@@ -111,12 +111,12 @@ def ssd_mamba_bwd(
             grad_y.contiguous(), x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), y, chunk, D=D
         )
     grads = (dx, ddt, dA, dB, dC, dD)
-    return tuple(g.to(t.dtype) for g, t in zip(grads, (x, dt, A, B, C, D)))  # type: ignore[return-value]
+    return tuple(g.to(t.dtype).contiguous() for g, t in zip(grads, (x, dt, A, B, C, D)))  # type: ignore[return-value]
 
 
 @ssd_mamba_bwd.register_fake
 def _(x, dt, A, B, C, D, chunk, y, grad_y):
-    return tuple(torch.empty_like(t) for t in (x, dt, A, B, C, D))
+    return tuple(t.new_empty(t.shape) for t in (x, dt, A, B, C, D))  # contiguous, as the op returns them
 
 
 def _setup_context(ctx, inputs, output):

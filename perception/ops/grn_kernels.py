@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LN_EPS = 1e-5  # F.layer_norm's default, as the reference uses
+LN_EPS = tl.constexpr(1e-5)  # F.layer_norm's default, as the reference uses (a global a kernel reads is a constexpr)
 
 
 @triton.jit
