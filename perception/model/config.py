@@ -21,7 +21,8 @@ class SSDBackend(str, Enum):
     # Not yet verified where it would matter: untested on the L40S, refused on Hopper with Triton < 3.7.1
     fla = "fla"
     # EXPERIMENTAL: mamba_ssm's fused chunk-scan Triton kernels in their deterministic mode (CUDA):
-    # perception/model/ssd_mamba.py. Not yet measured on a GPU
+    # perception/model/ssd_mamba.py. Faster and reproducible on an H100; its quality check and the image are owed
+    # (docs/performance.md "The fused SSD from mamba_ssm")
     mamba = "mamba"
 
 
@@ -29,7 +30,8 @@ class SSDBackend(str, Enum):
 class VSNConfig:
     d_var: int = 8  # per-variable width; a TFT VSN at width D would hold [B, K, F, D]
     # EXPERIMENTAL: the variables' GRNs and their weighting in one Triton pass each way on CUDA tensors
-    # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Not yet measured on a GPU
+    # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Correct but slower than the
+    # compiled form as written (docs/performance.md "The VSN's GRNs in Triton")
     fused_grn: bool = False
 
 
