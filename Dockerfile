@@ -24,6 +24,11 @@ RUN python -m perception.ops.build \
  && test -f perception/ops/lib/perception_ops.so \
  && test -f perception/ops/lib/perception_ops.json \
  && pip wheel --no-deps --wheel-dir /wheels .
+# model.mamba.ssd=mamba uses only mamba-ssm's Triton kernels: its wheel is built without the CUDA extensions
+# (PyPI has no wheel; perception/model/ssd_mamba.py pins the release and says why).
+RUN MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE \
+    pip wheel --no-deps --no-build-isolation --wheel-dir /wheels "mamba-ssm==2.3.2.post1" \
+ && test -f /wheels/mamba_ssm-2.3.2.post1-py3-none-any.whl
 
 FROM pytorch/pytorch:${PYTORCH_VERSION}-${CUDA_FLAVOR}-runtime AS runtime
 ARG PERCEPTION_GIT_SHA=unknown
@@ -54,7 +59,8 @@ RUN apt-get update \
 COPY --from=build /wheels /wheels
 COPY --from=build /src/perception/ops/lib /opt/perception-ops-lib
 # torch stays the base image's (it satisfies torch>=2.4); the gpu extra adds fla-core (Triton SSD
-# kernels for model.mamba.ssd=fla), whose Triton is the one the base image's torch ships. The library and its manifest go into the
+# kernels for model.mamba.ssd=fla) and einops, whose Triton is the one the base image's torch ships; mamba-ssm
+# (model.mamba.ssd=mamba) goes in without its dependencies (transformers among them), which its kernels do not use. The library and its manifest go into the
 # installed package as one unit, readable by uid 1000 (the build writes the manifest 0600); the
 # check after USER repeats the loader's own test (same torch, sm_89 and sm_90 built) as uid
 # 1000, so a pod finds a matching library and never needs a compiler.
@@ -62,6 +68,7 @@ COPY --from=build /src/perception/ops/lib /opt/perception-ops-lib
 # hadolint ignore=DL3013
 RUN wheel="$(echo /wheels/perception-*.whl)" \
  && pip install "${wheel}[gpu]" \
+ && pip install --no-deps /wheels/mamba_ssm-*.whl \
  && rm -rf /wheels \
  && lib_dir="$(python -c 'from perception.ops import extension; print(extension.LIB_DIR)')" \
  && install -d -m 0755 "$lib_dir" \

@@ -102,6 +102,19 @@ def test_runtime_stage_carries_the_library_and_no_compiler():
     assert "! command -v nvcc" in runs
 
 
+def test_the_image_carries_the_mamba_ssm_release_the_backend_pins_without_its_cuda_extensions():
+    from perception.model.ssd_mamba import MAMBA_REQUIREMENT
+
+    build, runtime = stages(REPO / "Dockerfile")
+    builds = " ".join(args for ins, args in build if ins == "RUN")
+    assert f'"{MAMBA_REQUIREMENT}"' in builds  # the release whose internal entry points ssd_mamba.py calls
+    assert "MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE" in builds
+    version = MAMBA_REQUIREMENT.split("==")[1]
+    assert f"test -f /wheels/mamba_ssm-{version}-py3-none-any.whl" in builds  # pure Python: no extension built
+    installs = " ".join(args for ins, args in runtime if ins == "RUN")
+    assert "pip install --no-deps /wheels/mamba_ssm-*.whl" in installs  # not transformers, not its CUDA deps
+
+
 def test_runtime_stage_has_the_c_compiler_triton_launches_kernels_with():
     """torch.compile's Triton kernels (experiment=production compiles the trunk) and fla-core's need a host
     C compiler at run time; the pytorch runtime base image has none (pytorch/pytorch#116696)."""
