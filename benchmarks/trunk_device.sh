@@ -7,7 +7,10 @@
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S;
 #     PARALLEL (local runs at once, default 10), SEED (the first seed, default 0); MODEL_STEP=0 and
-#     PRODUCTION_S=0 skip model_step.py and the production-K runs)
+#     PRODUCTION_S=0 skip model_step.py and the production-K runs; PRODUCTION_SETTINGS, PRODUCTION_SEEDS (fp32 seeds),
+#     PRODUCTION_SETTING_SEEDS, PRODUCTION_PARALLEL, PRODUCTION_TAG for those runs, e.g. the mamba SSD's check:
+#     MODEL_STEP=0 LOCAL_S=0 PRODUCTION_S=560 PRODUCTION_SETTINGS=bf16+compiled+mamba PRODUCTION_SEEDS=5
+#     PRODUCTION_SETTING_SEEDS=5 PRODUCTION_PARALLEL=4 PRODUCTION_TAG=quality_mamba_seeds0-4 SEED=0 ... quality)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_forms.py fusion (the fused forms before/after), compile_check.py
 #   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
 #     (env: SETTINGS, e.g. "bf16+compiled bf16+compiled+mamba")
@@ -73,11 +76,12 @@ else
   [ "${MODEL_STEP:-1}" = 0 ] || timeout 110 python3 benchmarks/model_step.py --device cuda --repeats 2 --variants per_horizon --precision bf16 --compile-trunk \
     --chunk "${CHUNK:-64}" --out "$out/model_step_cuda_fast.json" 2>&1 | tr '\r' '\n' | grep -v "repeat" | tail -14
   echo "model_step: ${SECONDS} s"
-  timeout "${LOCAL_S:-180}" python3 studies/precision_quality.py --experiment local --fp32-seeds 5 --parallel "${PARALLEL:-10}" \
+  [ "${LOCAL_S:-180}" = 0 ] || timeout "${LOCAL_S:-180}" python3 studies/precision_quality.py --experiment local --fp32-seeds 5 --parallel "${PARALLEL:-10}" \
     --setting-seeds "${SETTING_SEEDS:-1}" --seed "${SEED:-0}" --settings ${LOCAL_SETTINGS:-tf32 bf16 tf32+compiled bf16+compiled} 2>&1 | tr '\r' '\n' | tail -16
   echo "quality local: ${SECONDS} s"
-  [ "${PRODUCTION_S:-270}" = 0 ] || timeout "${PRODUCTION_S:-270}" python3 studies/precision_quality.py --experiment production --fp32-seeds 3 --parallel 5 \
-    --settings bf16+compiled tf32+compiled --tag precision_quality_production_short -- \
+  [ "${PRODUCTION_S:-270}" = 0 ] || timeout "${PRODUCTION_S:-270}" python3 studies/precision_quality.py --experiment production \
+    --fp32-seeds "${PRODUCTION_SEEDS:-3}" --setting-seeds "${PRODUCTION_SETTING_SEEDS:-1}" --seed "${SEED:-0}" --parallel "${PRODUCTION_PARALLEL:-5}" \
+    --settings ${PRODUCTION_SETTINGS:-bf16+compiled tf32+compiled} --tag "${PRODUCTION_TAG:-precision_quality_production_short}" -- \
     data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 model.mamba.chunk="${CHUNK:-64}" 2>&1 | tr '\r' '\n' | tail -12
   echo "quality production-K: ${SECONDS} s"
 fi

@@ -8,7 +8,8 @@ setting against the seed-to-seed spread of fp32 runs, all made by the installed 
 
 fp32 trains at seeds s .. s+N-1; every other setting at seeds s .. s+M-1 (--setting-seeds M <= N, default
 1), each with the same data, init and batch order as the fp32 run of its seed. A setting is a '+'-joined
-list: a precision (fp32, tf32, bf16), `compiled` (model.compile_trunk=true) and `fla` (model.mamba.ssd=fla).
+list: a precision (fp32, tf32, bf16), `compiled` (model.compile_trunk=true), `fla` or `mamba` (model.mamba.ssd)
+and `fusedgrn` (model.vsn.fused_grn=true).
 
 The margin at a horizon is the fp32 runs' seed-to-seed standard deviation there: what a new seed changes.
 With M = 1 a setting holds at a horizon when its AUC differs from the same-seed fp32 run's by no more than
@@ -46,12 +47,14 @@ def overrides_of(setting: str) -> list[str]:
             out.append(f"trainer.precision={part}")
         elif part == "compiled":
             out.append("model.compile_trunk=true")
-        elif part == "fla":
-            out.append("model.mamba.ssd=fla")
+        elif part in ("fla", "mamba"):
+            out.append(f"model.mamba.ssd={part}")
+        elif part == "fusedgrn":
+            out.append("model.vsn.fused_grn=true")
         else:
             raise SystemExit(
                 f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
-                f"compiled or fla, joined by '+'"
+                f"compiled, fla, mamba or fusedgrn, joined by '+'"
             )
     if not any(p.startswith("trainer.precision=") for p in out):
         raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")

@@ -99,6 +99,28 @@ def test_more_setting_seeds_than_fp32_seeds_is_refused():
     assert "--setting-seeds 3: expected 1 .. --fp32-seeds (2)" in done.stderr
 
 
+def study_script():
+    """studies/precision_quality.py as a module (a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("precision_quality_script", ROOT / "studies" / "precision_quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_setting_names_the_ssd_backend_and_the_fused_grn_as_overrides():
+    overrides_of = study_script().overrides_of
+    assert overrides_of("bf16+compiled+mamba") == [
+        "trainer.precision=bf16",
+        "model.compile_trunk=true",
+        "model.mamba.ssd=mamba",
+    ]
+    assert overrides_of("tf32+fla+fusedgrn")[1:] == ["model.mamba.ssd=fla", "model.vsn.fused_grn=true"]
+    with pytest.raises(SystemExit, match=r"unknown part 'mambo'; expected fp32, tf32, bf16, compiled, fla, mamba"):
+        overrides_of("bf16+mambo")
+
+
 def write_rows(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
