@@ -266,7 +266,8 @@ def main() -> None:
     parser.add_argument(
         "--mamba",
         default="",
-        help="precisions of the compiled model.mamba.ssd=mamba rows ('' for none; skipped without mamba_ssm)",
+        help="precisions of the compiled model.mamba.ssd=mamba rows, one per --chunks value ('' for none; skipped "
+        "without mamba_ssm)",
     )
     parser.add_argument(
         "--fused-grn",
@@ -323,9 +324,19 @@ def main() -> None:
     refusal = mamba_refusal() if listed(args.mamba) else None
     if refusal is None:
         for precision in listed(args.mamba):
-            rows.append(
-                measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, ssd="mamba")
-            )
+            for chunk in map(int, listed(args.chunks)):  # the library's chunk is model.mamba.chunk too
+                rows.append(
+                    measure(
+                        args,
+                        "cuda",
+                        "per_horizon",
+                        args.reps,
+                        precision=precision,
+                        compiled=True,
+                        ssd="mamba",
+                        chunk=chunk,
+                    )
+                )
     else:
         print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
 
@@ -339,6 +350,7 @@ def main() -> None:
                 precision=precision,
                 compiled=True,
                 ssd=args.fused_grn_ssd,
+                chunk=int(listed(args.chunks)[0]),
                 fused_grn=True,
             )
         )
