@@ -36,12 +36,14 @@ def _kernels() -> types.ModuleType | None:
 
 
 def grn_kernels_take(backend: str, e: torch.Tensor) -> bool:
-    """model.ops: `ref` never, `cuda` always (the kernels' checks then say what they expected), `auto` for CUDA
-    tensors with Triton and d_var in GRN_WIDTHS."""
+    """model.ops: `ref` never, `cuda` always for CUDA tensors (the kernels' checks then say what they expected),
+    `auto` for CUDA tensors with Triton and d_var in GRN_WIDTHS."""
     backend = enum_value(backend)
     if backend == "ref":
         return False
     if backend == "cuda":
+        if not e.is_cuda:
+            raise ValueError("model.ops=cuda needs CUDA tensors; got a CPU tensor (set trainer.device=cuda)")
         return True
     return e.is_cuda and e.shape[-1] in GRN_WIDTHS and _kernels() is not None
 

@@ -51,11 +51,12 @@ def test_the_fused_vsn_equals_the_unfused_one_with_gradients():
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
-def test_the_kernels_are_taken_only_for_cuda_tensors_unless_asked():
+def test_the_kernels_are_taken_only_for_cuda_tensors():
     e = torch.zeros(4, 3, 8)
     assert not grn_kernels_take("auto", e)  # CPU tensors
     assert not grn_kernels_take("ref", e)
-    assert grn_kernels_take("cuda", e)  # `cuda` always: the op's checks then say what it expected
+    with pytest.raises(ValueError, match=r"model.ops=cuda needs CUDA tensors; got a CPU tensor"):
+        grn_kernels_take("cuda", e)
     assert torch.equal(
         grn_select(*grn_inputs(n=4, f=3, dtype=torch.float32)),
         grn_select(*grn_inputs(n=4, f=3, dtype=torch.float32), backend="ref"),
