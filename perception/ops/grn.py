@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from perception.enums import enum_value
 from perception.ops.common import upcast
 
-# d_var the kernels take: a power of two (Triton's tiles); at 16 Triton turns the (BN, d, d) products into TF32
-# tensor-core dots (7e-4 relative error on the H100), at 8 and below it keeps them in fp32
+# d_var the kernels take: a power of two (Triton's tiles), at most 8: at 16 the input gradient was 7e-4 off the
+# fp64 reference on an H100 (TF32-sized; docs/performance.md "The VSN's GRNs in Triton")
 GRN_WIDTHS = (2, 4, 8)
 BLOCK_N = 64  # rows a program holds at once
 PROGRAMS_PER_VARIABLE = 64  # row ranges per variable: F · 64 programs fill an H200 several times over
