@@ -21,8 +21,9 @@ from perception.ops.common import upcast
 # d_var the kernels take: a power of two (Triton's tiles), at most 8: at 16 the input gradient was 7e-4 off the
 # fp64 reference on an H100 (TF32-sized; docs/performance.md "The VSN's GRNs in Triton")
 GRN_WIDTHS = (2, 4, 8)
-BLOCK_N = 64  # rows a program holds at once
-PROGRAMS_PER_VARIABLE = 64  # row ranges per variable: F · 64 programs fill an H200 several times over
+# How the kernels are launched (benchmarks/ops_grn.py sweeps these): rows a program holds at once, row ranges
+# per variable (F times as many programs, each summing its own weight-gradient partial), warps per program
+LAUNCH = {"block_n": 64, "programs_per_variable": 64, "num_warps": 4}
 
 
 @functools.cache  # once a process
@@ -107,13 +108,18 @@ def _check(op: str, e: torch.Tensor, v: torch.Tensor, weights: tuple[torch.Tenso
         )
 
 
+def _programs(n: int) -> int:
+    """Row ranges per variable: at most LAUNCH's, and none without a block of rows."""
+    return max(1, min(LAUNCH["programs_per_variable"], triton_cdiv(n, LAUNCH["block_n"])))
+
+
 def _launch(kernel, e: torch.Tensor, *args) -> int:
-    """Run `kernel` over (F, programs) with rows split evenly; returns the programs per variable."""
+    """Run `kernel` over (F, programs) with rows split evenly in whole blocks; returns the programs per variable."""
     n, f, d = e.shape
-    programs = max(1, min(PROGRAMS_PER_VARIABLE, triton_cdiv(n, BLOCK_N)))
-    rows = triton_cdiv(triton_cdiv(n, programs), BLOCK_N) * BLOCK_N  # whole blocks per program
+    block = LAUNCH["block_n"]
+    rows = triton_cdiv(triton_cdiv(n, _programs(n)), block) * block
     programs = triton_cdiv(n, rows)
-    kernel[(f, programs)](*args, n, f, rows, D=d, BLOCK_N=BLOCK_N)
+    kernel[(f, programs)](*args, n, f, rows, D=d, BLOCK_N=block, num_warps=LAUNCH["num_warps"])
     return programs
 
 
@@ -172,8 +178,7 @@ def grn_select_bwd(
     e, v, grad = e.contiguous(), v.contiguous(), grad.contiguous()
     de, dv = torch.empty_like(e), torch.empty_like(v)
     per_variable = 3 * d * d + 5 * d
-    programs = max(1, min(PROGRAMS_PER_VARIABLE, triton_cdiv(n, BLOCK_N)))
-    partial = torch.empty((programs, f, per_variable), dtype=torch.float32, device=e.device)
+    partial = torch.empty((_programs(n), f, per_variable), dtype=torch.float32, device=e.device)
     with torch.cuda.device(e.device):
         used = _launch(
             kernels.grn_select_bwd_kernel, e, grad, e, v, *(w.contiguous() for w in weights), de, dv, partial

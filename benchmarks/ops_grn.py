@@ -1,0 +1,140 @@
+"""grn family (`grn_select`: the VSN's variable GRNs times their selection weights) at production size
+(B·K = 64 · 6000 rows, F = 65, d_var = 8), forward and forward + backward: the Triton kernels at each launch
+configuration of a small sweep (rows per block, row ranges per variable, warps) beside the forms the model
+uses without them, the compiled block-diagonal GRN then the weighting at fp32 and under bf16 autocast, and
+eager. Medians of CUDA-event timings; the floor is the kernels' bytes at this GPU's copy rate.
+
+    PYTHONPATH=. python3 benchmarks/ops_grn.py [--block-n 32,64,128] [--programs 64,512] [--warps 4] [--out FILE]
+
+Prints one table and writes benchmarks/results/ops_grn.json and ops_grn.md (the op tables' format)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.cuda_timing import cuda_median_ms, machine_info, write_table  # noqa: E402
+from perception.model.compiled import inductor_options  # noqa: E402
+from perception.model.vsn import GroupedGRN  # noqa: E402
+from perception.ops import grn  # noqa: E402
+
+TARGETS = {"grn_select": "fwd+bwd below the compiled block-diagonal form's at bf16 (what the model runs today)"}
+
+
+def make_inputs(rows: int, f: int, d: int) -> tuple[torch.Tensor, torch.Tensor, GroupedGRN, torch.Tensor]:
+    """e (rows, F, d) and v (rows, F) in fp32, as the VSN hands them over; the GRNs at their init with
+    perturbed LayerNorm weights; a gradient for the output."""
+    g = torch.Generator().manual_seed(0)
+    e = torch.randn(rows, f, d, generator=g)
+    v = torch.softmax(torch.randn(rows, f, generator=g), -1)
+    module = GroupedGRN(f, d)
+    module.reset_parameters(g)
+    with torch.no_grad():
+        module.ln_w += torch.randn(f, d, generator=g) / 3
+    grad = torch.randn(rows, f, d, generator=g) / rows**0.5
+    return e.cuda(), v.cuda(), module.cuda(), grad.cuda()
+
+
+def weights(module: GroupedGRN) -> list[torch.Tensor]:
+    return [module.fc1_w, module.fc1_b, module.fc2_w, module.fc2_b, module.ln_w, module.ln_b]
+
+
+def step_of(form, e: torch.Tensor, v: torch.Tensor, module: torch.nn.Module, grad: torch.Tensor, backward: bool):
+    """One call of `form(e, v) -> out`, and with `backward` its gradients into e, v and `module`'s weights."""
+    leaves = [e.clone().requires_grad_(backward), v.clone().requires_grad_(backward)]
+
+    def step():
+        module.zero_grad(set_to_none=True)
+        out = form(*leaves)
+        if backward:
+            out.backward(grad)
+        return out
+
+    return step
+
+
+def copy_tb_s() -> float:
+    src = torch.empty(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = cuda_median_ms(lambda: dst.copy_(src), 10)
+    return 2 * src.numel() * 4 / ms / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64 * 6000)
+    parser.add_argument("--features", type=int, default=65)
+    parser.add_argument("--d", type=int, default=8)
+    parser.add_argument("--block-n", default="32,64,128")
+    parser.add_argument("--programs", default="64,512", help="row ranges per variable")
+    parser.add_argument("--warps", default="4")
+    parser.add_argument("--precisions", default="bf16,tf32", help="of the compiled block-diagonal rows")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops_grn.json"))
+    args = parser.parse_args()
+    ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
+
+    e, v, module, grad = make_inputs(args.rows, args.features, args.d)
+    shape = f"N={args.rows} F={args.features} d={args.d}"
+    tb_s = copy_tb_s()
+    elem = e.numel() * 4  # fp32 bytes of e, the output, the gradient
+    floor_fwd_ms = (2 * elem + v.numel() * 4) / tb_s / 1e9  # read e and v, write out
+    floor_ms = floor_fwd_ms + (3 * elem + 2 * v.numel() * 4) / tb_s / 1e9  # bwd: read e, grad, v; write de, dv
+    rows = []
+
+    def measure(impl: str, form, note: str = "", weights_of: torch.nn.Module = module) -> dict:
+        fwd = cuda_median_ms(step_of(form, e, v, weights_of, grad, False), args.reps)
+        both = cuda_median_ms(step_of(form, e, v, weights_of, grad, True), args.reps)
+        row = dict(op="grn_select", impl=impl, shape=shape, fwd_ms=fwd, fwdbwd_ms=both, floor_fwdbwd_ms=floor_ms)
+        row["note"] = f"{both / floor_ms:.1f}x floor" + (f"; {note}" if note else "")
+        rows.append(row)
+        print(f"  {impl:44} fwd {fwd:8.3f} ms  fwd+bwd {both:8.3f} ms  ({row['note']})", flush=True)
+        return row
+
+    print(f"grn_select, {shape}, on {torch.cuda.get_device_name()}; floor fwd+bwd {floor_ms:.3f} ms", flush=True)
+    want = grn.grn_select_ref(e.double(), v.double(), *(w.double() for w in weights(module)))
+    default = dict(grn.LAUNCH)
+    for block_n, programs, warps in itertools.product(ints(args.block_n), ints(args.programs), ints(args.warps)):
+        grn.LAUNCH.update(block_n=block_n, programs_per_variable=programs, num_warps=warps)
+        got = grn.grn_select(e, v, *weights(module), backend="cuda")
+        err = ((got.double() - want).abs().max() / want.abs().max()).item()
+        measure(
+            f"triton, {block_n} rows, {programs} ranges, {warps} warps",
+            lambda a, b: grn.grn_select(a, b, *weights(module), backend="cuda"),
+            f"output's max rel err {err:.1e}",
+        )
+    grn.LAUNCH.update(default)
+
+    compiled = GroupedGRN(args.features, args.d).cuda()
+    compiled.load_state_dict(module.state_dict())
+    compiled.compile_fused()  # the block-diagonal form the compiled VSN runs
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+    def unfused(a, b):
+        return b.unsqueeze(-1) * compiled(a)
+
+    for precision in [p for p in args.precisions.split(",") if p]:
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+
+        def form(a, b, dtype=dtype):
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype == torch.bfloat16):
+                return unfused(a, b).float()
+
+        measure(f"compiled block-diagonal GRN, then weighting, {precision}", form, weights_of=compiled)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    measure("eager reference, fp32", lambda a, b: grn.grn_select_ref(a, b, *weights(module)))
+
+    machine = machine_info(copy_tb_s=tb_s, inductor=inductor_options())
+    print(write_table(Path(args.out), rows, machine, TARGETS))
+    print(f"wrote {args.out} and {Path(args.out).with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
