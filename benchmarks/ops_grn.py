@@ -1,10 +1,10 @@
 """grn family (`grn_select`: the VSN's variable GRNs times their selection weights) at production size
 (B·K = 64 · 6000 rows, F = 65, d_var = 8), forward and forward + backward: the Triton kernels at each launch
-configuration of a small sweep (rows per block, row ranges per variable, warps) beside the forms the model
+configuration of a small sweep (rows per block forward and backward, row ranges per variable) beside the forms the model
 uses without them, the compiled block-diagonal GRN then the weighting at fp32 and under bf16 autocast, and
 eager. Medians of CUDA-event timings; the floor is the kernels' bytes at this GPU's copy rate.
 
-    PYTHONPATH=. python3 benchmarks/ops_grn.py [--block-n 32,64,128] [--programs 64,512] [--warps 4] [--out FILE]
+    PYTHONPATH=. python3 benchmarks/ops_grn.py [--fwd-rows 64,128] [--bwd-rows 32,64] [--programs 64,512] [--out FILE]
 
 Prints one table and writes benchmarks/results/ops_grn.json and ops_grn.md (the op tables' format)."""
 
@@ -72,9 +72,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64 * 6000)
     parser.add_argument("--features", type=int, default=65)
     parser.add_argument("--d", type=int, default=8)
-    parser.add_argument("--block-n", default="32,64,128")
+    parser.add_argument("--fwd-rows", default="64,128", help="rows per forward block, one per lane")
+    parser.add_argument("--bwd-rows", default="32,64", help="rows per backward block, one per lane")
     parser.add_argument("--programs", default="64,512", help="row ranges per variable")
-    parser.add_argument("--warps", default="4")
     parser.add_argument("--precisions", default="bf16,tf32", help="of the compiled block-diagonal rows")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ops_grn.json"))
@@ -101,12 +101,14 @@ def main() -> None:
     print(f"grn_select, {shape}, on {torch.cuda.get_device_name()}; floor fwd+bwd {floor_ms:.3f} ms", flush=True)
     want = grn.grn_select_ref(e.double(), v.double(), *(w.double() for w in weights(module)))
     default = dict(grn.LAUNCH)
-    for block_n, programs, warps in itertools.product(ints(args.block_n), ints(args.programs), ints(args.warps)):
-        grn.LAUNCH.update(block_n=block_n, programs_per_variable=programs, num_warps=warps)
+    for fwd_rows, bwd_rows, programs in itertools.product(
+        ints(args.fwd_rows), ints(args.bwd_rows), ints(args.programs)
+    ):
+        grn.LAUNCH.update(fwd_rows=fwd_rows, bwd_rows=bwd_rows, programs_per_variable=programs)
         got = grn.grn_select(e, v, *weights(module), backend="cuda")
         err = ((got.double() - want).abs().max() / want.abs().max()).item()
         measure(
-            f"triton, {block_n} rows, {programs} ranges, {warps} warps",
+            f"triton, rows {fwd_rows} fwd / {bwd_rows} bwd, {programs} ranges",
             lambda a, b: grn.grn_select(a, b, *weights(module), backend="cuda"),
             f"output's max rel err {err:.1e}",
         )

@@ -30,8 +30,8 @@ class SSDBackend(str, Enum):
 class VSNConfig:
     d_var: int = 8  # per-variable width; a TFT VSN at width D would hold [B, K, F, D]
     # EXPERIMENTAL: the variables' GRNs and their weighting in one Triton pass each way on CUDA tensors
-    # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Correct but slower than the
-    # compiled form as written (docs/performance.md "The VSN's GRNs in Triton")
+    # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Its speed on a GPU is owed
+    # (docs/performance.md "The VSN's GRNs in Triton")
     fused_grn: bool = False
 
 

@@ -18,12 +18,14 @@ import torch.nn.functional as F
 from perception.enums import enum_value
 from perception.ops.common import upcast
 
-# d_var the kernels take: a power of two (Triton's tiles), at most 8: at 16 the input gradient was 7e-4 off the
-# fp64 reference on an H100 (TF32-sized; docs/performance.md "The VSN's GRNs in Triton")
+# d_var the kernels take: a power of two (Triton's tiles), at most 8: a thread holds its row's d-vectors, and the
+# backward takes 204 registers at d = 8 (benchmarks/results/grn_compile.json)
 GRN_WIDTHS = (2, 4, 8)
-# How the kernels are launched (benchmarks/ops_grn.py sweeps these): rows a program holds at once, row ranges
-# per variable (F times as many programs, each summing its own weight-gradient partial), warps per program
-LAUNCH = {"block_n": 64, "programs_per_variable": 64, "num_warps": 4}
+# How the kernels are launched (benchmarks/ops_grn.py sweeps these): rows a program holds at once in the forward
+# and in the backward, one per lane (warps = rows / 32), and row ranges per variable (F times as many programs,
+# each with its own weight-gradient partial). The backward's 32 keeps its registers under the limit without
+# spilling (`triton.compile` for sm_90, Triton 3.6: 189 registers at 32 rows, 255 and spills at 128)
+LAUNCH = {"fwd_rows": 128, "bwd_rows": 32, "programs_per_variable": 64}
 
 
 @functools.cache  # once a process
@@ -108,18 +110,18 @@ def _check(op: str, e: torch.Tensor, v: torch.Tensor, weights: tuple[torch.Tenso
         )
 
 
-def _programs(n: int) -> int:
+def _programs(n: int, block: int) -> int:
     """Row ranges per variable: at most LAUNCH's, and none without a block of rows."""
-    return max(1, min(LAUNCH["programs_per_variable"], triton_cdiv(n, LAUNCH["block_n"])))
+    return max(1, min(LAUNCH["programs_per_variable"], triton_cdiv(n, block)))
 
 
-def _launch(kernel, e: torch.Tensor, *args) -> int:
-    """Run `kernel` over (F, programs) with rows split evenly in whole blocks; returns the programs per variable."""
+def _launch(kernel, block: int, e: torch.Tensor, *args) -> int:
+    """Run `kernel` over (F, programs), rows split evenly in whole blocks of `block` (a multiple of 32: one row
+    per lane); returns the programs per variable."""
     n, f, d = e.shape
-    block = LAUNCH["block_n"]
-    rows = triton_cdiv(triton_cdiv(n, _programs(n)), block) * block
+    rows = triton_cdiv(triton_cdiv(n, _programs(n, block)), block) * block
     programs = triton_cdiv(n, rows)
-    kernel[(f, programs)](*args, n, f, rows, D=d, BLOCK_N=block, num_warps=LAUNCH["num_warps"])
+    kernel[(f, programs)](*args, n, f, rows, D=d, BLOCK_N=block, num_warps=block // 32)
     return programs
 
 
@@ -145,7 +147,7 @@ def grn_select_fwd(
     e, v = e.contiguous(), v.contiguous()
     out = torch.empty(e.shape, dtype=torch.promote_types(e.dtype, v.dtype), device=e.device)
     with torch.cuda.device(e.device):
-        _launch(kernels.grn_select_fwd_kernel, e, e, v, *(w.contiguous() for w in weights), out)
+        _launch(kernels.grn_select_fwd_kernel, LAUNCH["fwd_rows"], e, e, v, *(w.contiguous() for w in weights), out)
     return out
 
 
@@ -178,10 +180,11 @@ def grn_select_bwd(
     e, v, grad = e.contiguous(), v.contiguous(), grad.contiguous()
     de, dv = torch.empty_like(e), torch.empty_like(v)
     per_variable = 3 * d * d + 5 * d
-    partial = torch.empty((_programs(n), f, per_variable), dtype=torch.float32, device=e.device)
+    block = LAUNCH["bwd_rows"]
+    partial = torch.empty((_programs(n, block), f, per_variable), dtype=torch.float32, device=e.device)
     with torch.cuda.device(e.device):
         used = _launch(
-            kernels.grn_select_bwd_kernel, e, grad, e, v, *(w.contiguous() for w in weights), de, dv, partial
+            kernels.grn_select_bwd_kernel, block, e, grad, e, v, *(w.contiguous() for w in weights), de, dv, partial
         )
     sums = partial[:used].sum(0)  # (F, per_variable)
     dw1, db1, dw2a, dw2b, db2a, db2b, dlnw, dlnb = sums.split([d * d, d, d * d, d * d, d, d, d, d], dim=1)

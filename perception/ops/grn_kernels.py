@@ -1,12 +1,18 @@
 """Triton kernels of the grn family (perception/ops/grn.py): the VSN's per-variable GRNs, weighted by the
 selection weights, in one pass forward and one backward (DESIGN §3, the VSN).
 
-One program owns one variable f and a contiguous range of rows, so f's weights (d² + 2d² + 6d scalars) are
-loaded once and stay in registers while it walks its rows in blocks of BLOCK_N. Every intermediate lives in
-registers: the forward reads e and v and writes the weighted output; the backward recomputes the forward and
-writes de and dv. The weight gradients are summed per program in a fixed order and written to a
-(programs, F, ...) buffer that the caller sums over its first dim, so no atomics: the bits do not depend on
-scheduling. Imported only where Triton is (CUDA machines); the interpreter runs them on CPU tensors."""
+One program owns one variable f and a contiguous range of rows, which it walks in blocks of BLOCK_N. Every
+tile is (d, BLOCK_N), rows last, and the launch gives one row to each lane (BLOCK_N = 32 · warps): a thread
+holds its row's d values, so the GRN's matrix-vector products, ELU, GLU and LayerNorm are its own
+multiply-adds, with no shuffles or shared memory (the loads read one column at a time for that reason, and
+the weights one column or row at a time, so a thread holds d of them, not d²). The forward reads e and v
+and writes the weighted output; the backward recomputes the forward and writes de and dv. Its weight
+gradients are sums over rows: the matrices as dots over each block's rows (three TF32 products per
+product, `tf32x3`: fp32's accuracy on tensor cores), the vectors as row sums; each program keeps its own
+and writes them to a (programs, F, ...) buffer that the caller sums over its first dim. No atomics: the bits
+do not depend on scheduling. Imported only where Triton is (CUDA machines); the interpreter runs them on
+CPU tensors, and `triton.compile` for sm_89/sm_90 runs without a GPU (docs/performance.md says what it
+showed)."""
 
 from __future__ import annotations
 
@@ -14,37 +20,78 @@ import triton
 import triton.language as tl
 
 LN_EPS = tl.constexpr(1e-5)  # F.layer_norm's default, as the reference uses (a global a kernel reads is a constexpr)
+DOT_PRECISION = tl.constexpr("tf32x3")
 
 
 @triton.jit
-def _load_weights(w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr, f, D: tl.constexpr):
-    """f's weights: W1 (D, D), the GLU's value and gate halves of W2 (D, D) each, and the (D,) vectors."""
-    rows = tl.arange(0, D)[:, None]
-    cols = tl.arange(0, D)[None, :]
-    j = tl.arange(0, D)
-    w1 = tl.load(w1_ptr + f * D * D + rows * D + cols).to(tl.float32)  # (D, D): [out, in]
-    w2a = tl.load(w2_ptr + f * 2 * D * D + rows * D + cols).to(tl.float32)  # (D, D): value half
-    w2b = tl.load(w2_ptr + f * 2 * D * D + (rows + D) * D + cols).to(tl.float32)  # (D, D): gate half
-    b1 = tl.load(b1_ptr + f * D + j).to(tl.float32)
-    b2a = tl.load(b2_ptr + f * 2 * D + j).to(tl.float32)
-    b2b = tl.load(b2_ptr + f * 2 * D + D + j).to(tl.float32)
-    lnw = tl.load(lnw_ptr + f * D + j).to(tl.float32)
-    lnb = tl.load(lnb_ptr + f * D + j).to(tl.float32)
-    return w1, w2a, w2b, b1, b2a, b2b, lnw, lnb
+def _vector(ptr, at, D: tl.constexpr):
+    return tl.load(ptr + at + tl.arange(0, D)).to(tl.float32)
 
 
 @triton.jit
-def _grn(e, w1, w2a, w2b, b1, b2a, b2b, D: tl.constexpr):
-    """e: (BN, D) -> the GRN's intermediates: pre-ELU, ELU, GLU value and gate, normalised z and 1/σ."""
-    pre1 = tl.sum(e[:, None, :] * w1[None, :, :], axis=2) + b1[None, :]  # (BN, D)
+def _row(x, i, D: tl.constexpr):
+    """Row i of x (D, BN) as (BN,): a select within each thread, which holds its rows' D values."""
+    return tl.sum(tl.where(tl.arange(0, D)[:, None] == i, x, 0.0), axis=0)
+
+
+@triton.jit
+def _matvec(w_ptr, row0, x, D: tl.constexpr):
+    """W x for W rows row0 .. row0 + D of a row-major (·, D) matrix [out, in], x: (D, BN) -> (D, BN); W's
+    columns are loaded one at a time, so a thread holds D of its weights, not D²."""
+    out = tl.zeros(x.shape, tl.float32)
+    for i in tl.static_range(D):
+        column = tl.load(w_ptr + (row0 + tl.arange(0, D)) * D + i).to(tl.float32)  # (D,): W[:, i]
+        out += column[:, None] * _row(x, i, D)[None, :]
+    return out
+
+
+@triton.jit
+def _matvec_t(w_ptr, row0, y, D: tl.constexpr):
+    """Wᵀ y for the same W, y: (D, BN) -> (D, BN); W's rows one at a time."""
+    out = tl.zeros(y.shape, tl.float32)
+    for o in tl.static_range(D):
+        row = tl.load(w_ptr + (row0 + o) * D + tl.arange(0, D)).to(tl.float32)  # (D,): W[o, :]
+        out += row[:, None] * _row(y, o, D)[None, :]
+    return out
+
+
+@triton.jit
+def _load_t(ptr, n, F, f, live, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """x[n, f, :] for the block's rows as (D, BN), one column load at a time: each lane reads its own row,
+    so a thread holds its row's D values (the layout every op below keeps)."""
+    x = tl.zeros((D, BLOCK_N), tl.float32)
+    for i in tl.static_range(D):
+        column = tl.load(ptr + (n * F + f) * D + i, mask=live, other=0.0).to(tl.float32)  # (BN,)
+        x = tl.where(tl.arange(0, D)[:, None] == i, column[None, :], x)
+    return x
+
+
+@triton.jit
+def _store_t(ptr, x, n, F, f, live, D: tl.constexpr):
+    for i in tl.static_range(D):
+        tl.store(ptr + (n * F + f) * D + i, _row(x, i, D).to(ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _over_ones(x, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """x (D, BN) above a row of ones and D - 1 rows of zeros: (2D, BN). A dot with it as the right operand sums
+    the left operand over rows in its column D."""
+    ones = tl.where(tl.arange(0, D)[:, None] == 0, 1.0, 0.0) + tl.zeros_like(x)
+    return tl.reshape(tl.permute(tl.join(x, ones), (2, 0, 1)), (2 * D, BLOCK_N))
+
+
+@triton.jit
+def _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D: tl.constexpr):
+    """e: (D, BN), rows last -> the GRN's intermediates, each (D, BN), and 1/σ (BN,)."""
+    pre1 = _matvec(w1_ptr, f * D, e, D) + _vector(b1_ptr, f * D, D)[:, None]
     h1 = tl.where(pre1 > 0, pre1, tl.exp(pre1) - 1.0)
-    a = tl.sum(h1[:, None, :] * w2a[None, :, :], axis=2) + b2a[None, :]  # (BN, D)
-    sg = tl.sigmoid(tl.sum(h1[:, None, :] * w2b[None, :, :], axis=2) + b2b[None, :])  # (BN, D)
+    a = _matvec(w2_ptr, f * 2 * D, h1, D) + _vector(b2_ptr, f * 2 * D, D)[:, None]
+    gate = _matvec(w2_ptr, f * 2 * D + D, h1, D) + _vector(b2_ptr, f * 2 * D + D, D)[:, None]
+    sg = tl.sigmoid(gate)
     z = e + a * sg
-    zc = z - (tl.sum(z, axis=1) / D)[:, None]
-    rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + LN_EPS)  # (BN,)
-    zhat = zc * rstd[:, None]
-    return pre1, h1, a, sg, zhat, rstd
+    zc = z - (tl.sum(z, axis=0) / D)[None, :]
+    rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=0) / D + LN_EPS)
+    return pre1, h1, a, sg, zc * rstd[None, :], rstd
 
 
 @triton.jit
@@ -56,17 +103,14 @@ def grn_select_fwd_kernel(
     """out[n, f] = v[n, f] · (LN(e + GLU(W2 · ELU(W1 · e + b1) + b2)) · lnw + lnb), e = e[n, f]."""
     f = tl.program_id(0)
     start = tl.program_id(1) * rows_per_program
-    w1, w2a, w2b, b1, b2a, b2b, lnw, lnb = _load_weights(w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr, f, D)
-    j = tl.arange(0, D)
     for block in range(0, rows_per_program, BLOCK_N):
-        n = start + block + tl.arange(0, BLOCK_N)  # (BN,)
+        n = start + block + tl.arange(0, BLOCK_N)
         live = (n < N) & (n < start + rows_per_program)
-        at = (n[:, None] * F + f) * D + j[None, :]  # (BN, D)
-        e = tl.load(e_ptr + at, mask=live[:, None], other=0.0).to(tl.float32)
+        e = _load_t(e_ptr, n, F, f, live, D, BLOCK_N)
         v = tl.load(v_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)
-        _, _, _, _, zhat, _ = _grn(e, w1, w2a, w2b, b1, b2a, b2b, D)
-        out = v[:, None] * (zhat * lnw[None, :] + lnb[None, :])
-        tl.store(out_ptr + at, out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+        _, _, _, _, zhat, _ = _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D)
+        xi = zhat * _vector(lnw_ptr, f * D, D)[:, None] + _vector(lnb_ptr, f * D, D)[:, None]
+        _store_t(out_ptr, v[None, :] * xi, n, F, f, live, D)
 
 
 @triton.jit
@@ -81,53 +125,45 @@ def grn_select_bwd_kernel(
     f = tl.program_id(0)
     program = tl.program_id(1)
     start = program * rows_per_program
-    w1, w2a, w2b, b1, b2a, b2b, lnw, lnb = _load_weights(w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr, f, D)
-    j = tl.arange(0, D)
-    acc_w1 = tl.zeros((D, D), tl.float32)
-    acc_w2a = tl.zeros((D, D), tl.float32)
-    acc_w2b = tl.zeros((D, D), tl.float32)
-    acc_b1 = tl.zeros((D,), tl.float32)
-    acc_b2a = tl.zeros((D,), tl.float32)
-    acc_b2b = tl.zeros((D,), tl.float32)
-    acc_lnw = tl.zeros((D,), tl.float32)
-    acc_lnb = tl.zeros((D,), tl.float32)
+    # this program's weight gradients as three dots over each block's rows, each right operand with a row of
+    # ones below it, so the same dot sums the biases: [dW1 | db1], [dW2 | db2] (value rows, then gate rows),
+    # [dlnw on the diagonal | dlnb]
+    acc1 = tl.zeros((D, 2 * D), tl.float32)
+    acc2 = tl.zeros((2 * D, 2 * D), tl.float32)
+    acc3 = tl.zeros((D, 2 * D), tl.float32)
     for block in range(0, rows_per_program, BLOCK_N):
-        n = start + block + tl.arange(0, BLOCK_N)  # (BN,)
+        n = start + block + tl.arange(0, BLOCK_N)
         live = (n < N) & (n < start + rows_per_program)
-        at = (n[:, None] * F + f) * D + j[None, :]  # (BN, D)
-        e = tl.load(e_ptr + at, mask=live[:, None], other=0.0).to(tl.float32)
+        e = _load_t(e_ptr, n, F, f, live, D, BLOCK_N)
         v = tl.load(v_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)
-        g = tl.load(grad_ptr + at, mask=live[:, None], other=0.0).to(tl.float32)
-        pre1, h1, a, sg, zhat, rstd = _grn(e, w1, w2a, w2b, b1, b2a, b2b, D)
-        xi = zhat * lnw[None, :] + lnb[None, :]
-        tl.store(dv_ptr + n * F + f, tl.sum(g * xi, axis=1).to(dv_ptr.dtype.element_ty), mask=live)
-        dxi = g * v[:, None]  # masked rows: g = 0, so they add nothing below
-        acc_lnw += tl.sum(dxi * zhat, axis=0)
-        acc_lnb += tl.sum(dxi, axis=0)
-        dzhat = dxi * lnw[None, :]
-        dz = rstd[:, None] * (
-            dzhat - (tl.sum(dzhat, axis=1) / D)[:, None] - zhat * (tl.sum(dzhat * zhat, axis=1) / D)[:, None]
+        g = _load_t(grad_ptr, n, F, f, live, D, BLOCK_N)
+        pre1, h1, a, sg, zhat, rstd = _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D)
+        lnw = _vector(lnw_ptr, f * D, D)
+        xi = zhat * lnw[:, None] + _vector(lnb_ptr, f * D, D)[:, None]
+        tl.store(dv_ptr + n * F + f, tl.sum(g * xi, axis=0).to(dv_ptr.dtype.element_ty), mask=live)
+        dxi = g * v[None, :]  # masked rows: g = 0, so they add nothing below
+        acc3 = tl.dot(dxi, tl.trans(_over_ones(zhat, D, BLOCK_N)), acc3, input_precision=DOT_PRECISION)
+        dzhat = dxi * lnw[:, None]
+        dz = rstd[None, :] * (
+            dzhat - (tl.sum(dzhat, axis=0) / D)[None, :] - zhat * (tl.sum(dzhat * zhat, axis=0) / D)[None, :]
         )
-        da = dz * sg  # (BN, D): the GLU's value
-        dgate = dz * a * sg * (1.0 - sg)  # its gate, before the sigmoid
-        acc_w2a += tl.sum(da[:, :, None] * h1[:, None, :], axis=0)
-        acc_w2b += tl.sum(dgate[:, :, None] * h1[:, None, :], axis=0)
-        acc_b2a += tl.sum(da, axis=0)
-        acc_b2b += tl.sum(dgate, axis=0)
-        dh1 = tl.sum(da[:, :, None] * w2a[None, :, :], axis=1) + tl.sum(dgate[:, :, None] * w2b[None, :, :], axis=1)
+        da = dz * sg
+        dgate = dz * a * sg * (1.0 - sg)
+        value_gate = tl.reshape(tl.permute(tl.join(da, dgate), (2, 0, 1)), (2 * D, BLOCK_N))
+        acc2 = tl.dot(value_gate, tl.trans(_over_ones(h1, D, BLOCK_N)), acc2, input_precision=DOT_PRECISION)
+        dh1 = _matvec_t(w2_ptr, f * 2 * D, da, D) + _matvec_t(w2_ptr, f * 2 * D + D, dgate, D)
         dpre1 = dh1 * tl.where(pre1 > 0, 1.0, tl.exp(pre1))
-        acc_w1 += tl.sum(dpre1[:, :, None] * e[:, None, :], axis=0)
-        acc_b1 += tl.sum(dpre1, axis=0)
-        de = dz + tl.sum(dpre1[:, :, None] * w1[None, :, :], axis=1)
-        tl.store(de_ptr + at, de.to(de_ptr.dtype.element_ty), mask=live[:, None])
+        acc1 = tl.dot(dpre1, tl.trans(_over_ones(e, D, BLOCK_N)), acc1, input_precision=DOT_PRECISION)
+        de = dz + _matvec_t(w1_ptr, f * D, dpre1, D)
+        _store_t(de_ptr, de, n, F, f, live, D)
     # partial[program, f]: W1, b1, W2 (value then gate), b2 (value then gate), lnw, lnb
     base = partial_ptr + (program * F + f) * (3 * D * D + 5 * D)
-    square = tl.arange(0, D)[:, None] * D + tl.arange(0, D)[None, :]
-    tl.store(base + square, acc_w1)
-    tl.store(base + D * D + j, acc_b1)
-    tl.store(base + D * D + D + square, acc_w2a)
-    tl.store(base + 2 * D * D + D + square, acc_w2b)
-    tl.store(base + 3 * D * D + D + j, acc_b2a)
-    tl.store(base + 3 * D * D + 2 * D + j, acc_b2b)
-    tl.store(base + 3 * D * D + 3 * D + j, acc_lnw)
-    tl.store(base + 3 * D * D + 4 * D + j, acc_lnb)
+    r = tl.arange(0, D)[:, None]
+    c = tl.arange(0, 2 * D)[None, :]
+    tl.store(base + tl.where(c < D, r * D + c, D * D + r), acc1, mask=c <= D)
+    tl.store(base + 3 * D * D + 3 * D + r + 0 * c, acc3, mask=c == r)
+    tl.store(base + 3 * D * D + 4 * D + r + 0 * c, acc3, mask=c == D)
+    r2 = tl.arange(0, 2 * D)[:, None]
+    w2_at = D * D + D + r2 * D + c  # value rows, then gate rows: contiguous (2D, D)
+    b2_at = 3 * D * D + D + r2 + 0 * c  # b2a, then b2b: contiguous (2D,)
+    tl.store(base + tl.where(c < D, w2_at, b2_at), acc2, mask=c <= D)
