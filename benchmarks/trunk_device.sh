@@ -2,7 +2,7 @@
 # On the GPU machine: the trunk's speed, quality and determinism checks.
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, MAMBA, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
-#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; LOOP=1 also runs
+#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; GRN=1 the fused GRN's; LOOP=1 also runs
 #     benchmarks/train_loop.py; SSD=1 also runs benchmarks/trunk_forms.py ssd; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S;
@@ -15,6 +15,8 @@
 #   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
 #     (env: SETTINGS, e.g. "bf16+compiled bf16+compiled+mamba")
 #   the mamba SSD in one call: MAMBA=tf32,bf16 CFC=0 CUDA_TESTS=tests/model/test_ssd_mamba.py bash benchmarks/trunk_device.sh OUT speed
+#   the fused GRN in one call: GRN=1 CFC=0 TRAIN_S=0 TEST_S=0 bash benchmarks/trunk_device.sh OUT speed (GRN=1: also
+#     its CUDA tests, benchmarks/ops_grn.py and the VSN in trunk_forms.py fusion)
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +39,13 @@ if [ "$mode" = speed ]; then
     echo "cfc tests: ${SECONDS} s"
     timeout 90 python3 benchmarks/ops_cfc.py --eager-reps 1 --out "$out/ops_cfc.json" 2>&1 | tail -8
     echo "cfc: ${SECONDS} s"
+  fi
+  if [ "${GRN:-0}" = 1 ]; then  # the VSN's GRNs in Triton (model.vsn.fused_grn): tests, the op, the VSN
+    timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_cuda_grn.py 2>&1 | tee "$out/cuda_tests_grn.log" | tail -3
+    timeout 240 python3 benchmarks/ops_grn.py --out "$out/ops_grn.json" 2>&1 | tee "$out/ops_grn.log" | tail -16 || status=1
+    timeout 200 python3 benchmarks/trunk_forms.py fusion --modules vsn --vsn-forms after,fused_grn --precisions bf16,tf32 \
+      --out "$out/trunk_fusion_grn.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tail -8 || status=1
+    echo "grn: ${SECONDS} s"
   fi
   if [ "${SSD:-0}" = 1 ]; then  # one compiled Mamba2 block, the SSD's decay in both forms
     timeout 240 python3 benchmarks/trunk_forms.py ssd --precisions "${SSD_PRECISIONS:-bf16,tf32}" --chunks "${SSD_CHUNKS:-${CHUNKS:-64}}" ${SSD_FLAGS-} \
