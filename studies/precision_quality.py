@@ -34,31 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from perception.studies.precision_quality import summarise
-
-PRECISIONS = ("fp32", "tf32", "bf16")
-
-
-def overrides_of(setting: str) -> list[str]:
-    """'bf16+compiled+fla' -> Hydra overrides; an unknown part is an error naming it."""
-    out = []
-    for part in setting.split("+"):
-        if part in PRECISIONS:
-            out.append(f"trainer.precision={part}")
-        elif part == "compiled":
-            out.append("model.compile_trunk=true")
-        elif part in ("fla", "mamba"):
-            out.append(f"model.mamba.ssd={part}")
-        elif part == "fusedgrn":
-            out.append("model.vsn.fused_grn=true")
-        else:
-            raise SystemExit(
-                f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
-                f"compiled, fla, mamba or fusedgrn, joined by '+'"
-            )
-    if not any(p.startswith("trainer.precision=") for p in out):
-        raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")
-    return out
+from perception.studies.precision_quality import overrides_of, summarise
 
 
 def train_one(setting: str, seed: int, args, work: Path) -> dict:

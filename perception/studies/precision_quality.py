@@ -1,10 +1,35 @@
-"""The precision study's verdicts (studies/precision_quality.py trains the runs): a setting against the
-seed-to-seed spread of fp32 runs, by one same-seed comparison or by a paired equivalence test over seeds."""
+"""The precision study's settings and verdicts (studies/precision_quality.py trains the runs): a setting's
+Hydra overrides, and the setting against the seed-to-seed spread of fp32 runs, by one same-seed comparison or
+by a paired equivalence test over seeds."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def overrides_of(setting: str) -> list[str]:
+    """'bf16+compiled+fla' -> Hydra overrides; an unknown part is an error naming it."""
+    out = []
+    for part in setting.split("+"):
+        if part in PRECISIONS:
+            out.append(f"trainer.precision={part}")
+        elif part == "compiled":
+            out.append("model.compile_trunk=true")
+        elif part in ("fla", "mamba"):
+            out.append(f"model.mamba.ssd={part}")
+        elif part == "fusedgrn":
+            out.append("model.vsn.fused_grn=true")
+        else:
+            raise SystemExit(
+                f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
+                f"compiled, fla, mamba or fusedgrn, joined by '+'"
+            )
+    if not any(p.startswith("trainer.precision=") for p in out):
+        raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")
+    return out
 
 
 def equivalence(deltas: list[float], margin: float, level: float = 0.90) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import t as student_t
 
-from perception.studies.precision_quality import equivalence, summarise
+from perception.studies.precision_quality import equivalence, overrides_of, summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32 = {0: 0.750, 1: 0.770, 2: 0.740, 3: 0.760}  # h10 AUC by seed: sd 0.0129
@@ -99,18 +99,7 @@ def test_more_setting_seeds_than_fp32_seeds_is_refused():
     assert "--setting-seeds 3: expected 1 .. --fp32-seeds (2)" in done.stderr
 
 
-def study_script():
-    """studies/precision_quality.py as a module (a script, not part of the package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("precision_quality_script", ROOT / "studies" / "precision_quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_setting_names_the_ssd_backend_and_the_fused_grn_as_overrides():
-    overrides_of = study_script().overrides_of
     assert overrides_of("bf16+compiled+mamba") == [
         "trainer.precision=bf16",
         "model.compile_trunk=true",
