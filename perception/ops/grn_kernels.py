@@ -7,10 +7,10 @@ holds its row's d values, so the GRN's matrix-vector products, ELU, GLU and Laye
 multiply-adds, with no shuffles or shared memory (the loads read one column at a time for that reason, and
 the weights one column or row at a time, so a thread holds d of them, not d²). The forward reads e and v
 and writes the weighted output; the backward recomputes the forward and writes de and dv. Its weight
-gradients are sums over rows: the matrices as dots over each block's rows (three TF32 products per
-product, `tf32x3`: fp32's accuracy on tensor cores), the vectors as row sums; each program keeps its own
-and writes them to a (programs, F, ...) buffer that the caller sums over its first dim. No atomics: the bits
-do not depend on scheduling. Imported only where Triton is (CUDA machines); the interpreter runs them on
+gradients are sums over rows, three dots over each block's rows (three TF32 products per product,
+`tf32x3`: fp32's accuracy on tensor cores) whose right operands carry a row of ones for the bias sums; each
+program keeps its own and writes them to a (programs, F, ...) buffer that the caller sums over its first
+dim. No atomics: the bits do not depend on scheduling. Imported only where Triton is (CUDA machines); the interpreter runs them on
 CPU tensors, and `triton.compile` for sm_89/sm_90 runs without a GPU (docs/performance.md says what it
 showed)."""
 
