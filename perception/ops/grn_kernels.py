@@ -10,9 +10,9 @@ and writes the weighted output; the backward recomputes the forward and writes d
 gradients are sums over rows, three dots over each block's rows (three TF32 products per product,
 `tf32x3`: fp32's accuracy on tensor cores) whose right operands carry a row of ones for the bias sums; each
 program keeps its own and writes them to a (programs, F, ...) buffer that the caller sums over its first
-dim. No atomics: the bits do not depend on scheduling. Imported only where Triton is (CUDA machines); the interpreter runs them on
-CPU tensors, and `triton.compile` for sm_89/sm_90 runs without a GPU (docs/performance.md says what it
-showed)."""
+dim. No atomics: the bits do not depend on scheduling. Imported only where Triton is (CUDA machines); the
+interpreter runs them on CPU tensors, and `triton.compile` for sm_89/sm_90 runs without a GPU
+(docs/performance.md says what it showed)."""
 
 from __future__ import annotations
 
