@@ -110,19 +110,18 @@ def _check(op: str, e: torch.Tensor, v: torch.Tensor, weights: tuple[torch.Tenso
         )
 
 
-def _programs(n: int, block: int) -> int:
-    """Row ranges per variable: at most LAUNCH's, and none without a block of rows."""
-    return max(1, min(LAUNCH["programs_per_variable"], _ceil_div(n, block)))
+def _grid(n: int, block: int) -> tuple[int, int]:
+    """(rows per program, programs per variable): at most LAUNCH's ranges, each whole blocks of `block` rows."""
+    ranges = max(1, min(LAUNCH["programs_per_variable"], _ceil_div(n, block)))
+    rows = _ceil_div(_ceil_div(n, ranges), block) * block
+    return rows, _ceil_div(n, rows)
 
 
-def _launch(kernel, block: int, e: torch.Tensor, *args) -> int:
-    """Run `kernel` over (F, programs), rows split evenly in whole blocks of `block` (a multiple of 32: one row
-    per lane); returns the programs per variable."""
+def _launch(kernel, block: int, e: torch.Tensor, *args) -> None:
+    """Run `kernel` over (F, programs) in blocks of `block` rows, a multiple of 32: one row per lane."""
     n, f, d = e.shape
-    rows = _ceil_div(_ceil_div(n, _programs(n, block)), block) * block
-    programs = _ceil_div(n, rows)
+    rows, programs = _grid(n, block)
     kernel[(f, programs)](*args, n, f, rows, D=d, BLOCK_N=block, num_warps=block // 32)
-    return programs
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -181,12 +180,12 @@ def grn_select_bwd(
     de, dv = torch.empty_like(e), torch.empty_like(v)
     per_variable = 3 * d * d + 5 * d
     block = LAUNCH["bwd_rows"]
-    partial = torch.empty((_programs(n, block), f, per_variable), dtype=torch.float32, device=e.device)
+    partial = torch.empty((_grid(n, block)[1], f, per_variable), dtype=torch.float32, device=e.device)
     with torch.cuda.device(e.device):
-        used = _launch(
+        _launch(
             kernels.grn_select_bwd_kernel, block, e, grad, e, v, *(w.contiguous() for w in weights), de, dv, partial
         )
-    sums = partial[:used].sum(0)  # (F, per_variable)
+    sums = partial.sum(0)  # (F, per_variable): every program wrote its row
     dw1, db1, dw2a, dw2b, db2a, db2b, dlnw, dlnb = sums.split([d * d, d, d * d, d * d, d, d, d, d], dim=1)
     grads = (
         dw1.reshape(f, d, d),
