@@ -303,57 +303,24 @@ def main() -> None:
     ]
     for precision in [p for p in listed(args.precisions) if p != "fp32"]:
         rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision))
-    for precision in listed(args.compiled):
-        for chunk in map(int, listed(args.chunks)):
-            rows.append(
-                measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk)
-            )
-    for precision in listed(args.graph):
-        for chunk in map(int, listed(args.chunks)):
-            rows.append(
-                measure(
-                    args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, chunk=chunk, graph=True
-                )
-            )
+    chunks = [int(c) for c in listed(args.chunks)]
+
+    def compiled(precision: str, **setting) -> dict:  # a model.compile_trunk row of the per-horizon model
+        return measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, **setting)
+
+    rows += [compiled(p, chunk=c) for p in listed(args.compiled) for c in chunks]
+    rows += [compiled(p, chunk=c, graph=True) for p in listed(args.graph) for c in chunks]
     refusal = fla_refusal() if listed(args.fla) else None
     if refusal is None:
-        for precision in listed(args.fla):
-            rows.append(measure(args, "cuda", "per_horizon", args.reps, precision=precision, compiled=True, ssd="fla"))
+        rows += [compiled(p, ssd="fla") for p in listed(args.fla)]
     else:
         print(f"  (model.mamba.ssd=fla rows skipped: {refusal})")
     refusal = mamba_refusal() if listed(args.mamba) else None
-    if refusal is None:
-        for precision in listed(args.mamba):
-            for chunk in map(int, listed(args.chunks)):  # the library's chunk is model.mamba.chunk too
-                rows.append(
-                    measure(
-                        args,
-                        "cuda",
-                        "per_horizon",
-                        args.reps,
-                        precision=precision,
-                        compiled=True,
-                        ssd="mamba",
-                        chunk=chunk,
-                    )
-                )
+    if refusal is None:  # the library's chunk is model.mamba.chunk too
+        rows += [compiled(p, ssd="mamba", chunk=c) for p in listed(args.mamba) for c in chunks]
     else:
         print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
-
-    for precision in listed(args.fused_grn):
-        rows.append(
-            measure(
-                args,
-                "cuda",
-                "per_horizon",
-                args.reps,
-                precision=precision,
-                compiled=True,
-                ssd=args.fused_grn_ssd,
-                chunk=int(listed(args.chunks)[0]),
-                fused_grn=True,
-            )
-        )
+    rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fused_grn=True) for p in listed(args.fused_grn)]
 
     kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
