@@ -10,20 +10,15 @@ triton (a CUDA build of torch ships it; `pip install triton` beside a CPU build)
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    sys.exit("set TRITON_INTERPRET=1: the kernels run in Triton's interpreter here")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.interpret import OPCHECKS, on_cpu, relative, write_result  # noqa: E402  (first: the interpreter's guard)
 
 import torch  # noqa: E402
-
-torch.cuda.device = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment,misc]  # no CUDA device here
 
 from perception.ops import grn  # noqa: E402
 
@@ -35,10 +30,6 @@ def inputs(n: int, f: int, d: int, seed: int) -> list[torch.Tensor]:
     r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
     return [r(n, f, d), torch.softmax(r(n, f), -1), r(f, d, d) / 3, r(f, d) / 3, r(f, 2 * d, d) / 3, r(f, 2 * d) / 3,
             1 + r(f, d) / 3, r(f, d) / 3]  # fmt: skip
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b).abs().max() / b.abs().max()).item()
 
 
 def check(n: int, f: int, d: int, seed: int) -> dict:
@@ -60,33 +51,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/grn_interpret.json")
     args = parser.parse_args()
-    for op in (grn.grn_select_fwd, grn.grn_select_bwd):  # the same functions, for CPU tensors
-        op.register_kernel("cpu")(op._init_fn)
+    on_cpu(grn.grn_select_fwd, grn.grn_select_bwd)
     shapes = [(300, 5, 8), (4099, 3, 8), (1000, 7, 4), (65, 2, 2), (1201, 65, 8)]
     rows = [check(n, f, d, seed) for seed, (n, f, d) in enumerate(shapes)]
     torch.library.opcheck(
-        grn.grn_select_fwd,
-        [t.float().requires_grad_() for t in inputs(200, 4, 8, 9)],
-        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+        grn.grn_select_fwd, [t.float().requires_grad_() for t in inputs(200, 4, 8, 9)], test_utils=OPCHECKS
     )
     keys = ["out", *("d" + name for name in NAMES)]
-    worst = max(r[k] for r in rows for k in keys)
     print("| N | F | d | " + " | ".join(keys) + " | s |\n|" + "---|" * (len(keys) + 4))
     for r in rows:
         print(f"| {r['n']} | {r['f']} | {r['d']} | " + " | ".join(f"{r[k]:.1e}" for k in keys) + f" | {r['seconds']} |")
-    print(f"largest relative error {worst:.2e} (fp32 kernels in the interpreter against fp64); opcheck passed")
-    import triton
-
-    result = {
-        "rows": rows,
-        "largest_relative_error": worst,
-        "opcheck": "passed (schema, fake tensors, aot dispatch)",
-        "machine": {"host": platform.node(), "cpu": platform.processor(), "cores": os.cpu_count()},
-        "versions": {"torch": torch.__version__, "triton": triton.__version__},
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, rows, keys)
 
 
 if __name__ == "__main__":

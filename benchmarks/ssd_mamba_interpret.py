@@ -10,22 +10,18 @@ train_step.py's. Needs triton and the mamba-ssm wheel (perception/model/ssd_mamb
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
-import platform
 import sys
 import time
 import types
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET") != "1":
-    sys.exit("set TRITON_INTERPRET=1: the kernels run in Triton's interpreter here")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.interpret import OPCHECKS, on_cpu, relative, write_result  # noqa: E402  (first: the interpreter's guard)
 
 import torch  # noqa: E402
 
-# the library enters its tensors' CUDA device and reads its SM count; on CPU tensors neither exists
-torch.cuda.device = lambda *a, **k: contextlib.nullcontext()  # type: ignore[assignment,misc]
+# the library also reads its SM count, which CPU tensors have not
 torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(multi_processor_count=132)  # type: ignore
 
 from perception.model import ssd_mamba  # noqa: E402
@@ -41,10 +37,6 @@ def inputs(k: int, seed: int, b: int = 2, h: int = 4, p: int = 16, n: int = 16) 
     B, C = (torch.randn(b, k, n, generator=g, dtype=torch.float64) for _ in range(2))
     D = torch.randn(h, generator=g, dtype=torch.float64)
     return [x, dt, A, B, C, D]
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b).abs().max() / b.abs().max()).item()
 
 
 def check(k: int, chunk: int, seed: int) -> dict:
@@ -71,34 +63,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/ssd_mamba_interpret.json")
     args = parser.parse_args()
-    for op in (ssd_mamba.ssd_mamba_fwd, ssd_mamba.ssd_mamba_bwd):  # the same functions, for CPU tensors
-        op.register_kernel("cpu")(op._init_fn)
+    on_cpu(ssd_mamba.ssd_mamba_fwd, ssd_mamba.ssd_mamba_bwd)
     rows = [check(k, chunk, seed) for seed, (k, chunk) in enumerate([(200, 64), (130, 64), (256, 64), (300, 32)])]
     x, dt, A, B, C, D = (t.float() for t in inputs(130, 9))
     args_fwd = [x, dt, A, B.unsqueeze(2), C.unsqueeze(2), D]
-    torch.library.opcheck(
-        ssd_mamba.ssd_mamba_fwd,
-        [*[t.requires_grad_() for t in args_fwd], 64],
-        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
-    )
-    worst = max(max(v for key, v in r.items() if key in ("y", "dx", "ddt", "dA", "dB", "dC", "dD")) for r in rows)
-    print("| K | chunk | y | dx | ddt | dA | dB | dC | dD | s |\n|---|---|---|---|---|---|---|---|---|---|")
+    torch.library.opcheck(ssd_mamba.ssd_mamba_fwd, [*[t.requires_grad_() for t in args_fwd], 64], test_utils=OPCHECKS)
+    keys = ["y", "dx", "ddt", "dA", "dB", "dC", "dD"]
+    print("| K | chunk | " + " | ".join(keys) + " | s |\n|" + "---|" * (len(keys) + 3))
     for r in rows:
-        errs = " | ".join(f"{r[key]:.1e}" for key in ("y", "dx", "ddt", "dA", "dB", "dC", "dD"))
-        print(f"| {r['k']} | {r['chunk']} | {errs} | {r['seconds']} |")
-    print(f"largest relative error {worst:.2e} (fp32 kernels in the interpreter against fp64); opcheck passed")
-    import triton
-
-    result = {
-        "rows": rows,
-        "largest_relative_error": worst,
-        "opcheck": "passed (schema, fake tensors, aot dispatch)",
-        "machine": {"host": platform.node(), "cpu": platform.processor(), "cores": os.cpu_count()},
-        "versions": {"torch": torch.__version__, "triton": triton.__version__, "mamba": ssd_mamba.MAMBA_REQUIREMENT},
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+        print(f"| {r['k']} | {r['chunk']} | " + " | ".join(f"{r[k]:.1e}" for k in keys) + f" | {r['seconds']} |")
+    write_result(args.out, rows, keys, mamba=ssd_mamba.MAMBA_REQUIREMENT)
 
 
 if __name__ == "__main__":
