@@ -18,8 +18,9 @@ another path, and at small scale that moves a same-seed difference by a seed's w
 verdict is an equivalence test on the M paired differences (setting − fp32, same seed): `holds` when their
 mean's 90% t-interval lies inside ±margin (two one-sided tests at 5%), `differs` when it lies outside,
 `inconclusive` otherwise; a setting holds when every horizon holds and differs when any horizon differs.
-Whether the setting's AUC lies inside the fp32 runs' [min, max] is recorded too. Writes JSON and a plot
-to studies/results/."""
+With --fp32-from ROWS.jsonl the fp32 runs come from an earlier study of the same code on the same GPU model
+(a new setting checked against fp32 runs already made). Whether the setting's AUC lies inside the fp32
+runs' [min, max] is recorded too. Writes JSON and a plot to studies/results/."""
 
 from __future__ import annotations
 
@@ -165,6 +166,14 @@ def main() -> int:
         help="train nothing: summarise the finished runs these files hold (a killed study's, or "
         "studies of the same code over disjoint seeds, e.g. --seed 0 and --seed 5)",
     )
+    p.add_argument(
+        "--fp32-from",
+        type=Path,
+        default=None,
+        metavar="ROWS.jsonl",
+        help="train no fp32 runs: pair the settings' runs with the fp32 runs of this file (same experiment, "
+        "overrides and GPU model; its seeds must cover --seed .. --seed + --fp32-seeds - 1)",
+    )
     p.add_argument("--machine", default=None, help="with --from-rows: the machine of rows that name none")
     p.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run (after --)")
     args = p.parse_args()
@@ -180,19 +189,21 @@ def main() -> int:
             f"--setting-seeds {args.setting_seeds}: expected 1 .. --fp32-seeds ({args.fp32_seeds}), "
             "each setting's run is paired with the fp32 run of its seed"
         )
+    fp32_rows = fp32_runs_of(args) if args.fp32_from else []
     if shutil.which("perception-train") is None:
         raise SystemExit("perception-train is not on PATH: install the package (pip install -e .)")
     # seed by seed, each fp32 run beside the runs paired with it: a killed study keeps whole pairs, and at
     # most about half the runs at once are fp32's, the largest (an 80 GiB GPU holds two at production K)
     jobs = []
     for i in range(args.fp32_seeds):
-        jobs.append(("fp32", args.seed + i))
+        if not fp32_rows:
+            jobs.append(("fp32", args.seed + i))
         jobs += [(s, args.seed + i) for s in args.settings if i < args.setting_seeds]
     work = Path(tempfile.mkdtemp(prefix="precision-quality-"))
     out, tag = results_place(args)
     finished = out / f"{tag}.rows.jsonl"  # one line per finished run: a killed study keeps what it ran
     finished.unlink(missing_ok=True)
-    rows = []
+    rows = list(fp32_rows)
     from tqdm import tqdm
 
     with ThreadPoolExecutor(args.parallel) as pool, tqdm(total=len(jobs), unit="run", file=sys.stderr) as bar:
@@ -233,6 +244,24 @@ def read_rows(paths: list[Path], args) -> list[dict]:
             seen[key] = f"{path}:{n}"
             rows.append(row)
     return rows
+
+
+def fp32_runs_of(args) -> list[dict]:
+    """--fp32-from's finished fp32 runs at the study's seeds, made on this GPU model (a pair from two GPU
+    models would measure the GPUs' kernels as well as the setting)."""
+    seeds = range(args.seed, args.seed + args.fp32_seeds)
+    runs = [r for r in read_rows([args.fp32_from], args) if r["setting"] == "fp32" and r["seed"] in seeds]
+    runs = [r for r in runs if "auc" in r]
+    missing = sorted(set(seeds) - {r["seed"] for r in runs})
+    if missing:
+        raise SystemExit(f"--fp32-from {args.fp32_from}: no finished fp32 run at seed(s) {missing}")
+    machines = {r["machine"] for r in runs}
+    if machines != {args.machine}:
+        raise SystemExit(
+            f"--fp32-from {args.fp32_from}: its fp32 runs were made on {sorted(map(str, machines))}, "
+            f"expected this GPU, {args.machine}"
+        )
+    return runs
 
 
 def results_place(args) -> tuple[Path, str]:
