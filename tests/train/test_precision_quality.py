@@ -209,3 +209,25 @@ def test_paired_verdict_end_to_end_on_cpu(tmp_path):
         ("tf32", 0),
         ("tf32", 1),
     ]
+
+
+def test_fp32_runs_from_an_earlier_study_must_cover_the_seeds_and_come_from_this_gpu(tmp_path):
+    def study(earlier: Path, seeds: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "studies/precision_quality.py", "--experiment", "local", "--device", "cpu"]
+            + ["--fp32-seeds", str(seeds), "--setting-seeds", "2", "--settings", "bf16", "--fp32-from", str(earlier)],
+            cwd=ROOT,
+            env={**os.environ, "PERCEPTION_RESULTS": str(tmp_path / "out")},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    on_cpu = write_rows(tmp_path / "cpu.jsonl", [dict(r, machine="cpu") for r in fp32_rows()])
+    done = study(on_cpu, seeds=6)
+    assert done.returncode != 0 and f"--fp32-from {on_cpu}: no finished fp32 run at seed(s) [4, 5]" in done.stderr
+    on_gpu = write_rows(tmp_path / "gpu.jsonl", [dict(r, machine="NVIDIA H100 80GB HBM3") for r in fp32_rows()])
+    done = study(on_gpu, seeds=4)
+    assert done.returncode != 0
+    assert "its fp32 runs were made on ['NVIDIA H100 80GB HBM3'], expected this GPU, cpu" in done.stderr
+    assert not (tmp_path / "out").exists()
