@@ -2,7 +2,7 @@
 # On the GPU machine: the trunk's speed, quality and determinism checks.
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
 #     (env: PRECISIONS, COMPILED, CHUNKS, FLA, MAMBA, FUSED_GRN, FUSED_GRN_SSD, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
-#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; GRN=1 the fused GRN's (GRN_PRECISIONS its VSN rows); LOOP=1 also runs
+#     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; GRN=1 the fused GRN's (GRN_PRECISIONS, VSN_FORMS its VSN rows); LOOP=1 also runs
 #     benchmarks/train_loop.py; SSD=1 also runs benchmarks/trunk_forms.py ssd; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
 #     (env: LOCAL_SETTINGS, SETTING_SEEDS (seeds per setting at local scale, paired verdict from 2), LOCAL_S;
@@ -43,7 +43,7 @@ if [ "$mode" = speed ]; then
   if [ "${GRN:-0}" = 1 ]; then  # the VSN's GRNs in Triton (model.vsn.fused_grn): tests, the op, the VSN
     timeout 120 python3 -m pytest -q -m cuda -p no:cacheprovider tests/ops/test_cuda_grn.py 2>&1 | tee "$out/cuda_tests_grn.log" | tail -3
     timeout 240 python3 benchmarks/ops_grn.py --out "$out/ops_grn.json" 2>&1 | tee "$out/ops_grn.log" | tail -16 || status=1
-    timeout 200 python3 benchmarks/trunk_forms.py fusion --modules vsn --vsn-forms after,fused_grn --precisions "${GRN_PRECISIONS:-bf16,tf32}" \
+    timeout 320 python3 benchmarks/trunk_forms.py fusion --modules vsn --vsn-forms "${VSN_FORMS:-after,fused_grn}" --precisions "${GRN_PRECISIONS:-bf16,tf32}" \
       --out "$out/trunk_fusion_grn.json" 2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tail -8 || status=1
     echo "grn: ${SECONDS} s"
   fi

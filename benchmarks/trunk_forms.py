@@ -285,7 +285,8 @@ def fusion_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vsn-forms",
         default="after,pointwise",
-        help="VSN forms beside 'before': after (the model's), pointwise, fused_grn (model.vsn.fused_grn)",
+        help="VSN forms beside 'before': after (the model's), pointwise, fused_grn (model.vsn.fused_grn), folded "
+        "(model.vsn.fold_embed), fused_grn_folded (both)",
     )
     parser.add_argument("--out", default="benchmarks/results/trunk_fusion.json")
 
@@ -366,8 +367,9 @@ VSN_FORMS = {"before": grouped_linear, "after": grouped_linear_block_diag, "poin
 
 
 def vsn_module(features: int, d_model: int, form: str) -> torch.nn.Module:
-    """`fused_grn`: the variables' GRNs and their weighting in grn_select's Triton kernels (model.vsn.fused_grn)."""
-    vsn = VSN(features, 8, d_model, fused_grn=form == "fused_grn")
+    """`fused_grn`: the variables' GRNs and their weighting in grn_select's Triton kernels (model.vsn.fused_grn);
+    `folded`: the linears that read the embedding folded into it (model.vsn.fold_embed)."""
+    vsn = VSN(features, 8, d_model, fused_grn=form.startswith("fused_grn"), fold_embed=form.endswith("folded"))
     vsn.reset_parameters(torch.Generator().manual_seed(0))
     if form != "eager":
         vsn.compile_regions()

@@ -33,6 +33,9 @@ class VSNConfig:
     # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Its speed on a GPU is owed
     # (docs/performance.md "The VSN's GRNs in Triton")
     fused_grn: bool = False
+    # EXPERIMENTAL: the linears that read the embedding folded into it, reading the F raw features (exact in
+    # arithmetic, another rounding; perception/model/vsn.py fold_embedding). Its speed on a GPU is owed
+    fold_embed: bool = False
 
 
 @dataclass

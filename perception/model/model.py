@@ -47,7 +47,9 @@ class PerceptionModel(nn.Module):
         m = cfg.mamba
 
         with torch.random.fork_rng(devices=[]):  # module constructors must not move the global RNG
-            self.vsn = VSN(self.n_features, int(cfg.vsn.d_var), d, bool(cfg.vsn.fused_grn), backend)
+            self.vsn = VSN(
+                self.n_features, int(cfg.vsn.d_var), d, bool(cfg.vsn.fused_grn), backend, bool(cfg.vsn.fold_embed)
+            )
             self.mamba = Mamba2(
                 d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk), m.ssd
             )

@@ -34,6 +34,14 @@ def grouped_linear_block_diag(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor)
     return (a.flatten(-2) @ dense.t()).unflatten(-1, (f, o)) + b
 
 
+def fold_embedding(w: torch.Tensor, b: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor):
+    """A Linear(F·d_v -> o) (w: (o, F·d_v), b: (o,)) of the embedding x·embed_w + embed_b (`embed`) as a
+    Linear(F -> o) of x itself, exactly: w·(x ⊗ embed_w + embed_b) + b = (w ⊙ embed_w)·x + (w·embed_b + b)."""
+    f, d = embed_w.shape
+    folded = (w.unflatten(-1, (f, d)) * embed_w).sum(-1)  # (o, F)
+    return folded, w @ embed_b.flatten() + b
+
+
 class GroupedGRN(nn.Module):
     """F independent GRNs of width d (input = hidden = output = d), weights stacked over F.
     GRN(a) = LayerNorm(a + GLU(fc2(ELU(fc1(a)))))."""
@@ -68,6 +76,18 @@ class GroupedGRN(nn.Module):
         out = F.layer_norm(a + h, a.shape[-1:])
         return out * self.ln_w + self.ln_b
 
+    def forward_embedded(self, x: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor) -> torch.Tensor:
+        """`forward(embed(x, embed_w, embed_b))` with fc1 folded into the embedding: each variable's a is
+        affine in its scalar x, so fc1(a) = x·(W1 embed_w) + (W1 embed_b + b1), a multiply-add, not a GEMM.
+        x: (..., F) -> (..., F, d)."""
+        a = embed(x, embed_w, embed_b)  # (..., F, d)
+        u = torch.einsum("foi,fi->fo", self.fc1_w, embed_w)  # (F, d)
+        c = torch.einsum("foi,fi->fo", self.fc1_w, embed_b) + self.fc1_b
+        h = self._linear(F.elu(x.unsqueeze(-1) * u + c), self.fc2_w, self.fc2_b)  # (..., F, 2d)
+        h = F.glu(h, dim=-1)  # (..., F, d)
+        out = F.layer_norm(a + h, a.shape[-1:])
+        return out * self.ln_w + self.ln_b
+
 
 class GRN(nn.Module):
     """One GRN from d_in to d_out through width d_hidden, with a linear skip (d_in != d_out)."""
@@ -88,6 +108,14 @@ class GRN(nn.Module):
         h = F.glu(self.fc2(F.elu(self.fc1(a))), dim=-1)
         return self.norm(self.skip(a) + h)
 
+    def forward_embedded(self, x: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor) -> torch.Tensor:
+        """`forward(embed(x, embed_w, embed_b).flatten(-2))` with fc1 and skip folded into the embedding
+        (`fold_embedding`): their GEMMs read F inputs a row instead of F·d_v. x: (..., F) -> (..., d_out)."""
+        w1, b1 = fold_embedding(self.fc1.weight, self.fc1.bias, embed_w, embed_b)
+        ws, bs = fold_embedding(self.skip.weight, self.skip.bias, embed_w, embed_b)
+        h = F.glu(self.fc2(F.elu(F.linear(x, w1, b1))), dim=-1)
+        return self.norm(F.linear(x, ws, bs) + h)
+
 
 def embed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """x: (B, K, F), w, b: (F, d_v) -> (B, K, F, d_v): Linear(1 -> d_v) per variable."""
@@ -103,18 +131,30 @@ def select(logits: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.
 class VSN(nn.Module):
     """x: (B, K, F) -> (B, K, D), plus the selection weights v: (B, K, F). With `fused_grn` the variables'
     GRNs and their weighting are one op (`perception.ops.grn_select`, kernels by `backend`), which keeps
-    none of the GRNs' (B, K, F, ·) intermediates."""
+    none of the GRNs' (B, K, F, ·) intermediates. With `fold_embed` the GEMMs that read the embedding (the
+    variables' fc1, the selection GRN's fc1 and skip) read x instead (`fold_embedding`): the same function,
+    fewer FLOPs and one (B, K, F·d_v) tensor fewer."""
 
-    def __init__(self, n_features: int, d_var: int, d_model: int, fused_grn: bool = False, backend: str = "auto"):
+    def __init__(
+        self,
+        n_features: int,
+        d_var: int,
+        d_model: int,
+        fused_grn: bool = False,
+        backend: str = "auto",
+        fold_embed: bool = False,
+    ):
         super().__init__()
         self.n_features, self.d_var = n_features, d_var
-        self.fused_grn, self.backend = fused_grn, backend
+        self.fused_grn, self.backend, self.fold_embed = fused_grn, backend, fold_embed
         self.embed_w = nn.Parameter(torch.empty(n_features, d_var))  # Linear(1 -> d_v) per variable
         self.embed_b = nn.Parameter(torch.empty(n_features, d_var))
         self.var_grn = GroupedGRN(n_features, d_var)
         self.select_grn = GRN(n_features * d_var, d_model, n_features)
         self.out = nn.Linear(n_features * d_var, d_model)
         self._embed, self._select = embed, select
+        self._var_grn_embedded = self.var_grn.forward_embedded  # the fold_embed forms
+        self._select_grn_embedded = self.select_grn.forward_embedded
 
     def compile_regions(self) -> None:
         """torch.compile (static shapes) in four regions: embed, the variable GRNs (their linears as one
@@ -127,6 +167,13 @@ class VSN(nn.Module):
         if not self.fused_grn:  # else the GRNs run in grn_select's kernels
             self.var_grn.compile_fused()  # in place: parameter names and checkpoints unchanged
         self.select_grn.compile(dynamic=False, options=inductor_options())
+        if self.fold_embed:  # the same two regions, reading x instead of the embedding
+            self._var_grn_embedded = torch.compile(
+                self.var_grn.forward_embedded, dynamic=False, options=inductor_options()
+            )
+            self._select_grn_embedded = torch.compile(
+                self.select_grn.forward_embedded, dynamic=False, options=inductor_options()
+            )
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         uniform_(self.embed_w, 1.0, gen)  # fan_in 1
@@ -136,12 +183,18 @@ class VSN(nn.Module):
         init_linear(self.out, gen)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        e = self._embed(x, self.embed_w, self.embed_b)  # (B, K, F, d_v)
+        ew, eb = self.embed_w, self.embed_b
+        # with fold_embed the GRNs read x and build what they need of the embedding themselves
+        e = None if self.fold_embed and not self.fused_grn else self._embed(x, ew, eb)  # (B, K, F, d_v)
+        if self.fold_embed:
+            logits = self._select_grn_embedded(x, ew, eb)  # (B, K, F)
+        else:
+            logits = self.select_grn(e.flatten(-2))
         if self.fused_grn:
-            v = torch.softmax(self.select_grn(e.flatten(-2)), dim=-1)  # (B, K, F)
+            v = torch.softmax(logits, dim=-1)  # (B, K, F)
             g = self.var_grn
             weights = (g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b)
             return self.out(grn_select(e, v, *weights, backend=self.backend).flatten(-2)), v
-        xi = self.var_grn(e)  # (B, K, F, d_v)
-        selected, v = self._select(self.select_grn(e.flatten(-2)), xi)  # (B, K, F * d_v), (B, K, F)
+        xi = self._var_grn_embedded(x, ew, eb) if self.fold_embed else self.var_grn(e)  # (B, K, F, d_v)
+        selected, v = self._select(logits, xi)  # (B, K, F * d_v), (B, K, F)
         return self.out(selected), v

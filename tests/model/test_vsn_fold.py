@@ -1,0 +1,48 @@
+"""model.vsn.fold_embed: the linears that read the embedding, folded into it, compute the unfolded VSN's
+function (fp64) and its gradients, eager and compiled, under the same parameter names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from perception.model.vsn import VSN, fold_embedding
+
+
+def _vsn(fold: bool) -> VSN:
+    vsn = VSN(6, 4, 16, fold_embed=fold, backend="ref")
+    vsn.reset_parameters(torch.Generator().manual_seed(0))
+    return vsn
+
+
+def _run(vsn: VSN, x: torch.Tensor):
+    out, v = vsn(x)
+    (out.square().sum() + (v * torch.arange(v.shape[-1], dtype=v.dtype)).sum()).backward()
+    return out.detach(), v.detach(), {n: p.grad.clone() for n, p in vsn.named_parameters()}
+
+
+def test_a_folded_linear_of_the_embedding_is_the_linear_of_the_embedding():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 7, 6, generator=g, dtype=torch.float64)
+    ew, eb = (torch.randn(6, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    w, b = torch.randn(9, 24, generator=g, dtype=torch.float64), torch.randn(9, generator=g, dtype=torch.float64)
+    e = (x.unsqueeze(-1) * ew + eb).flatten(-2)  # (5, 7, 24)
+    folded_w, folded_b = fold_embedding(w, b, ew, eb)
+    assert folded_w.shape == (9, 6)
+    torch.testing.assert_close(x @ folded_w.T + folded_b, e @ w.T + b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow(seconds=20))])
+def test_the_folded_vsn_gives_the_unfolded_outputs_and_gradients(compiled):
+    x = torch.randn(3, 11, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    plain, folded = _vsn(False).double(), _vsn(True).double()
+    if compiled:
+        folded.compile_regions()
+    assert list(folded.state_dict()) == list(plain.state_dict())
+    want, got = _run(plain, x), _run(folded, x)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-12)
+    assert got[2].keys() == want[2].keys()
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-9, atol=1e-11, msg=name)
+    assert not torch.equal(got[2]["embed_w"], torch.zeros_like(got[2]["embed_w"]))
