@@ -184,17 +184,18 @@ class VSN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ew, eb = self.embed_w, self.embed_b
-        # with fold_embed the GRNs read x and build what they need of the embedding themselves
-        e = None if self.fold_embed and not self.fused_grn else self._embed(x, ew, eb)  # (B, K, F, d_v)
-        if self.fold_embed:
-            logits = self._select_grn_embedded(x, ew, eb)  # (B, K, F)
-        else:
-            logits = self.select_grn(e.flatten(-2))
         if self.fused_grn:
+            e = self._embed(x, ew, eb)  # (B, K, F, d_v)
+            logits = self._select_grn_embedded(x, ew, eb) if self.fold_embed else self.select_grn(e.flatten(-2))
             v = torch.softmax(logits, dim=-1)  # (B, K, F)
             g = self.var_grn
             weights = (g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b)
             return self.out(grn_select(e, v, *weights, backend=self.backend).flatten(-2)), v
-        xi = self._var_grn_embedded(x, ew, eb) if self.fold_embed else self.var_grn(e)  # (B, K, F, d_v)
+        if self.fold_embed:  # the GRNs read x and build what they need of the embedding themselves
+            xi = self._var_grn_embedded(x, ew, eb)  # (B, K, F, d_v)
+            logits = self._select_grn_embedded(x, ew, eb)  # (B, K, F)
+        else:
+            e = self._embed(x, ew, eb)
+            xi, logits = self.var_grn(e), self.select_grn(e.flatten(-2))
         selected, v = self._select(logits, xi)  # (B, K, F * d_v), (B, K, F)
         return self.out(selected), v
