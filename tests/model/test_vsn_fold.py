@@ -46,3 +46,23 @@ def test_the_folded_vsn_gives_the_unfolded_outputs_and_gradients(compiled):
     for name in want[2]:
         torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-9, atol=1e-11, msg=name)
     assert not torch.equal(got[2]["embed_w"], torch.zeros_like(got[2]["embed_w"]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_folded_vsn_matches_the_unfolded_at_production_size_on_cuda():
+    """F = 65, d_v = 8, D = 128, K = 6000, compiled, fp32 (tf32 off): the two roundings agree closely."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    x = torch.randn(2, 6000, 65, generator=torch.Generator().manual_seed(2)).cuda()
+    runs = []
+    for fold in (False, True):
+        vsn = VSN(65, 8, 128, fold_embed=fold)
+        vsn.reset_parameters(torch.Generator().manual_seed(0))
+        vsn.compile_regions()
+        runs.append(_run(vsn.cuda(), x))
+    (want_out, want_v, want_grads), (got_out, got_v, got_grads) = runs
+    torch.testing.assert_close(got_out, want_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_v, want_v, rtol=1e-4, atol=1e-6)
+    for name in want_grads:
+        scale = want_grads[name].abs().max()
+        assert (got_grads[name] - want_grads[name]).abs().max() <= 1e-4 * scale, name
