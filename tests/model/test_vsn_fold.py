@@ -17,7 +17,7 @@ def _vsn(fold: bool) -> VSN:
 
 def _run(vsn: VSN, x: torch.Tensor):
     out, v = vsn(x)
-    (out.square().sum() + (v * torch.arange(v.shape[-1], dtype=v.dtype)).sum()).backward()
+    (out.square().sum() + (v * torch.arange(v.shape[-1], dtype=v.dtype, device=v.device)).sum()).backward()
     return out.detach(), v.detach(), {n: p.grad.clone() for n, p in vsn.named_parameters()}
 
 
