@@ -8,7 +8,7 @@ hashes differ, the gradients after the first step say which tensors differ first
         [--cfc-path auto|portable] [--autotune]   # --autotune: Inductor's autotuning back on, as before
 
 A setting may name the SSD backend last, e.g. bf16+compiled+mamba (model.mamba.ssd; chunked otherwise), and
-`fusedgrn` for model.vsn.fused_grn, e.g. bf16+compiled+fusedgrn.
+`fusedgrn` for model.vsn.fused_grn, e.g. bf16+compiled+fusedgrn, and `folded` for model.vsn.fold_embed.
 """
 
 from __future__ import annotations
@@ -43,9 +43,8 @@ def train_and_hash(
     precision, *flags = setting.split("+")  # e.g. bf16+compiled+mamba: the SSD backend last, chunked by default
     ssd = next((f for f in flags if f in ("fla", "mamba")), "chunked")
     shape = argparse.Namespace(batch=batch, window=window, features=features, d_model=128)
-    model, train_step, _ = build(
-        shape, ops, "shared", precision, "compiled" in flags, ssd=ssd, chunk=64, fused_grn="fusedgrn" in flags
-    )
+    vsn = dict(fused_grn="fusedgrn" in flags, fold_embed="folded" in flags)
+    model, train_step, _ = build(shape, ops, "shared", precision, "compiled" in flags, ssd=ssd, chunk=64, **vsn)
     for step in range(steps):
         train_step()
         if step == 0 and grads_to is not None:

@@ -72,6 +72,7 @@ def build(
     chunk: int | None = None,
     graph: bool = False,
     fused_grn: bool = False,
+    fold_embed: bool = False,
 ):
     mamba = MambaConfig(ssd=ssd) if chunk is None else MambaConfig(ssd=ssd, chunk=chunk)
     cfg = ModelConfig(
@@ -80,7 +81,7 @@ def build(
         ops=ops,
         compile_trunk=compiled,
         mamba=mamba,
-        vsn=VSNConfig(fused_grn=fused_grn),
+        vsn=VSNConfig(fused_grn=fused_grn, fold_embed=fold_embed),
     )
     model = PerceptionModel(cfg, n_features=args.features, horizons=HORIZONS, seed=0).cuda()
     model.set_dt_scale(1.0)
@@ -133,6 +134,7 @@ def label(row: dict) -> str:
         + (" compiled" if row["compiled"] else "")
         + (f" {row['ssd']}" if row["ssd"] != "chunked" else "")
         + (" fused GRN" if row.get("fused_grn") else "")
+        + (" folded embedding" if row.get("fold_embed") else "")
         + (f" chunk {row['chunk']}" if row["chunk"] != DEFAULT_CHUNK else "")
         + (" CUDA graph" if row.get("graph") else "")
         + (" [profiled]" if "kernels" in row else "")
@@ -152,6 +154,7 @@ def measure(
     chunk: int | None = None,
     graph: bool = False,
     fused_grn: bool = False,
+    fold_embed: bool = False,
 ) -> dict:
     """Median step and eval time and peak memory; with `profile`, also the CUDA time of every kernel
     over one step and one eval, the CfC scan's share of each, and the step's GPU time in kernels (the
@@ -160,7 +163,9 @@ def measure(
         os.environ["PERCEPTION_CFC_PATH"] = path
     torch._dynamo.reset()  # every row compiles afresh, never into the recompile limit
     chunk = chunk or DEFAULT_CHUNK
-    model, train_step, eval_step = build(args, ops, variant, precision, compiled, ssd, chunk, graph, fused_grn)
+    model, train_step, eval_step = build(
+        args, ops, variant, precision, compiled, ssd, chunk, graph, fused_grn, fold_embed
+    )
     train_step()  # warm-up: autotuning, compilation, allocator
     model.eval()
     eval_step()
@@ -182,6 +187,7 @@ def measure(
         chunk=chunk,
         graph=graph,
         fused_grn=fused_grn,
+        fold_embed=fold_embed,
         step_ms=step_ms,
         eval_ms=eval_ms,
         peak_gib=peak,
@@ -275,7 +281,15 @@ def main() -> None:
         help="precisions of compiled rows with model.vsn.fused_grn (the VSN's GRNs in Triton), with the "
         "SSD backend of --fused-grn-ssd ('' for none)",
     )
-    parser.add_argument("--fused-grn-ssd", default="chunked", help="model.mamba.ssd of the --fused-grn rows")
+    parser.add_argument(
+        "--fold-embed",
+        default="",
+        help="precisions of compiled rows with model.vsn.fold_embed (the linears that read the VSN's embedding "
+        "folded into it), with the SSD backend of --fused-grn-ssd ('' for none)",
+    )
+    parser.add_argument(
+        "--fused-grn-ssd", default="chunked", help="model.mamba.ssd of the --fused-grn and --fold-embed rows"
+    )
     parser.add_argument(
         "--project",
         default="",
@@ -321,6 +335,7 @@ def main() -> None:
     else:
         print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
     rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fused_grn=True) for p in listed(args.fused_grn)]
+    rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fold_embed=True) for p in listed(args.fold_embed)]
 
     kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])
@@ -333,6 +348,7 @@ def main() -> None:
             ssd=best["ssd"],
             chunk=best["chunk"],
             fused_grn=best["fused_grn"],
+            fold_embed=best["fold_embed"],
         )
         fast = measure(args, "cuda", "per_horizon", args.reps, profile=True, **setting)  # again, under the profiler
         portable = measure(args, "cuda", "per_horizon", args.reps, path="portable", profile=True, **setting)

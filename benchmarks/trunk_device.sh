@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the trunk's speed, quality and determinism checks.
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
-#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, MAMBA, FUSED_GRN, FUSED_GRN_SSD, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
+#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, MAMBA, FUSED_GRN, FOLD_EMBED, FUSED_GRN_SSD, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
 #     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; GRN=1 the fused GRN's (GRN_PRECISIONS, VSN_FORMS its VSN rows); LOOP=1 also runs
 #     benchmarks/train_loop.py; SSD=1 also runs benchmarks/trunk_forms.py ssd; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
@@ -59,7 +59,7 @@ if [ "$mode" = speed ]; then
   fi
   if [ "${TRAIN_S:-400}" != 0 ]; then  # TRAIN_S=0: no train_step.py this call
     timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
-      --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --mamba "${MAMBA-}" --fused-grn "${FUSED_GRN-}" --fused-grn-ssd "${FUSED_GRN_SSD:-chunked}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
+      --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --mamba "${MAMBA-}" --fused-grn "${FUSED_GRN-}" --fold-embed "${FOLD_EMBED-}" --fused-grn-ssd "${FUSED_GRN_SSD:-chunked}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
       2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
     echo "train_step: ${SECONDS} s"
   fi

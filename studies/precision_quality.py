@@ -9,7 +9,7 @@ setting against the seed-to-seed spread of fp32 runs, all made by the installed 
 fp32 trains at seeds s .. s+N-1; every other setting at seeds s .. s+M-1 (--setting-seeds M <= N, default
 1), each with the same data, init and batch order as the fp32 run of its seed. A setting is a '+'-joined
 list: a precision (fp32, tf32, bf16), `compiled` (model.compile_trunk=true), `fla` or `mamba` (model.mamba.ssd)
-and `fusedgrn` (model.vsn.fused_grn=true).
+`fusedgrn` (model.vsn.fused_grn=true) and `folded` (model.vsn.fold_embed=true).
 
 The margin at a horizon is the fp32 runs' seed-to-seed standard deviation there: what a new seed changes.
 With M = 1 a setting holds at a horizon when its AUC differs from the same-seed fp32 run's by no more than

@@ -22,10 +22,12 @@ def overrides_of(setting: str) -> list[str]:
             out.append(f"model.mamba.ssd={part}")
         elif part == "fusedgrn":
             out.append("model.vsn.fused_grn=true")
+        elif part == "folded":
+            out.append("model.vsn.fold_embed=true")
         else:
             raise SystemExit(
                 f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
-                f"compiled, fla, mamba or fusedgrn, joined by '+'"
+                f"compiled, fla, mamba, fusedgrn or folded, joined by '+'"
             )
     if not any(p.startswith("trainer.precision=") for p in out):
         raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")

@@ -106,6 +106,7 @@ def test_a_setting_names_the_ssd_backend_and_the_fused_grn_as_overrides():
         "model.mamba.ssd=mamba",
     ]
     assert overrides_of("tf32+fla+fusedgrn")[1:] == ["model.mamba.ssd=fla", "model.vsn.fused_grn=true"]
+    assert overrides_of("bf16+folded")[1:] == ["model.vsn.fold_embed=true"]
     with pytest.raises(SystemExit, match=r"unknown part 'mambo'; expected fp32, tf32, bf16, compiled, fla, mamba"):
         overrides_of("bf16+mambo")
 
