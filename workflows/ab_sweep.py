@@ -10,8 +10,9 @@ its pre-registered gate plan, and lists the trainings (arms x folds x replicates
 changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC
 checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
-Every training runs at the precision prepare outputs: the one the sweep started with (its parent run's
-tag `trainer.precision`), so a sweep continued after the experiment's default changed keeps its own.
+Every training runs at the precision and with the SSD prepare outputs: the ones the sweep started with (its
+parent run's tags `trainer.precision` and `model.mamba.ssd`), so a sweep continued after the experiment's
+defaults changed keeps its own.
 Only run ids travel between steps; metrics stay in MLflow.
 
 With `-p calibrate=true` the experiment's training noise is measured first (`perception-sweep calibrate`):
@@ -320,7 +321,17 @@ def _wave(train: Container, look: Container) -> DAG:
     ones on the GPUs its last round leaves idle (`ahead`, prepare's `aheads[r]`, empty where there are none):
     the look reads only its own waves, the next wave finds them finished (a pod that exits at once), and
     after a stop they stay as finished runs."""
-    wave_inputs = ["replicate", "wave", "aheads", "parent-run-id", "precision", "control", "treatment", "gate-config"]
+    wave_inputs = [
+        "replicate",
+        "wave",
+        "aheads",
+        "parent-run-id",
+        "precision",
+        "ssd",
+        "control",
+        "treatment",
+        "gate-config",
+    ]
     following = "{{=asInt(inputs.parameters.replicate) + 1}}"  # the look's number, and the next wave's replicate
     with DAG(name="wave", fail_fast=False, inputs=[Parameter(name=n) for n in wave_inputs]) as wave:
         for name, items, replicate in (
@@ -337,6 +348,7 @@ def _wave(train: Container, look: Container) -> DAG:
                     "replicate": replicate,
                     "parent-run-id": "{{inputs.parameters.parent-run-id}}",
                     "precision": "{{inputs.parameters.precision}}",
+                    "ssd": "{{inputs.parameters.ssd}}",
                 },
                 # an ahead training that fails is trained again by its own wave
                 continue_on=ContinueOn(failed=True, error=True) if name == "ahead" else None,
@@ -455,6 +467,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "treatment",
                     "gate-config",
                     "precision",
+                    "ssd",
                 )
             ],
         )
@@ -471,6 +484,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 "trainer.progress=false",
                 *shared_overrides(),
                 "trainer.precision={{inputs.parameters.precision}}",  # the sweep's, from prepare
+                "model.mamba.ssd={{inputs.parameters.ssd}}",
             ],
             train_resources,
             retries=10,
@@ -480,6 +494,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 Parameter(name="replicate"),
                 Parameter(name="parent-run-id"),
                 Parameter(name="precision"),
+                Parameter(name="ssd"),
             ],
             volumes=_volumes(),
             **gpu_placement,
@@ -579,6 +594,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "replicate": "{{item.replicate}}",
                     "parent-run-id": prep.get_parameter("parent-run-id").value,
                     "precision": prep.get_parameter("precision").value,
+                    "ssd": prep.get_parameter("ssd").value,
                 },
             )
             # Every outcome counts, so the gate can refuse with a reason instead of never running.
@@ -607,7 +623,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "aheads": prep.get_parameter("aheads").value,
                     **{
                         name: prep.get_parameter(name).value
-                        for name in ("parent-run-id", "precision", "control", "treatment", "gate-config")
+                        for name in ("parent-run-id", "precision", "ssd", "control", "treatment", "gate-config")
                     },
                 },
             )

@@ -458,7 +458,7 @@ def parser() -> argparse.ArgumentParser:
         "--outputs",
         type=Path,
         help="write the step's output parameters here (parent-run-id, runs, wave, aheads, control, treatment, "
-        "gate-config, precision)",
+        "gate-config, precision, ssd)",
     )
     s.add_argument(
         "--gpus",

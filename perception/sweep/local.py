@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from perception.locks import RUN_LOCK, read_holder, sweep_lock
@@ -30,7 +29,7 @@ from perception.sweep.design import Design, plan_tags, study_runs
 from perception.rounds import idle_lanes
 from perception.sweep.devices import CPU_LANE, child_env, detect_gpus, plan_waves
 from perception.sweep.overrides import check_overrides, experiment_gate_config
-from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
+from perception.sweep.pins import composed_values, pin, started_values
 from perception.sweep.prepare import build_features, command
 from perception.sweep.trainers import Trainers
 from perception.tracking import parent_run_tags
@@ -132,14 +131,13 @@ def run_local_sweep(
     lanes = gpus or ([CPU_LANE] * cpu_workers if cpu_workers > 1 else [])  # no lanes: one run at a time
 
     trainers = Trainers()
-    precision = str(enum_value(cfg.trainer.precision))
     early = io.StringIO()  # MLflow's lines before the sweep's directory may be made: kept for its log
     with mlflow_info_into(early):
-        started = parent_run_tags(sweep_id, uri, cfg.tracking.experiment).get(PRECISION_TAG)
-    overrides, note = pin_precision(sweep_id, started, precision, overrides)  # refused before anything is touched
-    if note:
+        started = started_values(parent_run_tags(sweep_id, uri, cfg.tracking.experiment))
+    overrides, notes, pinned = pin(sweep_id, started, composed_values(cfg), overrides)  # refused before any work
+    for note in notes:
         say(note)
-    first_tags = {**plan_tags(design, gate_config), PRECISION_TAG: started or precision}
+    first_tags = {**plan_tags(design, gate_config), **pinned}
     log = sweep_dir(sweep_id, home) / SWEEP_LOG
     with _sweep_lock_and_parent(
         sweep_id, home, uri, cfg.tracking.experiment, first_tags, say, log, early.getvalue()

@@ -1,7 +1,7 @@
 """The workflow's first step (`perception-sweep prepare`, DESIGN §7): the feature cache and the sweep's
 parent run with its pre-registered gate plan, and the step's outputs: the trainings to fan out (one per
-arm, fold and replicate), control, treatment, the resolved gate config and the precision every training
-runs at (the one the sweep started with, perception.sweep.precision_pin). It holds the sweep's lock
+arm, fold and replicate), control, treatment, the resolved gate config and the precision and SSD every
+training runs with (the ones the sweep started with, perception.sweep.pins). It holds the sweep's lock
 (perception.locks) while it works, as `local` does."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from perception.atomic import atomic_write_text
-from perception.enums import enum_value
 from perception.errors import ConfigError, PerceptionError
 from perception.exits import EXIT_USAGE
 from perception.locks import sweep_lock
@@ -23,7 +22,7 @@ from perception.paths import check_sweep_id, perception_home, sweep_dir, trackin
 from perception.rounds import ahead_counts
 from perception.sweep.design import Design, plan_tags, study_runs
 from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, resolve_gate_config
-from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
+from perception.sweep.pins import PRECISION_TAG, SSD_TAG, composed_values, pin, started_values
 
 
 def command(name: str) -> list[str]:
@@ -53,11 +52,12 @@ def prepare(
     say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
     gpus: int = 6,
 ) -> str:
-    """The feature cache plus the sweep's parent run (with its gate plan and precision); returns its id.
+    """The feature cache plus the sweep's parent run (with its gate plan, precision and SSD); returns its id.
     `outputs` receives the step's output parameters as files: parent-run-id, runs (the trainings to fan
     out, JSON), wave (one wave's trainings, for a sequential study's waves), aheads (per wave, the next
     wave's trainings it runs on the GPUs its last round leaves idle of `gpus`), control, treatment,
-    gate-config (`auto` resolved) and precision (what every training appends as trainer.precision)."""
+    gate-config (`auto` resolved), precision and ssd (what every training appends as trainer.precision and
+    model.mamba.ssd)."""
     from perception.tracking import ensure_parent_run, parent_run_tags
     from perception.train.compose import composed
 
@@ -71,15 +71,13 @@ def prepare(
     uri = tracking_uri(cfg.tracking.uri)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
     with sweep_lock(sweep_dir(sweep_id), sweep_id):
-        # a continued sweep keeps the precision it started with, as `local` does; refused before any work
-        started = parent_run_tags(sweep_id, uri, cfg.tracking.experiment).get(PRECISION_TAG)
-        composed_precision = str(enum_value(cfg.trainer.precision))
-        overrides, note = pin_precision(sweep_id, started, composed_precision, overrides)
-        precision = started or composed_precision
-        if note:
+        # a continued sweep keeps the precision and SSD it started with, as `local` does; refused before any work
+        started = started_values(parent_run_tags(sweep_id, uri, cfg.tracking.experiment))
+        overrides, notes, pinned = pin(sweep_id, started, composed_values(cfg), overrides)
+        for note in notes:
             say(note)
         build_features(overrides, env, data_command)
-        first_tags = {**plan_tags(design, gate_config), PRECISION_TAG: precision}
+        first_tags = {**plan_tags(design, gate_config), **pinned}
         parent = ensure_parent_run(sweep_id, uri, cfg.tracking.experiment, first_tags)
     if parent_run_id_file is not None:
         atomic_write_text(parent_run_id_file, parent)
@@ -93,7 +91,8 @@ def prepare(
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
         atomic_write_text(outputs / "gate-config", gate_config)
-        atomic_write_text(outputs / "precision", precision)
+        atomic_write_text(outputs / "precision", pinned[PRECISION_TAG])
+        atomic_write_text(outputs / "ssd", pinned[SSD_TAG])
     return parent
 
 

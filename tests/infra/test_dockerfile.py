@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from docker.utils.build import exclude_paths
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,6 +114,15 @@ def test_the_image_carries_the_mamba_ssm_release_the_backend_pins_without_its_cu
     assert f"test -f /wheels/mamba_ssm-{version}-py3-none-any.whl" in builds  # pure Python: no extension built
     installs = " ".join(args for ins, args in runtime if ins == "RUN")
     assert "pip install --no-deps /wheels/mamba_ssm-*.whl" in installs  # not transformers, not its CUDA deps
+
+
+def test_an_image_whose_ssd_kernels_do_not_import_fails_to_build_when_production_trains_with_them():
+    production = yaml.safe_load((REPO / "conf" / "experiment" / "production.yaml").read_text())
+    assert production["model"]["mamba"]["ssd"] == "mamba"
+    _, runtime = stages(REPO / "Dockerfile")
+    user_at = runtime.index(("USER", "1000:1000"))
+    checks = [args for ins, args in runtime[user_at:] if ins == "RUN"]
+    assert any("from perception.model.ssd_mamba import require_mamba; require_mamba()" in c for c in checks)
 
 
 def test_runtime_stage_has_the_c_compiler_triton_launches_kernels_with():

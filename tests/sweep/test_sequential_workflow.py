@@ -22,7 +22,7 @@ from perception.sweep.schema import schema_errors
 from .argo_eval import substitute, when
 
 N_FOLDS = 3
-PRECISION = "bf16"  # prepare's output: the precision the sweep started with
+PRECISION, SSD = "bf16", "mamba"  # prepare's outputs: the precision and SSD the sweep started with
 
 
 def templates(doc: dict) -> dict[str, dict]:
@@ -54,6 +54,7 @@ def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = N
         "aheads": json.dumps(aheads(wave_items, design, args.gpus)),
         "parent-run-id": "p1",
         "precision": PRECISION,
+        "ssd": SSD,
         "control": design.control,
         "treatment": design.treatment,
         "gate-config": "ci",
@@ -88,6 +89,7 @@ def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = N
                 pod = {"workflow.name": "wf", **{f"inputs.parameters.{k}": v for k, v in pod_in.items()}}
                 pod_args = [substitute(a, {**scope, **pod}) for a in tpl[train["template"]]["container"]["args"]]
                 assert f"trainer.precision={PRECISION}" in pod_args  # every wave at the sweep's precision
+                assert f"model.mamba.ssd={SSD}" in pod_args  # and with its SSD
         assert steps["ahead"]["continueOn"] == {"failed": True, "error": True}  # its own wave trains it again
         look = steps["look"]
         assert look["depends"] == "train.Succeeded || train.Failed || train.Errored"  # a failure makes it refuse

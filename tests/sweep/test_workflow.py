@@ -93,10 +93,14 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
         "replicate": "{{item.replicate}}",
         "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}",
         "precision": "{{tasks.prepare.outputs.parameters.precision}}",
+        "ssd": "{{tasks.prepare.outputs.parameters.ssd}}",
     }
-    # every training at the sweep's precision, which prepare reads off its parent run (a continued sweep's)
+    # every training at the sweep's precision and SSD, which prepare reads off its parent run (a continued sweep's)
     train_args = templates(docs[smoke])["train"]["container"]["args"]
-    assert train_args[-1] == "trainer.precision={{inputs.parameters.precision}}"
+    assert train_args[-2:] == [
+        "trainer.precision={{inputs.parameters.precision}}",
+        "model.mamba.ssd={{inputs.parameters.ssd}}",
+    ]
     prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
     for name in ("arms", "aa", "design"):
         assert "{{workflow.parameters.%s}}" % name in prepare_args
@@ -238,6 +242,7 @@ def test_only_run_ids_and_the_decision_travel_between_steps(docs):
         "treatment",
         "gate-config",
         "precision",
+        "ssd",
     ]
     assert outputs["gate"] == ["decision"]
     assert outputs["look"] == ["decision", "summary"]  # the summary: the gate's JSON line, no metrics

@@ -1,6 +1,6 @@
-"""A sweep keeps the precision it started with: the parent run records it, a continued sweep trains its
-remaining runs at it with a note even where the default differs, and naming another one is refused
-before anything is touched (the gate would refuse arms trained at different precisions)."""
+"""A sweep keeps the precision and the SSD it started with: the parent run records them, a continued sweep
+trains its remaining runs with them with a note even where the defaults differ, and naming another value is
+refused before anything is touched (the gate would refuse arms trained at different values)."""
 
 from __future__ import annotations
 
@@ -12,37 +12,54 @@ import pytest
 
 from perception.enums import enum_value
 from perception.errors import ConfigError
-from perception.sweep.precision_pin import PRECISION_TAG, pin_precision
+from perception.sweep.pins import PRECISION_TAG, SSD_TAG, pin, started_values
 from perception.sweep.prepare import prepare
 from perception.train.compose import composed
 from perception.tracking import client, parent_run_tags
 from tests.sweep.test_local_orchestration import fakes, train_calls  # noqa: F401 (the fixture)
 
 
-def test_pin_keeps_the_started_precision_and_refuses_another():
-    assert pin_precision("s", None, "bf16", ["experiment=ci"]) == (["experiment=ci"], None)
-    assert pin_precision("s", "tf32", "tf32", ["experiment=ci"]) == (["experiment=ci"], None)
-    overrides, note = pin_precision("s", "tf32", "bf16", ["experiment=ci"])
-    assert overrides == ["experiment=ci", "trainer.precision=tf32"]
-    assert "started at trainer.precision=tf32" in note and "default bf16" in note
+def test_pin_keeps_the_started_values_and_refuses_another():
+    today = {PRECISION_TAG: "bf16", SSD_TAG: "mamba"}
+    new = started_values({})
+    assert pin("s", new, today, ["experiment=ci"]) == (["experiment=ci"], [], today)
+    assert pin("s", dict(today), today, ["experiment=ci"]) == (["experiment=ci"], [], today)
+    overrides, notes, pinned = pin("s", {PRECISION_TAG: "tf32", SSD_TAG: "chunked"}, today, ["experiment=ci"])
+    assert overrides == ["experiment=ci", "trainer.precision=tf32", "model.mamba.ssd=chunked"]
+    assert pinned == {PRECISION_TAG: "tf32", SSD_TAG: "chunked"}
+    assert "started at trainer.precision=tf32" in notes[0] and "default bf16" in notes[0]
+    assert "started at model.mamba.ssd=chunked: it continues at chunked, not at today's default mamba" in notes[1]
     with pytest.raises(ConfigError, match="sweep s was started at trainer.precision=tf32"):
-        pin_precision("s", "tf32", "bf16", ["experiment=ci", "trainer.precision=bf16"])
+        pin("s", {PRECISION_TAG: "tf32", SSD_TAG: "mamba"}, today, ["experiment=ci", "trainer.precision=bf16"])
+    with pytest.raises(ConfigError, match="model.mamba.ssd=mamba: sweep s was started at model.mamba.ssd=chunked"):
+        pin("s", {PRECISION_TAG: "bf16", SSD_TAG: "chunked"}, today, ["model.mamba.ssd=mamba"])
 
 
-def test_a_continued_sweep_trains_at_its_recorded_precision(fakes, monkeypatch):  # noqa: F811
+def test_a_parent_run_from_before_the_ssd_tag_trained_the_chunked_ssd():
+    """Every sweep started before the tag existed trained the chunked SSD, then the only production one; a
+    parent run without the precision tag pins nothing, as before."""
+    assert started_values({"sweep_id": "s"}) == {PRECISION_TAG: None, SSD_TAG: "chunked"}
+    assert started_values({PRECISION_TAG: "tf32"}) == {PRECISION_TAG: "tf32", SSD_TAG: "chunked"}
+    assert started_values({}) == {PRECISION_TAG: None, SSD_TAG: None}
+
+
+def test_a_continued_sweep_trains_at_its_recorded_precision_and_ssd(fakes, monkeypatch):  # noqa: F811
     monkeypatch.setenv("FAKE_FAIL", "per_horizon-f1:1")
     first, _ = fakes.sweep("experiment=ci")
     assert parent_run_tags(fakes.id, fakes.uri)[PRECISION_TAG] == "tf32"  # experiment=ci's default
     # stands for a sweep started before the default changed: its record differs from today's default
+    assert parent_run_tags(fakes.id, fakes.uri)[SSD_TAG] == "chunked"
     mlflow = client(fakes.uri)
     mlflow.set_tag(first.parent_run_id, PRECISION_TAG, "bf16")
+    mlflow.set_tag(first.parent_run_id, SSD_TAG, "fla")
     monkeypatch.delenv("FAKE_FAIL")
     before = len(train_calls(fakes.calls()))
     second, lines = fakes.sweep("experiment=ci")
     retrained = train_calls(fakes.calls())[before:]
     assert [c["name"] for c in retrained] == ["per_horizon-f1"]
-    assert "trainer.precision=bf16" in retrained[0]["argv"]
+    assert "trainer.precision=bf16" in retrained[0]["argv"] and "model.mamba.ssd=fla" in retrained[0]["argv"]
     assert any(f"sweep {fakes.id} was started at trainer.precision=bf16" in line for line in lines)
+    assert any(f"sweep {fakes.id} was started at model.mamba.ssd=fla" in line for line in lines)
 
     status = mlflow.get_run(first.parent_run_id).info.status
     with pytest.raises(ConfigError, match="continue it at bf16 or start a new sweep id"):
@@ -51,7 +68,9 @@ def test_a_continued_sweep_trains_at_its_recorded_precision(fakes, monkeypatch):
     assert len(train_calls(fakes.calls())) == before + 1
 
 
-def test_a_continued_workflow_sweep_trains_at_its_recorded_precision(perception_home, mlflow_server, tmp_path, capsys):
+def test_a_continued_workflow_sweep_trains_at_its_recorded_precision_and_ssd(
+    perception_home, mlflow_server, tmp_path, capsys
+):
     """The workflow's prepare step: it records the precision on a new sweep's parent run, outputs the one a
     continued sweep started with (every training pod appends it as trainer.precision) and refuses another."""
     no_data_build = [sys.executable, "-c", "pass"]  # the feature cache is not what is tested here
@@ -62,13 +81,17 @@ def test_a_continued_workflow_sweep_trains_at_its_recorded_precision(perception_
 
     parent = prepare(sweep_id, overrides, data_command=no_data_build, outputs=tmp_path / "first")
     assert (tmp_path / "first" / "precision").read_text() == default
+    assert (tmp_path / "first" / "ssd").read_text() == "chunked"  # experiment=ci's
     assert parent_run_tags(sweep_id, mlflow_server)[PRECISION_TAG] == default
+    assert parent_run_tags(sweep_id, mlflow_server)[SSD_TAG] == "chunked"
     assert "was started at" not in capsys.readouterr().err
 
     # stands for a sweep started before the experiment's default changed
     client(mlflow_server).set_tag(parent, PRECISION_TAG, other)
+    client(mlflow_server).set_tag(parent, SSD_TAG, "mamba")
     assert prepare(sweep_id, overrides, data_command=no_data_build, outputs=tmp_path / "again") == parent
     assert (tmp_path / "again" / "precision").read_text() == other
+    assert (tmp_path / "again" / "ssd").read_text() == "mamba"
     note = f"sweep {sweep_id} was started at trainer.precision={other}: it continues at {other}"
     assert note in capsys.readouterr().err  # the step's log
     assert parent_run_tags(sweep_id, mlflow_server)[PRECISION_TAG] == other  # the record is never rewritten

@@ -1,0 +1,56 @@
+"""What a sweep keeps from its start: the gate refuses arms trained at different `trainer.precision` or
+`model.mamba.ssd` values (DESIGN §7), so the values a sweep starts with are recorded on its parent run (a
+tag each) and a sweep continued later keeps them, even where the experiment's defaults have changed since
+(a sweep started in tf32 continues in tf32; one started with the chunked SSD continues with it). Naming
+another value for a started sweep is an error; a new sweep id trains at the new defaults."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from perception.enums import enum_value
+from perception.errors import ConfigError
+
+PRECISION_TAG = "trainer.precision"
+SSD_TAG = "model.mamba.ssd"
+PINNED = (PRECISION_TAG, SSD_TAG)
+# what a parent run made before the key's tag existed says its sweep trained with (None: nothing is pinned)
+BEFORE_ITS_TAG: dict[str, Optional[str]] = {PRECISION_TAG: None, SSD_TAG: "chunked"}
+
+
+def composed_values(cfg: Any) -> dict[str, str]:
+    """The pinned keys' values in a composed configuration."""
+    return {PRECISION_TAG: str(enum_value(cfg.trainer.precision)), SSD_TAG: str(enum_value(cfg.model.mamba.ssd))}
+
+
+def started_values(tags: Mapping[str, str]) -> dict[str, Optional[str]]:
+    """The values a sweep's parent run records (`tags`: {} while the sweep has no parent run)."""
+    return {key: tags.get(key, BEFORE_ITS_TAG[key]) if tags else None for key in PINNED}
+
+
+def names_key(key: str, overrides: Sequence[str]) -> bool:
+    return any(o.split("=", 1)[0].lstrip("+~") == key for o in overrides)
+
+
+def pin(
+    sweep_id: str, started: Mapping[str, Optional[str]], composed: Mapping[str, str], overrides: Sequence[str]
+) -> tuple[list[str], list[str], dict[str, str]]:
+    """The overrides the sweep's trainings run with, a note for each value that differs from what was
+    composed, and the values the sweep trains at (its parent run's tags)."""
+    out, notes, values = list(overrides), [], {}
+    for key in PINNED:
+        was, now = started.get(key), composed[key]
+        values[key] = was or now
+        if was is None or was == now:
+            continue
+        if names_key(key, overrides):
+            raise ConfigError(
+                f"{key}={now}: sweep {sweep_id} was started at {key}={was} (its parent run's tag {key}) and the "
+                f"gate refuses arms trained at different values of it; continue it at {was} or start a new sweep id"
+            )
+        out.append(f"{key}={was}")
+        notes.append(
+            f"sweep {sweep_id} was started at {key}={was}: it continues at {was}, not at today's default {now} "
+            f"(a new sweep id trains at {now})"
+        )
+    return out, notes, values
