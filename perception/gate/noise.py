@@ -27,7 +27,8 @@ from perception.errors import ConfigError
 from perception.paths import perception_home
 
 # Params that set the size of training noise: an A/A measurement applies only where they all agree.
-# The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32).
+# The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32);
+# and the SSD's kernels, which the gate also requires to agree (a run without the param counts as chunked).
 MATCH_KEYS = (
     "experiment",
     "trainer.epochs",
@@ -38,6 +39,7 @@ MATCH_KEYS = (
     "model.d_model",
     "trainer.max_train_batches",
     "trainer.precision",
+    "model.mamba.ssd",
 )
 
 
