@@ -20,9 +20,8 @@ class SSDBackend(str, Enum):
     # EXPERIMENTAL: fla-core's Triton kernels (CUDA; saves q, k, v, g only): perception/model/ssd_fla.py.
     # Not yet verified where it would matter: untested on the L40S, refused on Hopper with Triton < 3.7.1
     fla = "fla"
-    # EXPERIMENTAL: mamba_ssm's fused chunk-scan Triton kernels in their deterministic mode (CUDA):
-    # perception/model/ssd_mamba.py. Faster and reproducible on an H100; its quality check and the image are owed
-    # (docs/performance.md "The fused SSD from mamba_ssm")
+    # mamba_ssm's fused chunk-scan Triton kernels in their deterministic mode (CUDA; experiment=production's):
+    # perception/model/ssd_mamba.py (docs/performance.md "The fused SSD from mamba_ssm")
     mamba = "mamba"
 
 
