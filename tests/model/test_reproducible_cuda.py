@@ -1,6 +1,7 @@
 """The compiled trunk trains to the same bits in fresh processes (benchmarks/determinism.py): two processes
 per setting, each with its own Inductor and Triton caches, train a few steps from one seed and batch, and
-every parameter is compared bitwise (sha256 over all of them), at tf32 and bf16 on both CfC paths."""
+every parameter is compared bitwise (sha256 over all of them), at tf32 and bf16 on both CfC paths, and at
+experiment=production's setting (bf16 with the mamba_ssm SSD)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def test_fresh_processes_train_the_compiled_trunk_to_identical_parameters(cfc_pa
             "--settings",
             "tf32+compiled",
             "bf16+compiled",
+            "bf16+compiled+mamba",
             "--processes",
             "2",
             "--steps",
@@ -41,8 +43,7 @@ def test_fresh_processes_train_the_compiled_trunk_to_identical_parameters(cfc_pa
         timeout=600,
     )
     result = json.loads(out.read_text())
-    assert {s: len(h) for s, h in result["hashes"].items()} == {"tf32+compiled": 2, "bf16+compiled": 2}
+    settings = ("tf32+compiled", "bf16+compiled", "bf16+compiled+mamba")
+    assert {s: len(h) for s, h in result["hashes"].items()} == dict.fromkeys(settings, 2)
     assert all(len(h) == 64 for found in result["hashes"].values() for h in found)  # sha256 hex digests
-    assert result["reproducible"] == {"tf32+compiled": True, "bf16+compiled": True}, result[
-        "first_step_gradient_differences"
-    ]
+    assert result["reproducible"] == dict.fromkeys(settings, True), result["first_step_gradient_differences"]

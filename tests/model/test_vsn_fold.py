@@ -9,8 +9,8 @@ import torch
 from perception.model.vsn import VSN, fold_embedding
 
 
-def _vsn(fold: bool) -> VSN:
-    vsn = VSN(6, 4, 16, fold_embed=fold, backend="ref")
+def _vsn(fold: bool, fused_grn: bool = False) -> VSN:
+    vsn = VSN(6, 4, 16, fused_grn=fused_grn, fold_embed=fold, backend="ref")
     vsn.reset_parameters(torch.Generator().manual_seed(0))
     return vsn
 
@@ -46,6 +46,16 @@ def test_the_folded_vsn_gives_the_unfolded_outputs_and_gradients(compiled):
     for name in want[2]:
         torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-9, atol=1e-11, msg=name)
     assert not torch.equal(got[2]["embed_w"], torch.zeros_like(got[2]["embed_w"]))
+
+
+def test_the_folded_selection_beside_the_fused_grns_gives_the_unfolded_vsn():
+    """fused_grn with fold_embed: grn_select reads the embedding, the selection GRN reads x (reference ops)."""
+    x = torch.randn(2, 9, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want, got = _run(_vsn(False).double(), x), _run(_vsn(True, fused_grn=True).double(), x)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-10, atol=1e-12)
+    for name in want[2]:
+        torch.testing.assert_close(got[2][name], want[2][name], rtol=1e-9, atol=1e-11, msg=name)
 
 
 @pytest.mark.cuda
