@@ -10,7 +10,12 @@
 #     PRODUCTION_S=0 skip model_step.py and the production-K runs; PRODUCTION_SETTINGS, PRODUCTION_SEEDS (fp32 seeds),
 #     PRODUCTION_SETTING_SEEDS, PRODUCTION_PARALLEL, PRODUCTION_TAG for those runs, e.g. the mamba SSD's check:
 #     MODEL_STEP=0 LOCAL_S=0 PRODUCTION_S=560 PRODUCTION_SETTINGS=bf16+compiled+mamba PRODUCTION_SEEDS=5
-#     PRODUCTION_SETTING_SEEDS=5 PRODUCTION_PARALLEL=4 PRODUCTION_TAG=quality_mamba_seeds0-4 SEED=0 ... quality)
+#     PRODUCTION_SETTING_SEEDS=5 PRODUCTION_PARALLEL=4 PRODUCTION_TAG=quality_mamba_seeds0-4 SEED=0 ... quality;
+#     PRODUCTION_FP32_FROM=ROWS.jsonl pairs the settings with that file's fp32 runs instead of training them: on an
+#     H100, ten seeds of one setting in about 3 minutes, e.g. MODEL_STEP=0 LOCAL_S=0 PRODUCTION_S=300
+#     PRODUCTION_SETTINGS=bf16+compiled+mamba+fusedgrn PRODUCTION_SEEDS=10 PRODUCTION_SETTING_SEEDS=10
+#     PRODUCTION_PARALLEL=5 PRODUCTION_FP32_FROM=studies/results/precision_quality_production_short_final.rows.jsonl
+#     PRODUCTION_TAG=precision_quality_production_short_fusedgrn ... quality)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_forms.py fusion (the fused forms before/after), compile_check.py
 #   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
 #     (env: SETTINGS, e.g. "bf16+compiled bf16+compiled+mamba")
@@ -18,6 +23,8 @@
 #   the fused GRN in one call: GRN=1 CFC=0 TRAIN_S=0 TEST_S=0 bash benchmarks/trunk_device.sh OUT speed (GRN=1: also
 #     its CUDA tests, benchmarks/ops_grn.py and the VSN in trunk_forms.py fusion)
 # Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
+# device_setup.sh links conf/ into the package inside the working tree: where the tree is copied afresh while
+# a job runs, the link goes with it and perception-train stops finding its configs (source it again).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1 mode=$2
@@ -90,7 +97,8 @@ else
   echo "quality local: ${SECONDS} s"
   [ "${PRODUCTION_S:-270}" = 0 ] || timeout "${PRODUCTION_S:-270}" python3 studies/precision_quality.py --experiment production \
     --fp32-seeds "${PRODUCTION_SEEDS:-3}" --setting-seeds "${PRODUCTION_SETTING_SEEDS:-1}" --seed "${SEED:-0}" --parallel "${PRODUCTION_PARALLEL:-5}" \
-    --settings ${PRODUCTION_SETTINGS:-bf16+compiled tf32+compiled} --tag "${PRODUCTION_TAG:-precision_quality_production_short}" -- \
+    --settings ${PRODUCTION_SETTINGS:-bf16+compiled tf32+compiled} --tag "${PRODUCTION_TAG:-precision_quality_production_short}" \
+    ${PRODUCTION_FP32_FROM:+--fp32-from "$PRODUCTION_FP32_FROM"} -- \
     data.n_snapshots=300000 trainer.epochs=2 trainer.max_train_batches=40 model.mamba.chunk="${CHUNK:-64}" 2>&1 | tr '\r' '\n' | tail -12
   echo "quality production-K: ${SECONDS} s"
 fi
