@@ -34,7 +34,9 @@ def grouped_linear_block_diag(a: torch.Tensor, w: torch.Tensor, b: torch.Tensor)
     return (a.flatten(-2) @ dense.t()).unflatten(-1, (f, o)) + b
 
 
-def fold_embedding(w: torch.Tensor, b: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor):
+def fold_embedding(
+    w: torch.Tensor, b: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A Linear(F·d_v -> o) (w: (o, F·d_v), b: (o,)) of the embedding x·embed_w + embed_b (`embed`) as a
     Linear(F -> o) of x itself, exactly: w·(x ⊗ embed_w + embed_b) + b = (w ⊙ embed_w)·x + (w·embed_b + b)."""
     f, d = embed_w.shape
