@@ -72,20 +72,19 @@ class GroupedGRN(nn.Module):
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         """a: (..., F, d) -> (..., F, d)."""
-        h = self._linear(a, self.fc1_w, self.fc1_b)  # (..., F, d)
-        h = self._linear(F.elu(h), self.fc2_w, self.fc2_b)  # (..., F, 2d)
-        h = F.glu(h, dim=-1)  # (..., F, d)
-        out = F.layer_norm(a + h, a.shape[-1:])
-        return out * self.ln_w + self.ln_b
+        return self._after_fc1(a, self._linear(a, self.fc1_w, self.fc1_b))
 
     def forward_embedded(self, x: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor) -> torch.Tensor:
         """`forward(embed(x, embed_w, embed_b))` with fc1 folded into the embedding: each variable's a is
         affine in its scalar x, so fc1(a) = x·(W1 embed_w) + (W1 embed_b + b1), a multiply-add, not a GEMM.
         x: (..., F) -> (..., F, d)."""
-        a = embed(x, embed_w, embed_b)  # (..., F, d)
         u = torch.einsum("foi,fi->fo", self.fc1_w, embed_w)  # (F, d)
         c = torch.einsum("foi,fi->fo", self.fc1_w, embed_b) + self.fc1_b
-        h = self._linear(F.elu(x.unsqueeze(-1) * u + c), self.fc2_w, self.fc2_b)  # (..., F, 2d)
+        return self._after_fc1(embed(x, embed_w, embed_b), x.unsqueeze(-1) * u + c)
+
+    def _after_fc1(self, a: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The GRN from fc1's output h on: ELU, fc2, GLU, the residual a and the LayerNorm. (..., F, d)."""
+        h = self._linear(F.elu(h), self.fc2_w, self.fc2_b)  # (..., F, 2d)
         h = F.glu(h, dim=-1)  # (..., F, d)
         out = F.layer_norm(a + h, a.shape[-1:])
         return out * self.ln_w + self.ln_b
@@ -107,16 +106,18 @@ class GRN(nn.Module):
         self.norm.reset_parameters()
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
-        h = F.glu(self.fc2(F.elu(self.fc1(a))), dim=-1)
-        return self.norm(self.skip(a) + h)
+        return self._after_fc1(self.skip(a), self.fc1(a))
 
     def forward_embedded(self, x: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor) -> torch.Tensor:
         """`forward(embed(x, embed_w, embed_b).flatten(-2))` with fc1 and skip folded into the embedding
         (`fold_embedding`): their GEMMs read F inputs a row instead of F·d_v. x: (..., F) -> (..., d_out)."""
         w1, b1 = fold_embedding(self.fc1.weight, self.fc1.bias, embed_w, embed_b)
         ws, bs = fold_embedding(self.skip.weight, self.skip.bias, embed_w, embed_b)
-        h = F.glu(self.fc2(F.elu(F.linear(x, w1, b1))), dim=-1)
-        return self.norm(F.linear(x, ws, bs) + h)
+        return self._after_fc1(F.linear(x, ws, bs), F.linear(x, w1, b1))
+
+    def _after_fc1(self, skipped: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """The GRN from fc1's output h on, with the skip's output: LayerNorm(skip + GLU(fc2(ELU(h))))."""
+        return self.norm(skipped + F.glu(self.fc2(F.elu(h)), dim=-1))
 
 
 def embed(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
