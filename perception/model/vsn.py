@@ -106,14 +106,16 @@ class GRN(nn.Module):
         self.norm.reset_parameters()
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
-        return self._after_fc1(self.skip(a), self.fc1(a))
+        h = self.fc1(a)  # before the skip, as the GRN reads
+        return self._after_fc1(self.skip(a), h)
 
     def forward_embedded(self, x: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor) -> torch.Tensor:
         """`forward(embed(x, embed_w, embed_b).flatten(-2))` with fc1 and skip folded into the embedding
         (`fold_embedding`): their GEMMs read F inputs a row instead of F·d_v. x: (..., F) -> (..., d_out)."""
         w1, b1 = fold_embedding(self.fc1.weight, self.fc1.bias, embed_w, embed_b)
         ws, bs = fold_embedding(self.skip.weight, self.skip.bias, embed_w, embed_b)
-        return self._after_fc1(F.linear(x, ws, bs), F.linear(x, w1, b1))
+        h = F.linear(x, w1, b1)
+        return self._after_fc1(F.linear(x, ws, bs), h)
 
     def _after_fc1(self, skipped: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """The GRN from fc1's output h on, with the skip's output: LayerNorm(skip + GLU(fc2(ELU(h))))."""
