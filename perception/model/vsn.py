@@ -106,7 +106,7 @@ class GRN(nn.Module):
         self.norm.reset_parameters()
 
     def forward(self, a: torch.Tensor) -> torch.Tensor:
-        h = self.fc1(a)  # before the skip, as the GRN reads
+        h = self.fc1(a)  # fc1, then the skip: the order the GRN always ran them in
         return self._after_fc1(self.skip(a), h)
 
     def forward_embedded(self, x: torch.Tensor, embed_w: torch.Tensor, embed_b: torch.Tensor) -> torch.Tensor:
