@@ -288,7 +288,14 @@ def main() -> None:
         "folded into it), with the SSD backend of --fused-grn-ssd ('' for none)",
     )
     parser.add_argument(
-        "--fused-grn-ssd", default="chunked", help="model.mamba.ssd of the --fused-grn and --fold-embed rows"
+        "--fused-grn-folded",
+        default="",
+        help="precisions of compiled rows with both model.vsn.fused_grn and model.vsn.fold_embed ('' for none)",
+    )
+    parser.add_argument(
+        "--fused-grn-ssd",
+        default="chunked",
+        help="model.mamba.ssd of the --fused-grn, --fold-embed and --fused-grn-folded rows",
     )
     parser.add_argument(
         "--project",
@@ -336,6 +343,10 @@ def main() -> None:
         print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
     rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fused_grn=True) for p in listed(args.fused_grn)]
     rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fold_embed=True) for p in listed(args.fold_embed)]
+    rows += [
+        compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fused_grn=True, fold_embed=True)
+        for p in listed(args.fused_grn_folded)
+    ]
 
     kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])

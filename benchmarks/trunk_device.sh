@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: the trunk's speed, quality and determinism checks.
 #   bash benchmarks/trunk_device.sh OUT speed     # build the extension, train_step.py, CUDA tests
-#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, MAMBA, FUSED_GRN, FOLD_EMBED, FUSED_GRN_SSD, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
+#     (env: PRECISIONS, COMPILED, CHUNKS, FLA, MAMBA, FUSED_GRN, FOLD_EMBED, FUSED_GRN_FOLDED, FUSED_GRN_SSD, PROJECT, REF_REPS, GRAPH as train_step.py's flags; TRAIN_S=0
 #     skips it; TEST_S=0 skips the CUDA tests beyond the CfC's, CUDA_TESTS narrows them; GRN=1 the fused GRN's (GRN_PRECISIONS, VSN_FORMS its VSN rows); LOOP=1 also runs
 #     benchmarks/train_loop.py; SSD=1 also runs benchmarks/trunk_forms.py ssd; CFC=0 skips the CfC tests and table)
 #   bash benchmarks/trunk_device.sh OUT quality   # model_step.py at the fast setting, precision_quality.py
@@ -18,7 +18,8 @@
 #     PRODUCTION_TAG=precision_quality_production_short_fusedgrn ... quality)
 #   bash benchmarks/trunk_device.sh OUT fusion    # trunk_forms.py fusion (the fused forms before/after), compile_check.py
 #   bash benchmarks/trunk_device.sh OUT determinism   # determinism.py: 10 fresh processes per setting at B = 8, 3 at B = 64
-#     (env: SETTINGS, e.g. "bf16+compiled bf16+compiled+mamba")
+#     (env: SETTINGS, e.g. "bf16+compiled bf16+compiled+mamba"; DET_S, DET_B64_S the two runs' limits in seconds,
+#     DET_B64_PARALLEL the B = 64 processes at once, default 3: about 11 GiB each)
 #   the mamba SSD in one call: MAMBA=tf32,bf16 CFC=0 CUDA_TESTS=tests/model/test_ssd_mamba.py bash benchmarks/trunk_device.sh OUT speed
 #   the fused GRN in one call: GRN=1 CFC=0 TRAIN_S=0 TEST_S=0 bash benchmarks/trunk_device.sh OUT speed (GRN=1: also
 #     its CUDA tests, benchmarks/ops_grn.py and the VSN in trunk_forms.py fusion)
@@ -66,7 +67,7 @@ if [ "$mode" = speed ]; then
   fi
   if [ "${TRAIN_S:-400}" != 0 ]; then  # TRAIN_S=0: no train_step.py this call
     timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
-      --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --mamba "${MAMBA-}" --fused-grn "${FUSED_GRN-}" --fold-embed "${FOLD_EMBED-}" --fused-grn-ssd "${FUSED_GRN_SSD:-chunked}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
+      --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --mamba "${MAMBA-}" --fused-grn "${FUSED_GRN-}" --fold-embed "${FOLD_EMBED-}" --fused-grn-folded "${FUSED_GRN_FOLDED-}" --fused-grn-ssd "${FUSED_GRN_SSD:-chunked}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
       2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
     echo "train_step: ${SECONDS} s"
   fi
@@ -76,9 +77,9 @@ if [ "$mode" = speed ]; then
     echo "tests: ${SECONDS} s"
   fi
 elif [ "$mode" = determinism ]; then
-  timeout 330 python3 benchmarks/determinism.py --processes 10 --settings ${SETTINGS:-tf32+compiled bf16+compiled} \
+  timeout "${DET_S:-330}" python3 benchmarks/determinism.py --processes 10 --settings ${SETTINGS:-tf32+compiled bf16+compiled} \
     --out "$out/determinism.json" 2>&1 | tail -4 || status=1
-  timeout 290 python3 benchmarks/determinism.py --processes 3 --batch 64 --parallel 3 --settings ${SETTINGS:-tf32+compiled bf16+compiled} \
+  timeout "${DET_B64_S:-290}" python3 benchmarks/determinism.py --processes 3 --batch 64 --parallel "${DET_B64_PARALLEL:-3}" --settings ${SETTINGS:-tf32+compiled bf16+compiled} \
     --out "$out/determinism_b64.json" 2>&1 \
     | tail -4 || status=1
   echo "determinism: ${SECONDS} s"
