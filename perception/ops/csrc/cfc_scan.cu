@@ -10,8 +10,10 @@
 //    shared memory, 32 KiB at D = 128), so only h halves cross the cluster: one barrier per step. The
 //    backward crosses twice per step (its one-crossing form measured slower, benchmarks/results/cfc_one_exchange.md).
 //    Exact fp32 weights; 2·B blocks (128 of 132 SMs at B = 64).
-//  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers, W_out read from L2
-//    each step (slower, same arithmetic order up to the split of the sums).
+//  - portable (NCTA = 1, sm_89 / forced): one block per row, W_rec in registers; of each thread's 2·D
+//    W_out values D sit in registers, NS in shared memory (what sm_89's 99 KiB per block leaves: 92 at
+//    D = 128) and the rest are read from L2 each step (36 KiB per step at D = 128 instead of all 256 KiB).
+//    Same arithmetic order as the cluster path up to the split of the sums.
 // Backward stores nothing extra from the forward: z and the gate pre-activations are recomputed from h_seq
 // by two GEMMs outside (cfc.py), and the weight gradients are GEMMs over the per-step gradients
 // this kernel writes, so no atomics: every output element has exactly one writer and every sum a fixed order.
@@ -74,18 +76,35 @@ struct Shape {
   static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
   static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
   static constexpr int PEER_W4 = SA * (CA / 4) * DL;  // cluster forward: float4s of the peer's W_rec rows
-  static constexpr int fwd_smem_floats = NCTA == 1 ? 2 * D + T + JL : 4 * PEER_W4 + 3 * D + 2 * T + JL;
-  static constexpr int bwd_smem_floats = JL + DL + 2 * NCTA * DL * 2;
+  static constexpr int fwd_base_floats = NCTA == 1 ? 2 * D + T + JL : 4 * PEER_W4 + 3 * D + 2 * T + JL;
+  static constexpr int bwd_base_floats = JL + DL + 2 * NCTA * DL * 2;
+  // Portable path: each thread's W_out values are 2·D; the first D sit in registers, the next NS in shared
+  // memory (as much as sm_89's 99 KiB per block leaves), the last D − NS are read from L2 each step.
+  static constexpr int kSm89Floats = 99 * 1024 / 4;
+  static constexpr int kBaseFloats = fwd_base_floats > bwd_base_floats ? fwd_base_floats : bwd_base_floats;
+  static constexpr int kNsFit = (kSm89Floats - kBaseFloats) / T / 4 * 4;
+  static constexpr int NS = NCTA > 1 ? 0 : (kNsFit < D ? kNsFit : D);
+  static constexpr int fwd_smem_floats = fwd_base_floats + NS * T;
+  static constexpr int bwd_smem_floats = bwd_base_floats + NS * T;
   static_assert(CA % 4 == 0 && C2 % 4 == 0 && C4 % 4 == 0 && JPT >= 1, "unsupported D");
   static_assert(!kRegW || (JPT == 1 && C2 == D), "the register slice is one W_out row (forward), D rows (backward)");
+  static_assert(kRegW || (JPT == 2 && C2 == 2 * D && NS % 4 == 0), "portable: two W_out rows (forward), 2·D (backward)");
   // global row of W_out for the block's local row jl (gate-major: jl = gate·DL + channel)
   __device__ static int jg(int jl, int d0) { return (jl / DL) * D + d0 + jl % DL; }
 };
 
+// Component k of a float4 (k a compile-time constant once the dot products unroll).
+__device__ __forceinline__ float lane(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+// Portable path: float4 steps of a weight sum read from L2 in flight at once (more would cost registers).
+constexpr int kL2Unroll = 3;
+
 // ---------------------------------------------------------------------------------------------------
 // Forward: h_t = cell(x_proj_t, ts_t, h_{t-1}); writes h_seq only.
 
-// Portable path (NCTA = 1): one block per row, W_rec in registers, W_out read from L2 each step.
+// Portable path (NCTA = 1): one block per row, W_rec in registers. Thread tid computes W_out rows tid and
+// tid + T: the first from registers, the second from shared memory (its first NS values) and L2 (the rest).
 template <int D>
 __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
     const float* __restrict__ x_proj,   // (B, K, D)
@@ -97,11 +116,13 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
     float* __restrict__ h_seq,          // (B, K, D)
     int K) {
   using S = Shape<D, 1>;
+  constexpr int T = S::T, NS = S::NS;
   extern __shared__ float4 smem4[];
-  float* h = reinterpret_cast<float*>(smem4);  // (D)
-  float* z = h + D;                            // (D)
-  float* red = z + D;                          // (SA, D) partial sums of W_rec·h
-  float* g = red + S::T;                       // (4D) gate pre-activations
+  float4* ws = smem4;                                     // [i4][tid]: W_out[tid + T][4·i4 .. +3], i4 < NS/4
+  float* h = reinterpret_cast<float*>(ws + NS / 4 * T);  // (D)
+  float* z = h + D;                                       // (D)
+  float* red = z + D;                                     // (SA, D) partial sums of W_rec·h
+  float* g = red + T;                                     // (4D) gate pre-activations
 
   const int tid = threadIdx.x;
   const int b = blockIdx.x;
@@ -109,10 +130,15 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
   float wr[S::CA];
 #pragma unroll
   for (int i = 0; i < S::CA; ++i) wr[i] = w_rec[oa * D + sa * S::CA + i];
-  float bias[S::JPT];
+  float wo[D];  // W_out[tid][0..D)
 #pragma unroll
-  for (int k = 0; k < S::JPT; ++k) bias[k] = b_out[tid + k * S::T];
-  for (int i = tid; i < D; i += S::T) h[i] = h0[b * D + i];
+  for (int u = 0; u < D; ++u) wo[u] = w_out_t[u * S::JL + tid];
+  for (int i4 = 0; i4 < NS / 4; ++i4) {
+    const float* w = w_out_t + (4 * i4) * S::JL + T + tid;
+    ws[i4 * T + tid] = make_float4(w[0], w[S::JL], w[2 * S::JL], w[3 * S::JL]);
+  }
+  const float bias0 = b_out[tid], bias1 = b_out[T + tid];
+  for (int i = tid; i < D; i += T) h[i] = h0[b * D + i];
   __syncthreads();
 
   const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
@@ -137,25 +163,15 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       z[tid] = kLecunA * tanh_acc(kLecunB * pre);
     }
     __syncthreads();
-    {  // g = W_out·z + b_out, W_out read from L2 (coalesced over the rows)
-      float acc[S::JPT];
-#pragma unroll
-      for (int k = 0; k < S::JPT; ++k) acc[k] = bias[k];
-      const float4* z4 = reinterpret_cast<const float4*>(z);
-#pragma unroll 8
-      for (int u4 = 0; u4 < D / 4; ++u4) {
-        const float4 v = z4[u4];
-        const float* w = w_out_t + (4 * u4) * S::JL + tid;
-#pragma unroll
-        for (int k = 0; k < S::JPT; ++k) {
-          acc[k] = fmaf(w[k * S::T], v.x, acc[k]);
-          acc[k] = fmaf(w[S::JL + k * S::T], v.y, acc[k]);
-          acc[k] = fmaf(w[2 * S::JL + k * S::T], v.z, acc[k]);
-          acc[k] = fmaf(w[3 * S::JL + k * S::T], v.w, acc[k]);
-        }
+    // g = W_out·z + b_out: row tid from registers; row tid + T from shared memory, then L2 (coalesced over tid)
+    g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias0);
+    {
+      float acc = dot4<NS>([&](int i) { return lane(ws[(i / 4) * T + tid], i % 4); }, z, bias1);
+      if constexpr (NS < D) {
+        const float* w = w_out_t + NS * S::JL + T + tid;
+        acc = dot4<D - NS, kL2Unroll>([&](int i) { return w[i * S::JL]; }, z + NS, acc);
       }
-#pragma unroll
-      for (int k = 0; k < S::JPT; ++k) g[tid + k * S::T] = acc[k];
+      g[T + tid] = acc;
     }
     __syncthreads();
     if (tid < D) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
@@ -240,10 +256,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
     red[sa * DL + oa] = dot4<CA>([&](int i) { return wr[i]; }, h + sa * CA, 0.f);
     const float4* wp = wpeer + sa * (CA / 4) * DL + oa;
     red[T + sa * DL + oa] = dot4<CA>(
-        [&](int i) {
-          const float4 w = wp[(i / 4) * DL];
-          return (i % 4 == 0) ? w.x : (i % 4 == 1) ? w.y : (i % 4 == 2) ? w.z : w.w;
-        },
+        [&](int i) { return lane(wp[(i / 4) * DL], i % 4); },
         h + sa * CA, 0.f);
     __syncthreads();
     if (tid < D) {  // z = lecun_tanh(x_proj + W_rec·h) for every unit, here
@@ -288,10 +301,11 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     int K) {
   using S = Shape<D, NCTA>;
   extern __shared__ float4 smem4[];
-  float* dg = reinterpret_cast<float*>(smem4);  // (JL) this block's gate gradients
-  float* dp = dg + S::JL;                       // (DL) d_pre of the owned units
-  float* xbuf = dp + S::DL;                     // (2·NCTA, DL) partials of W_outᵀ·dg for owned units
-  float* ybuf = xbuf + 2 * NCTA * S::DL;        // (2·NCTA, DL) partials of W_recᵀ·d_pre for owned channels
+  float4* ws = smem4;  // portable: [i4][tid]: W_out[sb·C2 + D + 4·i4 .. +3][ob], i4 < NS/4 (none on the cluster)
+  float* dg = reinterpret_cast<float*>(ws + S::NS / 4 * S::T);  // (JL) this block's gate gradients
+  float* dp = dg + S::JL;                                       // (DL) d_pre of the owned units
+  float* xbuf = dp + S::DL;                                     // (2·NCTA, DL) partials of W_outᵀ·dg, owned units
+  float* ybuf = xbuf + 2 * NCTA * S::DL;                        // (2·NCTA, DL) partials of W_recᵀ·d_pre, channels
 
   const int tid = threadIdx.x;
   const unsigned rank = Cta<NCTA>::rank();
@@ -299,10 +313,12 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
   const int d0 = rank * S::DL;
 
   const int ob = tid % D, sb = tid / D;  // backward matvecs: output (unit or channel), split (0, 1)
-  float wo[S::kRegW ? S::C2 : 1];  // cluster path: W_out[jg(sb·C2 + i)][ob], i < C2 (reads coalesced over ob)
-  if constexpr (S::kRegW) {
+  float wo[D];  // W_out[jg(sb·C2 + i)][ob], i < D: all of C2 on the cluster, the first half on the portable path
 #pragma unroll
-    for (int i = 0; i < S::C2; ++i) wo[i] = w_out[static_cast<size_t>(S::jg(sb * S::C2 + i, d0)) * D + ob];
+  for (int i = 0; i < D; ++i) wo[i] = w_out[static_cast<size_t>(S::jg(sb * S::C2 + i, d0)) * D + ob];
+  for (int i4 = 0; i4 < S::NS / 4; ++i4) {
+    const float* w = w_out + static_cast<size_t>(sb * S::C2 + D + 4 * i4) * D + ob;
+    ws[i4 * S::T + tid] = make_float4(w[0], w[D], w[2 * D], w[3 * D]);
   }
   float wr[S::C4];
 #pragma unroll
@@ -345,12 +361,14 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     }
     __syncthreads();
     {  // partial dz[u] = Σ_{owned rows j} W_out[j, u]·dg[j], sent to the block that owns u
-      float acc;
-      if constexpr (S::kRegW) {
-        acc = dot4<S::C2>([&](int i) { return wo[i]; }, dg + sb * S::C2, 0.f);
-      } else {  // W_out read from L2, coalesced over ob
-        const float* w = w_out + (sb * S::C2) * D + ob;  // [j][u], row stride D
-        acc = dot4<S::C2, 8>([&](int i) { return w[i * D]; }, dg + sb * S::C2, 0.f);
+      float acc = dot4<D>([&](int i) { return wo[i]; }, dg + sb * S::C2, 0.f);
+      if constexpr (!S::kRegW) {  // portable: the split's other D rows from shared memory, then L2
+        const float* dg2 = dg + sb * S::C2 + D;
+        acc = dot4<S::NS>([&](int i) { return lane(ws[(i / 4) * S::T + tid], i % 4); }, dg2, acc);
+        if constexpr (S::NS < D) {
+          const float* w = w_out + static_cast<size_t>(sb * S::C2 + D + S::NS) * D + ob;  // [j][u], row stride D
+          acc = dot4<D - S::NS, kL2Unroll>([&](int i) { return w[i * D]; }, dg2 + S::NS, acc);
+        }
       }
       const int owner = ob / S::DL;
       Cta<NCTA>::map(xbuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
