@@ -40,8 +40,8 @@ L40S = dict(copy_gbps=864.0, fp32_tflops=91.6)  # datasheet
 TARGET_SPEEDUP, MEMORY_LIMIT_GIB = 20.0, 44.0
 TARGET_STEP_MS = 65.0  # the study in about an hour on six L40S: 4x the 266 ms fp32 kernel step at F = 65 (H200)
 # The CfC scan's per-step time on an L40S relative to this GPU: each of its K steps waits on the last, and
-# on the portable path a block reads all of W_out from L2 every step (256 KiB, ~4096 cycles at 64 B per
-# cycle per SM), so SM clock, on-chip latency and each SM's L2 read rate set it, not DRAM; the L40S clocks
+# on the portable path a block reads part of W_out from L2 every step (36 of 256 KiB at D = 128, ~600 cycles
+# at 64 B per cycle per SM), so SM clock, on-chip latency and each SM's L2 read rate set it, not DRAM; the L40S clocks
 # higher (2.52 vs 1.98 GHz boost) and the kernel is the same, so 1.0 (an estimate: no sm_89 GPU measured);
 # the pessimistic projection doubles it.
 CFC_L40S_FACTOR, CFC_L40S_PESSIMISTIC = 1.0, 2.0
