@@ -38,7 +38,7 @@ SEED = "seed"
 
 # Optional fields with the value a run made before the field existed reads as.
 TAG_DEFAULTS = {REPLICATE: "0"}
-PARAM_DEFAULTS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked"}
+PARAM_DEFAULTS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked", "model.vsn.fold_embed": "False"}
 # Per-epoch learning-signal diagnostics (the final epoch's value counts); a run without one: NOT_MEASURED.
 QUERY_DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")  # what the pool's queries did
 DIAGNOSTICS = (

@@ -10,9 +10,9 @@ its pre-registered gate plan, and lists the trainings (arms x folds x replicates
 changes the fan-out at submit time; each (arm, fold, replicate) trains in its own pod and resumes from its PVC
 checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
-Every training runs at the precision and with the SSD prepare outputs: the ones the sweep started with (its
-parent run's tags `trainer.precision` and `model.mamba.ssd`), so a sweep continued after the experiment's
-defaults changed keeps its own.
+Every training runs at the precision, SSD and VSN form prepare outputs: the ones the sweep started with (its
+parent run's tags `trainer.precision`, `model.mamba.ssd` and `model.vsn.fold_embed`), so a sweep continued
+after the experiment's defaults changed keeps its own.
 Only run ids travel between steps; metrics stay in MLflow.
 
 With `-p calibrate=true` the experiment's training noise is measured first (`perception-sweep calibrate`):
@@ -328,6 +328,7 @@ def _wave(train: Container, look: Container) -> DAG:
         "parent-run-id",
         "precision",
         "ssd",
+        "fold-embed",
         "control",
         "treatment",
         "gate-config",
@@ -349,6 +350,7 @@ def _wave(train: Container, look: Container) -> DAG:
                     "parent-run-id": "{{inputs.parameters.parent-run-id}}",
                     "precision": "{{inputs.parameters.precision}}",
                     "ssd": "{{inputs.parameters.ssd}}",
+                    "fold-embed": "{{inputs.parameters.fold-embed}}",
                 },
                 # an ahead training that fails is trained again by its own wave
                 continue_on=ContinueOn(failed=True, error=True) if name == "ahead" else None,
@@ -468,6 +470,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "gate-config",
                     "precision",
                     "ssd",
+                    "fold-embed",
                 )
             ],
         )
@@ -485,6 +488,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 *shared_overrides(),
                 "trainer.precision={{inputs.parameters.precision}}",  # the sweep's, from prepare
                 "model.mamba.ssd={{inputs.parameters.ssd}}",
+                "model.vsn.fold_embed={{inputs.parameters.fold-embed}}",
             ],
             train_resources,
             retries=10,
@@ -495,6 +499,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 Parameter(name="parent-run-id"),
                 Parameter(name="precision"),
                 Parameter(name="ssd"),
+                Parameter(name="fold-embed"),
             ],
             volumes=_volumes(),
             **gpu_placement,
@@ -595,6 +600,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "parent-run-id": prep.get_parameter("parent-run-id").value,
                     "precision": prep.get_parameter("precision").value,
                     "ssd": prep.get_parameter("ssd").value,
+                    "fold-embed": prep.get_parameter("fold-embed").value,
                 },
             )
             # Every outcome counts, so the gate can refuse with a reason instead of never running.
@@ -623,7 +629,15 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "aheads": prep.get_parameter("aheads").value,
                     **{
                         name: prep.get_parameter(name).value
-                        for name in ("parent-run-id", "precision", "ssd", "control", "treatment", "gate-config")
+                        for name in (
+                            "parent-run-id",
+                            "precision",
+                            "ssd",
+                            "fold-embed",
+                            "control",
+                            "treatment",
+                            "gate-config",
+                        )
                     },
                 },
             )

@@ -28,7 +28,8 @@ from perception.paths import perception_home
 
 # Params that set the size of training noise: an A/A measurement applies only where they all agree.
 # The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32);
-# and the SSD's kernels, which the gate also requires to agree (a run without the param counts as chunked).
+# and the SSD's kernels and the VSN's folded embedding, which the gate also requires to agree (a run without
+# the param counts as chunked, unfolded).
 MATCH_KEYS = (
     "experiment",
     "trainer.epochs",
@@ -40,6 +41,7 @@ MATCH_KEYS = (
     "trainer.max_train_batches",
     "trainer.precision",
     "model.mamba.ssd",
+    "model.vsn.fold_embed",
 )
 
 

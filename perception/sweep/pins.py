@@ -1,8 +1,9 @@
-"""What a sweep keeps from its start: the gate refuses arms trained at different `trainer.precision` or
-`model.mamba.ssd` values (DESIGN §7), so the values a sweep starts with are recorded on its parent run (a
-tag each) and a sweep continued later keeps them, even where the experiment's defaults have changed since
-(a sweep started in tf32 continues in tf32; one started with the chunked SSD continues with it). Naming
-another value for a started sweep is an error; a new sweep id trains at the new defaults."""
+"""What a sweep keeps from its start: the gate refuses arms trained at different `trainer.precision`,
+`model.mamba.ssd` or `model.vsn.fold_embed` values (DESIGN §7), so the values a sweep starts with are
+recorded on its parent run (a tag each) and a sweep continued later keeps them, even where the experiment's
+defaults have changed since (a sweep started in tf32 continues in tf32; one started with the chunked SSD or
+the unfolded VSN continues with it). Naming another value for a started sweep is an error; a new sweep id
+trains at the new defaults."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from perception.errors import ConfigError
 
 PRECISION_TAG = "trainer.precision"
 SSD_TAG = "model.mamba.ssd"
-PINNED = (PRECISION_TAG, SSD_TAG)
+FOLD_TAG = "model.vsn.fold_embed"
+PINNED = (PRECISION_TAG, SSD_TAG, FOLD_TAG)
 # what a parent run made before the key's tag existed says its sweep trained with (None: nothing is pinned)
-BEFORE_ITS_TAG: dict[str, Optional[str]] = {PRECISION_TAG: None, SSD_TAG: "chunked"}
+BEFORE_ITS_TAG: dict[str, Optional[str]] = {PRECISION_TAG: None, SSD_TAG: "chunked", FOLD_TAG: "false"}
 
 
 def composed_values(cfg: Any) -> dict[str, str]:
     """The pinned keys' values in a composed configuration."""
-    return {PRECISION_TAG: str(enum_value(cfg.trainer.precision)), SSD_TAG: str(enum_value(cfg.model.mamba.ssd))}
+    return {
+        PRECISION_TAG: str(enum_value(cfg.trainer.precision)),
+        SSD_TAG: str(enum_value(cfg.model.mamba.ssd)),
+        FOLD_TAG: str(bool(cfg.model.vsn.fold_embed)).lower(),
+    }
 
 
 def started_values(tags: Mapping[str, str]) -> dict[str, Optional[str]]:

@@ -22,7 +22,7 @@ from perception.paths import check_sweep_id, perception_home, sweep_dir, trackin
 from perception.rounds import ahead_counts
 from perception.sweep.design import Design, plan_tags, study_runs
 from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, resolve_gate_config
-from perception.sweep.pins import PRECISION_TAG, SSD_TAG, composed_values, pin, started_values
+from perception.sweep.pins import FOLD_TAG, PRECISION_TAG, SSD_TAG, composed_values, pin, started_values
 
 
 def command(name: str) -> list[str]:
@@ -52,12 +52,12 @@ def prepare(
     say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
     gpus: int = 6,
 ) -> str:
-    """The feature cache plus the sweep's parent run (with its gate plan, precision and SSD); returns its id.
+    """The feature cache plus the sweep's parent run (with its gate plan and pinned values); returns its id.
     `outputs` receives the step's output parameters as files: parent-run-id, runs (the trainings to fan
     out, JSON), wave (one wave's trainings, for a sequential study's waves), aheads (per wave, the next
     wave's trainings it runs on the GPUs its last round leaves idle of `gpus`), control, treatment,
-    gate-config (`auto` resolved), precision and ssd (what every training appends as trainer.precision and
-    model.mamba.ssd)."""
+    gate-config (`auto` resolved), precision, ssd and fold-embed (what every training appends as
+    trainer.precision, model.mamba.ssd and model.vsn.fold_embed)."""
     from perception.tracking import ensure_parent_run, parent_run_tags
     from perception.train.compose import composed
 
@@ -71,7 +71,7 @@ def prepare(
     uri = tracking_uri(cfg.tracking.uri)
     env = {**os.environ, "PERCEPTION_HOME": str(perception_home())}
     with sweep_lock(sweep_dir(sweep_id), sweep_id):
-        # a continued sweep keeps the precision and SSD it started with, as `local` does; refused before any work
+        # a continued sweep keeps the values it started with (pins.py), as `local` does; refused before any work
         started = started_values(parent_run_tags(sweep_id, uri, cfg.tracking.experiment))
         overrides, notes, pinned = pin(sweep_id, started, composed_values(cfg), overrides)
         for note in notes:
@@ -93,6 +93,7 @@ def prepare(
         atomic_write_text(outputs / "gate-config", gate_config)
         atomic_write_text(outputs / "precision", pinned[PRECISION_TAG])
         atomic_write_text(outputs / "ssd", pinned[SSD_TAG])
+        atomic_write_text(outputs / "fold-embed", pinned[FOLD_TAG])
     return parent
 
 

@@ -1,4 +1,4 @@
-"""A sweep keeps the precision and the SSD it started with: the parent run records them, a continued sweep
+"""A sweep keeps the precision, the SSD and the VSN form it started with: the parent run records them, a continued sweep
 trains its remaining runs with them with a note even where the defaults differ, and naming another value is
 refused before anything is touched (the gate would refuse arms trained at different values)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from perception.enums import enum_value
 from perception.errors import ConfigError
-from perception.sweep.pins import PRECISION_TAG, SSD_TAG, pin, started_values
+from perception.sweep.pins import FOLD_TAG, PRECISION_TAG, SSD_TAG, pin, started_values
 from perception.sweep.prepare import prepare
 from perception.train.compose import composed
 from perception.tracking import client, parent_run_tags
@@ -20,27 +20,38 @@ from tests.sweep.test_local_orchestration import fakes, train_calls  # noqa: F40
 
 
 def test_pin_keeps_the_started_values_and_refuses_another():
-    today = {PRECISION_TAG: "bf16", SSD_TAG: "mamba"}
+    today = {PRECISION_TAG: "bf16", SSD_TAG: "mamba", FOLD_TAG: "true"}
     new = started_values({})
     assert pin("s", new, today, ["experiment=ci"]) == (["experiment=ci"], [], today)
     assert pin("s", dict(today), today, ["experiment=ci"]) == (["experiment=ci"], [], today)
-    overrides, notes, pinned = pin("s", {PRECISION_TAG: "tf32", SSD_TAG: "chunked"}, today, ["experiment=ci"])
-    assert overrides == ["experiment=ci", "trainer.precision=tf32", "model.mamba.ssd=chunked"]
-    assert pinned == {PRECISION_TAG: "tf32", SSD_TAG: "chunked"}
+    started = {PRECISION_TAG: "tf32", SSD_TAG: "chunked", FOLD_TAG: "false"}
+    overrides, notes, pinned = pin("s", started, today, ["experiment=ci"])
+    assert overrides == [
+        "experiment=ci",
+        "trainer.precision=tf32",
+        "model.mamba.ssd=chunked",
+        "model.vsn.fold_embed=false",
+    ]
+    assert pinned == started
     assert "started at trainer.precision=tf32" in notes[0] and "default bf16" in notes[0]
     assert "started at model.mamba.ssd=chunked: it continues at chunked, not at today's default mamba" in notes[1]
+    assert "started at model.vsn.fold_embed=false: it continues at false, not at today's default true" in notes[2]
     with pytest.raises(ConfigError, match="sweep s was started at trainer.precision=tf32"):
-        pin("s", {PRECISION_TAG: "tf32", SSD_TAG: "mamba"}, today, ["experiment=ci", "trainer.precision=bf16"])
+        pin("s", {**today, PRECISION_TAG: "tf32"}, today, ["experiment=ci", "trainer.precision=bf16"])
     with pytest.raises(ConfigError, match="model.mamba.ssd=mamba: sweep s was started at model.mamba.ssd=chunked"):
-        pin("s", {PRECISION_TAG: "bf16", SSD_TAG: "chunked"}, today, ["model.mamba.ssd=mamba"])
+        pin("s", {**today, SSD_TAG: "chunked"}, today, ["model.mamba.ssd=mamba"])
+    refused = "model.vsn.fold_embed=true: sweep s was started at model.vsn.fold_embed=false"
+    with pytest.raises(ConfigError, match=refused):
+        pin("s", {**today, FOLD_TAG: "false"}, today, ["+model.vsn.fold_embed=true"])
 
 
-def test_a_parent_run_from_before_the_ssd_tag_trained_the_chunked_ssd():
-    """Every sweep started before the tag existed trained the chunked SSD, then the only production one; a
-    parent run without the precision tag pins nothing, as before."""
-    assert started_values({"sweep_id": "s"}) == {PRECISION_TAG: None, SSD_TAG: "chunked"}
-    assert started_values({PRECISION_TAG: "tf32"}) == {PRECISION_TAG: "tf32", SSD_TAG: "chunked"}
-    assert started_values({}) == {PRECISION_TAG: None, SSD_TAG: None}
+def test_a_parent_run_from_before_a_tag_trained_that_keys_only_form_then():
+    """Every sweep started before the SSD's tag existed trained the chunked SSD, and before the fold's tag the
+    unfolded VSN, then the only production forms; a parent run without the precision tag pins nothing, as
+    before."""
+    assert started_values({"sweep_id": "s"}) == {PRECISION_TAG: None, SSD_TAG: "chunked", FOLD_TAG: "false"}
+    assert started_values({PRECISION_TAG: "tf32"}) == {PRECISION_TAG: "tf32", SSD_TAG: "chunked", FOLD_TAG: "false"}
+    assert started_values({}) == {PRECISION_TAG: None, SSD_TAG: None, FOLD_TAG: None}
 
 
 def test_a_continued_sweep_trains_at_its_recorded_precision_and_ssd(fakes, monkeypatch):  # noqa: F811
@@ -49,15 +60,18 @@ def test_a_continued_sweep_trains_at_its_recorded_precision_and_ssd(fakes, monke
     assert parent_run_tags(fakes.id, fakes.uri)[PRECISION_TAG] == "tf32"  # experiment=ci's default
     # stands for a sweep started before the default changed: its record differs from today's default
     assert parent_run_tags(fakes.id, fakes.uri)[SSD_TAG] == "chunked"
+    assert parent_run_tags(fakes.id, fakes.uri)[FOLD_TAG] == "false"
     mlflow = client(fakes.uri)
     mlflow.set_tag(first.parent_run_id, PRECISION_TAG, "bf16")
     mlflow.set_tag(first.parent_run_id, SSD_TAG, "fla")
+    mlflow.set_tag(first.parent_run_id, FOLD_TAG, "true")
     monkeypatch.delenv("FAKE_FAIL")
     before = len(train_calls(fakes.calls()))
     second, lines = fakes.sweep("experiment=ci")
     retrained = train_calls(fakes.calls())[before:]
     assert [c["name"] for c in retrained] == ["per_horizon-f1"]
     assert "trainer.precision=bf16" in retrained[0]["argv"] and "model.mamba.ssd=fla" in retrained[0]["argv"]
+    assert "model.vsn.fold_embed=true" in retrained[0]["argv"]
     assert any(f"sweep {fakes.id} was started at trainer.precision=bf16" in line for line in lines)
     assert any(f"sweep {fakes.id} was started at model.mamba.ssd=fla" in line for line in lines)
 
@@ -82,6 +96,7 @@ def test_a_continued_workflow_sweep_trains_at_its_recorded_precision_and_ssd(
     parent = prepare(sweep_id, overrides, data_command=no_data_build, outputs=tmp_path / "first")
     assert (tmp_path / "first" / "precision").read_text() == default
     assert (tmp_path / "first" / "ssd").read_text() == "chunked"  # experiment=ci's
+    assert (tmp_path / "first" / "fold-embed").read_text() == "false"
     assert parent_run_tags(sweep_id, mlflow_server)[PRECISION_TAG] == default
     assert parent_run_tags(sweep_id, mlflow_server)[SSD_TAG] == "chunked"
     assert "was started at" not in capsys.readouterr().err
@@ -89,9 +104,11 @@ def test_a_continued_workflow_sweep_trains_at_its_recorded_precision_and_ssd(
     # stands for a sweep started before the experiment's default changed
     client(mlflow_server).set_tag(parent, PRECISION_TAG, other)
     client(mlflow_server).set_tag(parent, SSD_TAG, "mamba")
+    client(mlflow_server).set_tag(parent, FOLD_TAG, "true")
     assert prepare(sweep_id, overrides, data_command=no_data_build, outputs=tmp_path / "again") == parent
     assert (tmp_path / "again" / "precision").read_text() == other
     assert (tmp_path / "again" / "ssd").read_text() == "mamba"
+    assert (tmp_path / "again" / "fold-embed").read_text() == "true"
     note = f"sweep {sweep_id} was started at trainer.precision={other}: it continues at {other}"
     assert note in capsys.readouterr().err  # the step's log
     assert parent_run_tags(sweep_id, mlflow_server)[PRECISION_TAG] == other  # the record is never rewritten

@@ -22,7 +22,7 @@ from perception.sweep.schema import schema_errors
 from .argo_eval import substitute, when
 
 N_FOLDS = 3
-PRECISION, SSD = "bf16", "mamba"  # prepare's outputs: the precision and SSD the sweep started with
+PRECISION, SSD, FOLD = "bf16", "mamba", "true"  # prepare's outputs: the values the sweep started with
 
 
 def templates(doc: dict) -> dict[str, dict]:
@@ -55,6 +55,7 @@ def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = N
         "parent-run-id": "p1",
         "precision": PRECISION,
         "ssd": SSD,
+        "fold-embed": FOLD,
         "control": design.control,
         "treatment": design.treatment,
         "gate-config": "ci",
@@ -90,6 +91,7 @@ def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = N
                 pod_args = [substitute(a, {**scope, **pod}) for a in tpl[train["template"]]["container"]["args"]]
                 assert f"trainer.precision={PRECISION}" in pod_args  # every wave at the sweep's precision
                 assert f"model.mamba.ssd={SSD}" in pod_args  # and with its SSD
+                assert f"model.vsn.fold_embed={FOLD}" in pod_args  # and its VSN form
         assert steps["ahead"]["continueOn"] == {"failed": True, "error": True}  # its own wave trains it again
         look = steps["look"]
         assert look["depends"] == "train.Succeeded || train.Failed || train.Errored"  # a failure makes it refuse

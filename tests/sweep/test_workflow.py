@@ -94,12 +94,14 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
         "parent-run-id": "{{tasks.prepare.outputs.parameters.parent-run-id}}",
         "precision": "{{tasks.prepare.outputs.parameters.precision}}",
         "ssd": "{{tasks.prepare.outputs.parameters.ssd}}",
+        "fold-embed": "{{tasks.prepare.outputs.parameters.fold-embed}}",
     }
-    # every training at the sweep's precision and SSD, which prepare reads off its parent run (a continued sweep's)
+    # every training at the sweep's pinned values, which prepare reads off its parent run (a continued sweep's)
     train_args = templates(docs[smoke])["train"]["container"]["args"]
-    assert train_args[-2:] == [
+    assert train_args[-3:] == [
         "trainer.precision={{inputs.parameters.precision}}",
         "model.mamba.ssd={{inputs.parameters.ssd}}",
+        "model.vsn.fold_embed={{inputs.parameters.fold-embed}}",
     ]
     prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
     for name in ("arms", "aa", "design"):
@@ -243,6 +245,7 @@ def test_only_run_ids_and_the_decision_travel_between_steps(docs):
         "gate-config",
         "precision",
         "ssd",
+        "fold-embed",
     ]
     assert outputs["gate"] == ["decision"]
     assert outputs["look"] == ["decision", "summary"]  # the summary: the gate's JSON line, no metrics
