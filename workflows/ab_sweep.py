@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from perception.sweep.pins import PARAMETERS
+
 from hera.workflows import (
     DAG,
     ConfigMapEnvFrom,
@@ -72,6 +74,9 @@ GPU_PRODUCT = "NVIDIA-L40S"
 
 # The sweep a workflow works on: its `sweep-id` parameter (an earlier sweep's id continues that sweep),
 # else its own name. An Argo expression, so a resubmission from the Argo UI resolves it the same way.
+# What a sweep keeps from its start (perception/sweep/pins.py): prepare outputs each value under its parameter
+# name, and every training appends it as its config key.
+PINNED = {name: key for key, name in PARAMETERS.items()}
 SWEEP_ID_EXPR = 'workflow.parameters["sweep-id"] != "" ? workflow.parameters["sweep-id"] : workflow.name'
 SWEEP_ID = "{{=" + SWEEP_ID_EXPR + "}}"
 SWEEP_ID_LABEL = "perception/sweep-id"  # `submit` refuses a second running workflow on one sweep
@@ -326,9 +331,7 @@ def _wave(train: Container, look: Container) -> DAG:
         "wave",
         "aheads",
         "parent-run-id",
-        "precision",
-        "ssd",
-        "fold-embed",
+        *PINNED,
         "control",
         "treatment",
         "gate-config",
@@ -348,9 +351,7 @@ def _wave(train: Container, look: Container) -> DAG:
                     "fold": "{{item.fold}}",
                     "replicate": replicate,
                     "parent-run-id": "{{inputs.parameters.parent-run-id}}",
-                    "precision": "{{inputs.parameters.precision}}",
-                    "ssd": "{{inputs.parameters.ssd}}",
-                    "fold-embed": "{{inputs.parameters.fold-embed}}",
+                    **{name: "{{inputs.parameters.%s}}" % name for name in PINNED},
                 },
                 # an ahead training that fails is trained again by its own wave
                 continue_on=ContinueOn(failed=True, error=True) if name == "ahead" else None,
@@ -468,9 +469,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "control",
                     "treatment",
                     "gate-config",
-                    "precision",
-                    "ssd",
-                    "fold-embed",
+                    *PINNED,
                 )
             ],
         )
@@ -486,9 +485,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 f"trainer.device={device}",
                 "trainer.progress=false",
                 *shared_overrides(),
-                "trainer.precision={{inputs.parameters.precision}}",  # the sweep's, from prepare
-                "model.mamba.ssd={{inputs.parameters.ssd}}",
-                "model.vsn.fold_embed={{inputs.parameters.fold-embed}}",
+                *("%s={{inputs.parameters.%s}}" % (key, name) for name, key in PINNED.items()),  # the sweep's
             ],
             train_resources,
             retries=10,
@@ -497,9 +494,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 Parameter(name="fold"),
                 Parameter(name="replicate"),
                 Parameter(name="parent-run-id"),
-                Parameter(name="precision"),
-                Parameter(name="ssd"),
-                Parameter(name="fold-embed"),
+                *(Parameter(name=name) for name in PINNED),
             ],
             volumes=_volumes(),
             **gpu_placement,
@@ -597,10 +592,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "arm": "{{item.arm}}",
                     "fold": "{{item.fold}}",
                     "replicate": "{{item.replicate}}",
-                    "parent-run-id": prep.get_parameter("parent-run-id").value,
-                    "precision": prep.get_parameter("precision").value,
-                    "ssd": prep.get_parameter("ssd").value,
-                    "fold-embed": prep.get_parameter("fold-embed").value,
+                    **{name: prep.get_parameter(name).value for name in ("parent-run-id", *PINNED)},
                 },
             )
             # Every outcome counts, so the gate can refuse with a reason instead of never running.
@@ -629,15 +621,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "aheads": prep.get_parameter("aheads").value,
                     **{
                         name: prep.get_parameter(name).value
-                        for name in (
-                            "parent-run-id",
-                            "precision",
-                            "ssd",
-                            "fold-embed",
-                            "control",
-                            "treatment",
-                            "gate-config",
-                        )
+                        for name in ("parent-run-id", *PINNED, "control", "treatment", "gate-config")
                     },
                 },
             )

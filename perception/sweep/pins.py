@@ -16,6 +16,8 @@ PRECISION_TAG = "trainer.precision"
 SSD_TAG = "model.mamba.ssd"
 FOLD_TAG = "model.vsn.fold_embed"
 PINNED = (PRECISION_TAG, SSD_TAG, FOLD_TAG)
+# the name each value travels under between a workflow's steps: prepare's output file and parameter
+PARAMETERS = {PRECISION_TAG: "precision", SSD_TAG: "ssd", FOLD_TAG: "fold-embed"}
 # what a parent run made before the key's tag existed says its sweep trained with (None: nothing is pinned)
 BEFORE_ITS_TAG: dict[str, Optional[str]] = {PRECISION_TAG: None, SSD_TAG: "chunked", FOLD_TAG: "false"}
 

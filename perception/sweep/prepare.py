@@ -22,7 +22,7 @@ from perception.paths import check_sweep_id, perception_home, sweep_dir, trackin
 from perception.rounds import ahead_counts
 from perception.sweep.design import Design, plan_tags, study_runs
 from perception.sweep.overrides import AUTO_GATE_CONFIG, check_overrides, resolve_gate_config
-from perception.sweep.pins import FOLD_TAG, PRECISION_TAG, SSD_TAG, composed_values, pin, started_values
+from perception.sweep.pins import PARAMETERS, composed_values, pin, started_values
 
 
 def command(name: str) -> list[str]:
@@ -91,9 +91,8 @@ def prepare(
         atomic_write_text(outputs / "control", design.control)
         atomic_write_text(outputs / "treatment", design.treatment)
         atomic_write_text(outputs / "gate-config", gate_config)
-        atomic_write_text(outputs / "precision", pinned[PRECISION_TAG])
-        atomic_write_text(outputs / "ssd", pinned[SSD_TAG])
-        atomic_write_text(outputs / "fold-embed", pinned[FOLD_TAG])
+        for key, name in PARAMETERS.items():
+            atomic_write_text(outputs / name, pinned[key])
     return parent
 
 
