@@ -32,9 +32,9 @@ class VSNConfig:
     # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Faster; its determinism
     # and quality are owed (docs/performance.md "The VSN's GRNs in Triton")
     fused_grn: bool = False
-    # EXPERIMENTAL: the linears that read the embedding folded into it, reading the F raw features (exact in
-    # arithmetic, another rounding; perception/model/vsn.py fold_embedding). Faster, quality holds; one
-    # determinism check is owed (docs/performance.md "The VSN's embedding folded into its linears")
+    # The linears that read the embedding folded into it, reading the F raw features (exact in arithmetic,
+    # another rounding; perception/model/vsn.py fold_embedding). Faster, quality holds, reproducible;
+    # experiment=production's (docs/performance.md "The VSN's embedding folded into its linears")
     fold_embed: bool = False
 
 
