@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from perception.sweep.pins import PARAMETERS
-
 from hera.workflows import (
     DAG,
     ConfigMapEnvFrom,
@@ -74,9 +72,10 @@ GPU_PRODUCT = "NVIDIA-L40S"
 
 # The sweep a workflow works on: its `sweep-id` parameter (an earlier sweep's id continues that sweep),
 # else its own name. An Argo expression, so a resubmission from the Argo UI resolves it the same way.
-# What a sweep keeps from its start (perception/sweep/pins.py): prepare outputs each value under its parameter
-# name, and every training appends it as its config key.
-PINNED = {name: key for key, name in PARAMETERS.items()}
+# What a sweep keeps from its start: config key -> the parameter prepare outputs it as; every training appends
+# it as its config key. A literal, as VARIANTS; a test checks it against perception.sweep.pins.PARAMETERS.
+PINNED = {"trainer.precision": "precision", "model.mamba.ssd": "ssd", "model.vsn.fold_embed": "fold-embed"}
+PINNED_PARAMETERS = tuple(PINNED.values())
 SWEEP_ID_EXPR = 'workflow.parameters["sweep-id"] != "" ? workflow.parameters["sweep-id"] : workflow.name'
 SWEEP_ID = "{{=" + SWEEP_ID_EXPR + "}}"
 SWEEP_ID_LABEL = "perception/sweep-id"  # `submit` refuses a second running workflow on one sweep
@@ -331,7 +330,7 @@ def _wave(train: Container, look: Container) -> DAG:
         "wave",
         "aheads",
         "parent-run-id",
-        *PINNED,
+        *PINNED_PARAMETERS,
         "control",
         "treatment",
         "gate-config",
@@ -351,7 +350,7 @@ def _wave(train: Container, look: Container) -> DAG:
                     "fold": "{{item.fold}}",
                     "replicate": replicate,
                     "parent-run-id": "{{inputs.parameters.parent-run-id}}",
-                    **{name: "{{inputs.parameters.%s}}" % name for name in PINNED},
+                    **{name: "{{inputs.parameters.%s}}" % name for name in PINNED_PARAMETERS},
                 },
                 # an ahead training that fails is trained again by its own wave
                 continue_on=ContinueOn(failed=True, error=True) if name == "ahead" else None,
@@ -469,7 +468,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "control",
                     "treatment",
                     "gate-config",
-                    *PINNED,
+                    *PINNED_PARAMETERS,
                 )
             ],
         )
@@ -485,7 +484,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 f"trainer.device={device}",
                 "trainer.progress=false",
                 *shared_overrides(),
-                *("%s={{inputs.parameters.%s}}" % (key, name) for name, key in PINNED.items()),  # the sweep's
+                *("%s={{inputs.parameters.%s}}" % (key, name) for key, name in PINNED.items()),  # the sweep's
             ],
             train_resources,
             retries=10,
@@ -494,7 +493,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                 Parameter(name="fold"),
                 Parameter(name="replicate"),
                 Parameter(name="parent-run-id"),
-                *(Parameter(name=name) for name in PINNED),
+                *(Parameter(name=name) for name in PINNED_PARAMETERS),
             ],
             volumes=_volumes(),
             **gpu_placement,
@@ -592,7 +591,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "arm": "{{item.arm}}",
                     "fold": "{{item.fold}}",
                     "replicate": "{{item.replicate}}",
-                    **{name: prep.get_parameter(name).value for name in ("parent-run-id", *PINNED)},
+                    **{name: prep.get_parameter(name).value for name in ("parent-run-id", *PINNED_PARAMETERS)},
                 },
             )
             # Every outcome counts, so the gate can refuse with a reason instead of never running.
@@ -621,7 +620,7 @@ def build_workflow(smoke: bool = False) -> Workflow:
                     "aheads": prep.get_parameter("aheads").value,
                     **{
                         name: prep.get_parameter(name).value
-                        for name in ("parent-run-id", *PINNED, "control", "treatment", "gate-config")
+                        for name in ("parent-run-id", *PINNED_PARAMETERS, "control", "treatment", "gate-config")
                     },
                 },
             )

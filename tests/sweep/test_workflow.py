@@ -269,6 +269,13 @@ def test_the_workflow_literal_arms_are_the_registry_defaults():
     assert tuple(load_definition().VARIANTS) == DEFAULT_ARMS
 
 
+def test_the_workflow_literal_pins_are_the_sweeps_pinned_values():
+    from perception.sweep.pins import PARAMETERS
+    from perception.sweep.render import load_definition
+
+    assert load_definition().PINNED == PARAMETERS
+
+
 def test_aa_with_other_arms_is_a_usage_error():
     from perception.sweep.design import Design
 
