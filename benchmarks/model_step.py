@@ -70,7 +70,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ops", default="auto", choices=["auto", "ref", "cuda"])
     p.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"], help="trainer.precision")
     p.add_argument("--compile-trunk", action="store_true", help="model.compile_trunk (the first repeat compiles)")
-    p.add_argument("--ssd", default="chunked", choices=["chunked", "fla"], help="model.mamba.ssd")
+    p.add_argument("--ssd", default="chunked", choices=["chunked", "fla", "mamba"], help="model.mamba.ssd")
+    p.add_argument("--fold-embed", action="store_true", help="model.vsn.fold_embed (experiment=production's)")
+    p.add_argument("--fused-grn", action="store_true", help="model.vsn.fused_grn")
     p.add_argument("--chunk", type=int, default=MambaConfig().chunk, help="model.mamba.chunk")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats (default: 3 on cuda, 5 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -92,7 +94,7 @@ def build(args, variant: str, device: torch.device):
     cfg = ModelConfig(
         attention_pool=variant,
         d_model=args.d_model,
-        vsn=VSNConfig(),
+        vsn=VSNConfig(fold_embed=args.fold_embed, fused_grn=args.fused_grn),
         mamba=MambaConfig(),
         inverted_pool=args.inverted_pool,
         ops=args.ops,
@@ -264,7 +266,8 @@ def print_table(report: dict) -> None:
         f"F={report['features']} H={len(HORIZONS)} ops={report['ops']} "
         f"checkpointing={report['activation_checkpointing']} precision={report.get('precision', 'fp32')} "
         f"compiled={report.get('compile_trunk', False)} ssd={report.get('ssd', 'chunked')} "
-        f"chunk={report.get('chunk', 128)}; medians of {report['repeats']}"
+        f"chunk={report.get('chunk', 128)} fold_embed={report.get('fold_embed', False)} "
+        f"fused_grn={report.get('fused_grn', False)}; medians of {report['repeats']}"
     )
     for r in report["results"]:
         print(f"\n{r['variant']} ({r['params']:,} parameters)")
@@ -364,6 +367,8 @@ def main(argv=None) -> int:
         "compile_trunk": args.compile_trunk,
         "ssd": args.ssd,
         "chunk": args.chunk,
+        "fold_embed": args.fold_embed,
+        "fused_grn": args.fused_grn,
         "results": [],
     }
     for variant in args.variants:
