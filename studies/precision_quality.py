@@ -20,7 +20,9 @@ mean's 90% t-interval lies inside ±margin (two one-sided tests at 5%), `differs
 `inconclusive` otherwise; a setting holds when every horizon holds and differs when any horizon differs.
 With --fp32-from ROWS.jsonl the fp32 runs come from an earlier study of the same code on the same GPU model
 (a new setting checked against fp32 runs already made). Whether the setting's AUC lies inside the fp32
-runs' [min, max] is recorded too. Writes JSON and a plot to studies/results/."""
+runs' [min, max] is recorded too, and what each setting trained (precision, compiled trunk, SSD, VSN forms from
+each run's config.yaml: a switch a setting leaves unnamed takes the experiment's value); runs of one setting
+that trained different forms are not joined. Writes JSON and a plot to studies/results/."""
 
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from perception.studies.precision_quality import overrides_of, summarise
+import yaml
+
+from perception.studies.precision_quality import form_of, overrides_of, summarise
 
 
 def train_one(setting: str, seed: int, args, work: Path) -> dict:
@@ -69,6 +73,12 @@ def train_one(setting: str, seed: int, args, work: Path) -> dict:
     found = sorted(home.glob("runs/**/done.json"))
     if done.returncode == 0 and found:
         metrics = json.loads(found[0].read_text())["metrics"]
+        config = found[0].parent / "config.yaml"
+        try:
+            row["form"] = form_of(yaml.safe_load(config.read_text()), str(config))
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            row["error"] = [f"the run finished but what it trained cannot be read: {e}"]
+            return row
         row["auc"] = {k.removeprefix("val_auc_h"): v for k, v in metrics.items() if k.startswith("val_auc_h")}
         row["samples_per_s"] = metrics.get("samples_per_s")
     else:
@@ -109,6 +119,10 @@ def print_table(summary: dict) -> None:
             "'!': outside, '?': straddles it)"
         )
     print("(single rows: AUC (difference to the fp32 run of the same seed); '!': larger than the fp32 seed sd)")
+    print("what each setting trained (its runs' resolved configs; settings leave unnamed switches to the experiment):")
+    for name, form in summary["forms"].items():
+        trained = " ".join(f"{k}={v}" for k, v in form.items()) if form else "not recorded (older rows)"
+        print(f"  {name}: {trained}")
 
 
 def plot(summary: dict, path: Path, title: str) -> None:

@@ -4,10 +4,21 @@ by a paired equivalence test over seeds."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 
 PRECISIONS = ("fp32", "tf32", "bf16")
+# What a run trained, read back from its resolved config: a switch its setting leaves unnamed takes the
+# experiment's value, and that changes with the experiment (production's SSD and VSN did), so a verdict
+# names the forms it compared
+FORM_KEYS = (
+    "trainer.precision",
+    "model.compile_trunk",
+    "model.mamba.ssd",
+    "model.vsn.fused_grn",
+    "model.vsn.fold_embed",
+)
 
 
 def overrides_of(setting: str) -> list[str]:
@@ -32,6 +43,37 @@ def overrides_of(setting: str) -> list[str]:
     if not any(p.startswith("trainer.precision=") for p in out):
         raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")
     return out
+
+
+def form_of(config: dict, source: str) -> dict:
+    """FORM_KEYS' values in a run's resolved config (its config.yaml, read as a dict)."""
+    form = {}
+    for key in FORM_KEYS:
+        node = config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ValueError(f"{source}: no {key} in the run's resolved config")
+            node = node[part]
+        form[key] = node
+    return form
+
+
+def forms_of(rows: list[dict]) -> dict[str, dict | None]:
+    """The form each setting's finished runs trained (None: runs made before rows recorded it). A setting
+    whose runs trained different forms is refused: one verdict over them would measure two things."""
+    found = defaultdict(set)
+    for r in rows:
+        if "auc" in r:
+            found[r["setting"]].add(json.dumps(r.get("form"), sort_keys=True))
+    forms = {}
+    for setting, kinds in sorted(found.items()):
+        if len(kinds) > 1:
+            raise SystemExit(
+                f"setting {setting}: its runs trained different forms ({'; '.join(sorted(kinds))}, null: not "
+                "recorded); join only runs of one form"
+            )
+        forms[setting] = json.loads(kinds.pop())
+    return forms
 
 
 def equivalence(deltas: list[float], margin: float, level: float = 0.90) -> dict:
@@ -103,4 +145,4 @@ def summarise(rows: list[dict], base_seed: int) -> dict:
             holds=verdict == "holds",
             samples_per_s=statistics.mean(rates) if rates else None,
         )
-    return dict(horizons=horizons, fp32_spread=spread, fp32_runs=len(fp32), settings=settings)
+    return dict(horizons=horizons, fp32_spread=spread, fp32_runs=len(fp32), settings=settings, forms=forms_of(rows))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from scipy.stats import t as student_t
 
-from perception.studies.precision_quality import equivalence, overrides_of, summarise
+from perception.studies.precision_quality import equivalence, form_of, overrides_of, summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32 = {0: 0.750, 1: 0.770, 2: 0.740, 3: 0.760}  # h10 AUC by seed: sd 0.0129
@@ -201,6 +201,9 @@ def test_paired_verdict_end_to_end_on_cpu(tmp_path):
         assert cell["deltas"] == {"0": 0.0, "1": 0.0}, h
         assert cell["equivalence"]["verdict"] == "holds", h
     assert tf32["verdict"] == "holds"
+    forms = result["forms"]
+    assert forms["tf32"]["trainer.precision"] == "tf32" and forms["fp32"]["trainer.precision"] == "fp32"
+    assert forms["tf32"]["model.compile_trunk"] is False  # experiment=ci trains eager
     assert (tmp_path / "precision_quality_ci.png").stat().st_size > 0
     kept = tmp_path / "precision_quality_ci.rows.jsonl"  # each run as it finished: what a killed study keeps
     assert sorted((r["setting"], r["seed"]) for r in map(json.loads, kept.read_text().splitlines())) == [
@@ -232,3 +235,36 @@ def test_fp32_runs_from_an_earlier_study_must_cover_the_seeds_and_come_from_this
     assert done.returncode != 0
     assert "its fp32 runs were made on ['NVIDIA H100 80GB HBM3'], expected this GPU, cpu" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_runs_form_is_read_from_its_resolved_config_and_a_missing_switch_is_named():
+    config = {
+        "trainer": {"precision": "bf16"},
+        "model": {"compile_trunk": True, "mamba": {"ssd": "mamba"}, "vsn": {"fused_grn": False, "fold_embed": True}},
+    }
+    assert form_of(config, "run/config.yaml") == {
+        "trainer.precision": "bf16",
+        "model.compile_trunk": True,
+        "model.mamba.ssd": "mamba",
+        "model.vsn.fused_grn": False,
+        "model.vsn.fold_embed": True,
+    }
+    del config["model"]["vsn"]["fold_embed"]
+    with pytest.raises(ValueError, match=r"run/config.yaml: no model.vsn.fold_embed in the run's resolved config"):
+        form_of(config, "run/config.yaml")
+
+
+def test_a_verdict_names_what_each_setting_trained_and_refuses_a_setting_of_two_forms(tmp_path):
+    eager = {"trainer.precision": "fp32", "model.compile_trunk": False}
+    compiled = {"trainer.precision": "fp32", "model.compile_trunk": True}
+    assert summarise(fp32_rows() + rows("tf32", {0: 0.0}), base_seed=0)["forms"] == {"fp32": None, "tf32": None}
+    one_form = [dict(r, form=eager) for r in fp32_rows()]
+    assert summarise(one_form, base_seed=0)["forms"] == {"fp32": eager}
+    mixed = write_rows(tmp_path / "mixed.jsonl", one_form[:2] + [dict(r, form=compiled) for r in fp32_rows()[2:]])
+    done = from_rows(tmp_path, mixed)
+    assert done.returncode != 0
+    assert "setting fp32: its runs trained different forms" in done.stderr
+    assert '"model.compile_trunk": true' in done.stderr
+    old = write_rows(tmp_path / "old.jsonl", fp32_rows()[:2] + one_form[2:])  # rows from before forms were recorded
+    done = from_rows(tmp_path, old)
+    assert done.returncode != 0 and "null: not recorded" in done.stderr
