@@ -53,9 +53,10 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from perception.contract import DIAGNOSTICS, SAMPLES_PER_S, train_tags, val_auc  # noqa: E402
+from perception.contract import DIAGNOSTICS, SAMPLES_PER_S, val_auc  # noqa: E402
 from perception.gitinfo import git_sha  # noqa: E402
-from perception.paths import MLFLOW_EXPERIMENT, run_dir, run_name  # noqa: E402
+from perception.paths import MLFLOW_EXPERIMENT  # noqa: E402
+from perception.run_id import RunId, run_name  # noqa: E402
 from perception.tracking import LEDGER, RunLedger, ensure_parent_run, replay_unsent  # noqa: E402
 from perception.train import sysmetrics  # noqa: E402
 from perception.train.compose import composed  # noqa: E402
@@ -134,9 +135,13 @@ def epoch_metrics(cell: dict, epoch: int, epochs: int, preds: dict) -> dict[str,
     return values
 
 
+def run_of(cell: dict) -> RunId:
+    return RunId(cell["study"], cell["arm"], cell["fold"], cell["rep"])
+
+
 def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: bytes, out: Path) -> None:
     """One training's tracking, in its own process, as loop.py and run_record.py do it."""
-    place = run_dir(cell["study"], cell["arm"], cell["fold"], home, cell["rep"])
+    place = run_of(cell).directory(home)
     place.mkdir(parents=True, exist_ok=True)
     write_config(place, cell["cfg"], cell["overrides"])
     ledger = RunLedger(place, uri, MLFLOW_EXPERIMENT)
@@ -150,11 +155,11 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
 
     ledger._send = timed_send
     record = RunRecord(ledger, system_metrics=True)
-    stalls: list[float] = []  # seconds each epoch-end flush held the training
+    stalls: list[float] = []  # seconds each epoch's end held the training for tracking
     log = open(place / "train.log", "a")
     time.sleep(cell["delay_s"])  # pods start apart; 0: every writer at once, their epochs ending together
     try:
-        tags = train_tags(cell["study"], cell["arm"], cell["fold"], cell["rep"])
+        tags = run_of(cell).tags()
         try:
             tags["mlflow.parentRunId"] = ensure_parent_run(cell["study"], uri, MLFLOW_EXPERIMENT)
         except Exception as exc:  # as loop.py: the ledger nests the run once it can
@@ -168,15 +173,16 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
         )
         ledger.flush(force=True)
         record.monitoring()
+        record.send_in_background()
         preds = fold_predictions(SPEC, cell["fold"], cell["rep"])[cell["arm"]]
         for epoch in range(args.epochs):
             end = time.monotonic() + args.epoch_s
-            while time.monotonic() < end:  # the training steps, each followed by loop.py's flush
+            while time.monotonic() < end:  # the training steps, each followed by loop.py's send
                 time.sleep(args.step_s)
-                ledger.flush()
+                record.send_soon()
             ledger.record("metrics", step=epoch, values=epoch_metrics(cell, epoch, args.epochs, preds))
             t = time.perf_counter()
-            ledger.flush(force=True)
+            record.send_soon(force=True)  # beside the training since the background sender
             stalls.append(time.perf_counter() - t)
             record.monitoring()
             log.write(f"epoch {epoch + 1}/{args.epochs}\n")
@@ -200,12 +206,23 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
                 )
             ledger.record("artifact", path=rel, artifact_path=str(Path(rel).parent))
         log.close()
+        t = time.perf_counter()
         ok = record.end("FINISHED")
+        end_s = time.perf_counter() - t  # the end waits for a send in flight and sends the rest
     except BaseException as exc:
         out.write_text(json.dumps({"failed": f"{type(exc).__name__}: {exc}"}))
         raise
     out.write_text(
-        json.dumps({"failed": None, "sends": sends, "stalls": stalls, "all_sent": ok, "failures": ledger.failures()})
+        json.dumps(
+            {
+                "failed": None,
+                "sends": sends,
+                "stalls": stalls,
+                "end_s": end_s,
+                "all_sent": ok,
+                "failures": ledger.failures(),
+            }
+        )
     )
 
 
@@ -326,7 +343,7 @@ def load_run(n_writers: int, args: argparse.Namespace) -> dict:
     all_cells = [c for s in studies for c in cells(s)][:n_writers]
     for i, c in enumerate(all_cells):  # spread evenly over --stagger-s, in a fixed order
         c["delay_s"] = args.stagger_s * i / len(all_cells)
-    png = (REPO / "benchmarks" / "results" / "gate_oc.png").read_bytes()  # a plot the size of the attention one
+    png = (REPO / "studies" / "results" / "gate_oc.png").read_bytes()  # a plot the size of the attention one
     sysmetrics.SAMPLING_INTERVAL_S = args.system_interval_s  # compressed cadence, read by each writer's monitor
     with tempfile.TemporaryDirectory(prefix="tracking-load-") as tmp, postgres(durable=True) as pg:
         tmp = Path(tmp)
@@ -386,9 +403,7 @@ def _load(
     while any(p.is_alive() for p in procs):
         server_use.sample(server.pid())
         db_use.sample(pg.pid())
-        done = sum(
-            1 for c in all_cells for _ in _metrics_lines(run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]))
-        )
+        done = sum(1 for c in all_cells for _ in _metrics_lines(run_of(c).directory(home)))
         bar.update(done - bar.n)
         if not fault_done and time.monotonic() >= fault_at:
             t = time.monotonic()
@@ -415,7 +430,7 @@ def _load(
     store = stored(pg.dsn("mlflow"), tmp / "server" / "artifacts")
     checks = {
         f"{c['study'].split('-s')[-1]}/{run_name(c['arm'], c['fold'], c['rep'])}": check_run(
-            run_dir(c["study"], c["arm"], c["fold"], home, c["rep"]), store
+            run_of(c).directory(home), store
         )
         for c in all_cells
     }
@@ -448,6 +463,7 @@ def _load(
             by_op.setdefault(op, []).append(seconds)
     sends = sorted(s for xs in by_op.values() for s in xs)
     stalls = sorted(s for w in writers for s in w.get("stalls", []))
+    ends = sorted(w["end_s"] for w in writers if "end_s" in w)
     return {
         "writers": len(procs),
         "fault": args.fault,
@@ -473,6 +489,7 @@ def _load(
             for op, xs in sorted(by_op.items())
         },
         "epoch_flush_p99_s": round(_pct(stalls, 99), 4),
+        "end_wait_p99_s": round(_pct(ends, 99), 4) if ends else None,  # a run's end: its last sends
         "server_cpu_cores": round(server_use.cpu_s / wall, 2),
         "server_peak_rss_mb": server_use.peak_rss // 2**20,
         "db_cpu_cores": round(db_use.cpu_s / wall, 2),

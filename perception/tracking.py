@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -180,11 +181,15 @@ class RunLedger:
     _backoff: float = 1.0
     _failures: list[str] = field(default_factory=list)
     _pending: bool = True  # the files may hold unsent entries; False once a flush sent them all
+    _recorded: int = 0  # entries recorded by this object: a flush that began before one leaves _pending set
+    # one flush at a time: a background send and the run's final flush never send the same entry twice
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     # ---- recording -------------------------------------------------------------------------
     def record(self, op: str, **payload: Any) -> None:
         entry = {"id": self._next_id(), "op": op, "time_ms": int(time.time() * 1000), **payload}
         _append_line(self.run_dir / LEDGER, entry)
+        self._recorded += 1
         self._pending = True
 
     def started(self) -> bool:
@@ -224,20 +229,22 @@ class RunLedger:
         60 s) and returns False; training goes on meanwhile."""
         if not self._pending:  # nothing recorded since everything was sent: no file reads per batch
             return True
-        if not force and time.monotonic() < self._next_attempt:
-            return False
-        for entry in self.unsent():
-            try:
-                self._send(entry)
-            except Exception as exc:  # any transport or server error: keep the entry for later
-                self._failures.append(f"{entry['op']} #{entry['id']}: {type(exc).__name__}: {exc}"[:300])
-                self._next_attempt = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, 60.0)
+        with self._lock:
+            if not force and time.monotonic() < self._next_attempt:
                 return False
-            _append_line(self.run_dir / SENT, {"id": entry["id"]})
-        self._backoff = 1.0
-        self._pending = False
-        return True
+            recorded = self._recorded
+            for entry in self.unsent():
+                try:
+                    self._send(entry)
+                except Exception as exc:  # any transport or server error: keep the entry for later
+                    self._failures.append(f"{entry['op']} #{entry['id']}: {type(exc).__name__}: {exc}"[:300])
+                    self._next_attempt = time.monotonic() + self._backoff
+                    self._backoff = min(self._backoff * 2, 60.0)
+                    return False
+                _append_line(self.run_dir / SENT, {"id": entry["id"]})
+            self._backoff = 1.0
+            self._pending = self._recorded != recorded  # recorded meanwhile: maybe not read by this flush
+            return True
 
     def failures(self) -> list[str]:
         return list(self._failures)
@@ -304,6 +311,46 @@ class RunLedger:
     def _next_id(self) -> int:
         entries = self.entries()
         return entries[-1]["id"] + 1 if entries else 0
+
+
+class BackgroundSender:
+    """Sends a ledger on a thread of its own while a training runs, so that a slow or restarting server
+    delays the run's record, never its training (the ledger keeps every operation meanwhile). `soon()`
+    asks for a send and returns at once; after `close()` the run's final flush waits for a send in
+    flight (the ledger's lock), never runs beside it."""
+
+    def __init__(self, ledger: RunLedger):
+        self.ledger = ledger
+        self._wake = threading.Event()
+        self._force = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"tracking-{ledger.run_dir.name}", daemon=True)
+        self._thread.start()
+
+    def soon(self, force: bool = False) -> None:
+        """A send as soon as the thread is free; `force` ignores the backoff of an outage."""
+        self._force = self._force or force
+        self._wake.set()
+
+    def busy(self) -> bool:
+        """A send is asked for or in flight."""
+        return self._wake.is_set() or self.ledger._lock.locked()
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._closed:
+                return
+            self._wake.clear()
+            force, self._force = self._force, False
+            try:
+                self.ledger.flush(force=force)
+            except Exception as exc:  # flush keeps transport errors itself; anything else is reported, not fatal
+                self.ledger.failed("background send", exc)
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """`train(cfg) -> metrics`: one run of the A/B (a variant on a fold), resumable and tracked.
 
 Order of an epoch's end, chosen so that a kill at any point loses nothing: metrics go to the run's
-ledger, then the checkpoint is written, then the ledger is flushed to MLflow. A resumed run redoes
-at most the epoch it was killed in, with the same batches and RNG, so it ends bit-identical."""
+ledger, then the checkpoint is written, then the ledger is sent to MLflow, on a thread beside the
+training (a slow or restarting server delays the record, not the next epoch; the run's end waits for
+it). A resumed run redoes at most the epoch it was killed in, with the same batches and RNG, so it ends
+bit-identical."""
 
 from __future__ import annotations
 
@@ -192,6 +194,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
     record.status_changed()
     ledger.flush(force=True)
     record.monitoring()
+    record.send_in_background()
 
     # ---- epochs ------------------------------------------------------------------------------
     last_eval: Evaluation | None = None
@@ -215,7 +218,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
                 epoch=epoch,
                 grad_norms=grad_norms,
                 bar=bar,
-                after_step=ledger.flush,
+                after_step=record.send_soon,
             )  # sends what an outage kept, as the backoff allows
         bar.close()
         last_eval = evaluate(model, val_loader, loss_fn, horizons, window, device, cfg.trainer.precision)
@@ -243,7 +246,7 @@ def _train(cfg: Config, place: RunPlace, resume_from: Optional[Path], record: Ru
             lambda p: save_model(p, model, {"sweep_id": place.run.sweep_id, "epoch": str(epoch + 1)}),
             state,
         )
-        ledger.flush(force=True)
+        record.send_soon(force=True)
         record.monitoring()  # started late after an outage, or restarted after a failed request
         print(
             f"[perception] {place.run.name} epoch {epoch + 1}/{cfg.trainer.epochs}: "

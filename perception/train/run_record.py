@@ -18,7 +18,7 @@ from typing import Any, Iterator, Optional, Sequence
 from omegaconf import OmegaConf
 
 from perception.atomic import atomic_write_text
-from perception.tracking import RunLedger
+from perception.tracking import BackgroundSender, RunLedger
 from perception.train.runlog import LOG_FILE
 from perception.train.sysmetrics import SystemMetrics, start_system_metrics
 
@@ -56,6 +56,19 @@ class RunRecord:
     # each time its own changes (tracking.settle_parent), so the parent never claims to run after it ended
     settles_parent: bool = False
     monitor: Optional[SystemMetrics] = None
+    sender: Optional[BackgroundSender] = None  # while the epochs run: sends beside the training
+
+    def send_in_background(self) -> None:
+        """From here until the end the ledger is sent on a thread of its own: a slow server holds no step."""
+        if self.sender is None:
+            self.sender = BackgroundSender(self.ledger)
+
+    def send_soon(self, force: bool = False) -> None:
+        """What the ledger holds unsent goes out beside the training (at once where no sender runs)."""
+        if self.sender is None:
+            self.ledger.flush(force=force)
+        else:
+            self.sender.soon(force)
 
     def status_changed(self) -> None:
         """After the run's start, resume or end is recorded: its parent follows, through the ledger (an
@@ -80,6 +93,9 @@ class RunRecord:
         if self.monitor is not None:
             self.monitor.stop()
             self.monitor = None
+        if self.sender is not None:  # the final flush below waits for a send in flight
+            self.sender.close()
+            self.sender = None
         if not self.ledger.started():  # failed before its MLflow run was recorded: nothing to end
             return True
         for rel, artifact_path in FILES:
