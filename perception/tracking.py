@@ -329,12 +329,10 @@ class BackgroundSender:
 
     def soon(self, force: bool = False) -> None:
         """A send as soon as the thread is free; `force` ignores the backoff of an outage."""
+        if not self.ledger._pending:  # nothing recorded since the last send: no wake-up per training step
+            return
         self._force = self._force or force
         self._wake.set()
-
-    def busy(self) -> bool:
-        """A send is asked for or in flight."""
-        return self._wake.is_set() or self.ledger._lock.locked()
 
     def close(self) -> None:
         self._closed = True

@@ -47,14 +47,13 @@ def overrides_of(setting: str) -> list[str]:
 
 def form_of(config: dict, source: str) -> dict:
     """FORM_KEYS' values in a run's resolved config (its config.yaml, read as a dict)."""
-    form = {}
-    for key in FORM_KEYS:
-        node = config
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                raise ValueError(f"{source}: no {key} in the run's resolved config")
-            node = node[part]
-        form[key] = node
+    from omegaconf import OmegaConf
+
+    tree, absent = OmegaConf.create(config), object()
+    form = {key: OmegaConf.select(tree, key, default=absent) for key in FORM_KEYS}
+    for key, value in form.items():
+        if value is absent:
+            raise ValueError(f"{source}: no {key} in the run's resolved config")
     return form
 
 
