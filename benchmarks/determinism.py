@@ -8,7 +8,8 @@ hashes differ, the gradients after the first step say which tensors differ first
         [--cfc-path auto|portable] [--autotune]   # --autotune: Inductor's autotuning back on, as before
 
 A setting may name the SSD backend last, e.g. bf16+compiled+mamba (model.mamba.ssd; chunked otherwise), and
-`fusedgrn` for model.vsn.fused_grn, e.g. bf16+compiled+fusedgrn, and `folded` for model.vsn.fold_embed.
+`fusedgrn` for model.vsn.fused_grn, e.g. bf16+compiled+fusedgrn, `folded` for model.vsn.fold_embed, and
+`chunkN` for model.mamba.chunk (64 otherwise), e.g. bf16+compiled+mamba+folded+fusedgrn+chunk128.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def train_and_hash(
     setting: str, ops: str, batch: int, window: int, features: int, steps: int, autotune: bool, grads_to: Path | None
 ) -> str:
     """One process's work: `steps` of train_step.py's training step on its one fixed batch (shared pool,
-    chunk 64); sha256 over every parameter's bytes. `grads_to`: the gradients after the first step, saved."""
+    chunk 64 unless the setting names one); sha256 over every parameter's bytes. `grads_to`: the gradients
+    after the first step, saved."""
     from benchmarks.train_step import build
     from perception.model import compiled as compile_options
 
@@ -44,7 +46,8 @@ def train_and_hash(
     ssd = next((f for f in flags if f in ("fla", "mamba")), "chunked")
     shape = argparse.Namespace(batch=batch, window=window, features=features, d_model=128)
     vsn = dict(fused_grn="fusedgrn" in flags, fold_embed="folded" in flags)
-    model, train_step, _ = build(shape, ops, "shared", precision, "compiled" in flags, ssd=ssd, chunk=64, **vsn)
+    chunk = next((int(f.removeprefix("chunk")) for f in flags if f.startswith("chunk")), 64)
+    model, train_step, _ = build(shape, ops, "shared", precision, "compiled" in flags, ssd=ssd, chunk=chunk, **vsn)
     for step in range(steps):
         train_step()
         if step == 0 and grads_to is not None:

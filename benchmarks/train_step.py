@@ -279,18 +279,19 @@ def main() -> None:
         "--fused-grn",
         default="",
         help="precisions of compiled rows with model.vsn.fused_grn (the VSN's GRNs in Triton), with the "
-        "SSD backend of --fused-grn-ssd ('' for none)",
+        "SSD backend of --fused-grn-ssd, one per --chunks value ('' for none)",
     )
     parser.add_argument(
         "--fold-embed",
         default="",
         help="precisions of compiled rows with model.vsn.fold_embed (the linears that read the VSN's embedding "
-        "folded into it), with the SSD backend of --fused-grn-ssd ('' for none)",
+        "folded into it), with the SSD backend of --fused-grn-ssd, one per --chunks value ('' for none)",
     )
     parser.add_argument(
         "--fused-grn-folded",
         default="",
-        help="precisions of compiled rows with both model.vsn.fused_grn and model.vsn.fold_embed ('' for none)",
+        help="precisions of compiled rows with both model.vsn.fused_grn and model.vsn.fold_embed, one per --chunks "
+        "value ('' for none)",
     )
     parser.add_argument(
         "--fused-grn-ssd",
@@ -341,12 +342,16 @@ def main() -> None:
         rows += [compiled(p, ssd="mamba", chunk=c) for p in listed(args.mamba) for c in chunks]
     else:
         print(f"  (model.mamba.ssd=mamba rows skipped: {refusal})")
-    rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fused_grn=True) for p in listed(args.fused_grn)]
-    rows += [compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fold_embed=True) for p in listed(args.fold_embed)]
-    rows += [
-        compiled(p, ssd=args.fused_grn_ssd, chunk=chunks[0], fused_grn=True, fold_embed=True)
-        for p in listed(args.fused_grn_folded)
-    ]
+    for fused_grn, fold_embed, precisions in (
+        (True, False, args.fused_grn),
+        (False, True, args.fold_embed),
+        (True, True, args.fused_grn_folded),
+    ):  # one row per precision and --chunks value
+        rows += [
+            compiled(p, ssd=args.fused_grn_ssd, chunk=c, fused_grn=fused_grn, fold_embed=fold_embed)
+            for p in listed(precisions)
+            for c in chunks
+        ]
 
     kernel_rows = [r for r in rows if r["ops"] == "cuda" and not r["graph"]]
     scale = max(ceilings["copy_gbps"] / L40S["copy_gbps"], ceilings["fp32_tflops"] / L40S["fp32_tflops"])

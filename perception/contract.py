@@ -33,12 +33,18 @@ AGREED_PARAMS = (
     "data.window",
     "data.window_stride",
     "data.horizons",
+    "model.mamba.chunk",  # every run has logged it; its bits depend on it (the SSD's sums)
 )
 SEED = "seed"
 
 # Optional fields with the value a run made before the field existed reads as.
 TAG_DEFAULTS = {REPLICATE: "0"}
-PARAM_DEFAULTS = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked", "model.vsn.fold_embed": "False"}
+PARAM_DEFAULTS = {
+    "trainer.precision": "fp32",
+    "model.mamba.ssd": "chunked",
+    "model.vsn.fold_embed": "False",
+    "model.vsn.fused_grn": "False",
+}
 # Per-epoch learning-signal diagnostics (the final epoch's value counts); a run without one: NOT_MEASURED.
 QUERY_DIAGNOSTICS = ("query_divergence", "attention_entropy_ratio", "query_drift")  # what the pool's queries did
 DIAGNOSTICS = (

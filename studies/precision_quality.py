@@ -56,8 +56,8 @@ def train_one(setting: str, seed: int, args, work: Path) -> dict:
         "trainer.progress=false",
         "tracking.system_metrics=false",
         f"sweep_id=quality-{setting.replace('+', '-')}-{seed}",
-        *overrides_of(setting),
         *args.overrides,
+        *overrides_of(setting),  # last: a setting's own switches win over the study's overrides
     ]
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -11,8 +11,8 @@ changes the fan-out at submit time; each (arm, fold, replicate) trains in its ow
 checkpoint after a preemption;
 the gate runs whatever the trainings' outcome, so a missing run becomes a refusal with a reason.
 Every training runs at the precision, SSD and VSN form prepare outputs: the ones the sweep started with (its
-parent run's tags `trainer.precision`, `model.mamba.ssd` and `model.vsn.fold_embed`), so a sweep continued
-after the experiment's defaults changed keeps its own.
+parent run's tags `trainer.precision`, `model.mamba.ssd`, `model.mamba.chunk`, `model.vsn.fold_embed` and
+`model.vsn.fused_grn`), so a sweep continued after the experiment's defaults changed keeps its own.
 Only run ids travel between steps; metrics stay in MLflow.
 
 With `-p calibrate=true` the experiment's training noise is measured first (`perception-sweep calibrate`):
@@ -74,7 +74,13 @@ GPU_PRODUCT = "NVIDIA-L40S"
 # else its own name. An Argo expression, so a resubmission from the Argo UI resolves it the same way.
 # What a sweep keeps from its start: config key -> the parameter prepare outputs it as; every training appends
 # it as its config key. A literal, as VARIANTS; a test checks it against perception.sweep.pins.PARAMETERS.
-PINNED = {"trainer.precision": "precision", "model.mamba.ssd": "ssd", "model.vsn.fold_embed": "fold-embed"}
+PINNED = {
+    "trainer.precision": "precision",
+    "model.mamba.ssd": "ssd",
+    "model.vsn.fold_embed": "fold-embed",
+    "model.mamba.chunk": "chunk",
+    "model.vsn.fused_grn": "fused-grn",
+}
 PINNED_PARAMETERS = tuple(PINNED.values())
 SWEEP_ID_EXPR = 'workflow.parameters["sweep-id"] != "" ? workflow.parameters["sweep-id"] : workflow.name'
 SWEEP_ID = "{{=" + SWEEP_ID_EXPR + "}}"

@@ -28,8 +28,8 @@ from perception.paths import perception_home
 
 # Params that set the size of training noise: an A/A measurement applies only where they all agree.
 # The precision too: a calibration at tf32 says nothing about bf16 runs (a run without it counts as fp32);
-# and the SSD's kernels and the VSN's folded embedding, which the gate also requires to agree (a run without
-# the param counts as chunked, unfolded).
+# and the SSD's kernels and chunk, the VSN's folded embedding and fused GRN, which the gate also requires to
+# agree (a run without the param counts as chunked, unfolded, unfused).
 MATCH_KEYS = (
     "experiment",
     "trainer.epochs",
@@ -42,6 +42,8 @@ MATCH_KEYS = (
     "trainer.precision",
     "model.mamba.ssd",
     "model.vsn.fold_embed",
+    "model.mamba.chunk",
+    "model.vsn.fused_grn",
 )
 
 

@@ -16,13 +16,15 @@ FORM_KEYS = (
     "trainer.precision",
     "model.compile_trunk",
     "model.mamba.ssd",
+    "model.mamba.chunk",
     "model.vsn.fused_grn",
     "model.vsn.fold_embed",
 )
 
 
 def overrides_of(setting: str) -> list[str]:
-    """'bf16+compiled+fla' -> Hydra overrides; an unknown part is an error naming it."""
+    """'bf16+compiled+fla' -> Hydra overrides; an unknown part is an error naming it. `chunkN` sets
+    model.mamba.chunk (the runs place a setting's overrides after the study's, so a setting's chunk wins)."""
     out = []
     for part in setting.split("+"):
         if part in PRECISIONS:
@@ -35,10 +37,12 @@ def overrides_of(setting: str) -> list[str]:
             out.append("model.vsn.fused_grn=true")
         elif part == "folded":
             out.append("model.vsn.fold_embed=true")
+        elif part.startswith("chunk") and part.removeprefix("chunk").isdigit():
+            out.append(f"model.mamba.chunk={int(part.removeprefix('chunk'))}")
         else:
             raise SystemExit(
                 f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
-                f"compiled, fla, mamba, fusedgrn or folded, joined by '+'"
+                f"compiled, fla, mamba, fusedgrn, folded or chunkN (e.g. chunk128), joined by '+'"
             )
     if not any(p.startswith("trainer.precision=") for p in out):
         raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")

@@ -1,9 +1,9 @@
 """What a sweep keeps from its start: the gate refuses arms trained at different `trainer.precision`,
-`model.mamba.ssd` or `model.vsn.fold_embed` values (DESIGN §7), so the values a sweep starts with are
-recorded on its parent run (a tag each) and a sweep continued later keeps them, even where the experiment's
-defaults have changed since (a sweep started in tf32 continues in tf32; one started with the chunked SSD or
-the unfolded VSN continues with it). Naming another value for a started sweep is an error; a new sweep id
-trains at the new defaults."""
+`model.mamba.ssd`, `model.mamba.chunk`, `model.vsn.fold_embed` or `model.vsn.fused_grn` values (DESIGN §7),
+so the values a sweep starts with are recorded on its parent run (a tag each) and a sweep continued later
+keeps them, even where the experiment's defaults have changed since (a sweep started in tf32 continues in
+tf32; one started with the chunked SSD, chunk 64 or the unfolded VSN continues with it). Naming another
+value for a started sweep is an error; a new sweep id trains at the new defaults."""
 
 from __future__ import annotations
 
@@ -15,11 +15,27 @@ from perception.errors import ConfigError
 PRECISION_TAG = "trainer.precision"
 SSD_TAG = "model.mamba.ssd"
 FOLD_TAG = "model.vsn.fold_embed"
-PINNED = (PRECISION_TAG, SSD_TAG, FOLD_TAG)
+CHUNK_TAG = "model.mamba.chunk"
+FUSED_GRN_TAG = "model.vsn.fused_grn"
+PINNED = (PRECISION_TAG, SSD_TAG, FOLD_TAG, CHUNK_TAG, FUSED_GRN_TAG)
 # the name each value travels under between a workflow's steps: prepare's output file and parameter
-PARAMETERS = {PRECISION_TAG: "precision", SSD_TAG: "ssd", FOLD_TAG: "fold-embed"}
-# what a parent run made before the key's tag existed says its sweep trained with (None: nothing is pinned)
-BEFORE_ITS_TAG: dict[str, Optional[str]] = {PRECISION_TAG: None, SSD_TAG: "chunked", FOLD_TAG: "false"}
+PARAMETERS = {
+    PRECISION_TAG: "precision",
+    SSD_TAG: "ssd",
+    FOLD_TAG: "fold-embed",
+    CHUNK_TAG: "chunk",
+    FUSED_GRN_TAG: "fused-grn",
+}
+# What a parent run made before the key's tag existed says its sweep trained with (None: nothing is pinned).
+# The chunk was the experiment's own, which only production changed (64 -> 128): a production sweep started
+# before then and continued later trains at 128, and the gate refuses the mix by name.
+BEFORE_ITS_TAG: dict[str, Optional[str]] = {
+    PRECISION_TAG: None,
+    SSD_TAG: "chunked",
+    FOLD_TAG: "false",
+    CHUNK_TAG: None,
+    FUSED_GRN_TAG: "false",
+}
 
 
 def composed_values(cfg: Any) -> dict[str, str]:
@@ -28,6 +44,8 @@ def composed_values(cfg: Any) -> dict[str, str]:
         PRECISION_TAG: str(enum_value(cfg.trainer.precision)),
         SSD_TAG: str(enum_value(cfg.model.mamba.ssd)),
         FOLD_TAG: str(bool(cfg.model.vsn.fold_embed)).lower(),
+        CHUNK_TAG: str(int(cfg.model.mamba.chunk)),
+        FUSED_GRN_TAG: str(bool(cfg.model.vsn.fused_grn)).lower(),
     }
 
 

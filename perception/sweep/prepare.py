@@ -56,8 +56,8 @@ def prepare(
     `outputs` receives the step's output parameters as files: parent-run-id, runs (the trainings to fan
     out, JSON), wave (one wave's trainings, for a sequential study's waves), aheads (per wave, the next
     wave's trainings it runs on the GPUs its last round leaves idle of `gpus`), control, treatment,
-    gate-config (`auto` resolved), precision, ssd and fold-embed (what every training appends as
-    trainer.precision, model.mamba.ssd and model.vsn.fold_embed)."""
+    gate-config (`auto` resolved), and the pinned values, precision, ssd, fold-embed, chunk and fused-grn
+    (what every training appends as the keys of pins.PARAMETERS)."""
     from perception.tracking import ensure_parent_run, parent_run_tags
     from perception.train.compose import composed
 

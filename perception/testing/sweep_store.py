@@ -181,6 +181,7 @@ def log_run(
         "data.horizons": str(spec.horizons),
         "data.n_folds": 3,
         "data.fold": fold,
+        "model.mamba.chunk": 16,
         "data.embargo": "None",
         "seed": run_seed(spec.seed, fold, replicate),
         **spec.extra_params,

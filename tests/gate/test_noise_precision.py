@@ -36,7 +36,7 @@ def test_a_noise_file_applies_only_to_runs_at_its_precision(tmp_path):
     assert matching_noise(runs, HORIZONS, tmp_path).source.endswith("ci_fp32.json")
 
 
-def test_every_shipped_noise_file_matches_on_every_key_precision_ssd_and_fold_included():
+def test_every_shipped_noise_file_matches_on_every_key_precision_ssd_and_vsn_form_included():
     files = sorted(shipped_dir().glob("*.json"))
     assert files
     for path in files:
@@ -45,3 +45,5 @@ def test_every_shipped_noise_file_matches_on_every_key_precision_ssd_and_fold_in
         assert match["trainer.precision"] in ("fp32", "tf32", "bf16"), path.name
         assert match["model.mamba.ssd"] == "chunked", path.name  # trained on CPU, where only the chunked SSD runs
         assert match["model.vsn.fold_embed"] == "False", path.name  # the experiments' default there
+        assert match["model.vsn.fused_grn"] == "False", path.name
+        assert match["model.mamba.chunk"] in ("16", "64"), path.name  # experiment=ci's and local's

@@ -74,6 +74,8 @@ def test_missing_predictions(gate_store, tmp_path):
         ("trainer.precision", "bf16"),
         ("model.mamba.ssd", "fla"),
         ("model.vsn.fold_embed", "True"),
+        ("model.mamba.chunk", "64"),
+        ("model.vsn.fused_grn", "True"),
     ],
 )
 def test_runs_that_disagree_are_refused(gate_store, tmp_path, param, value):
@@ -84,11 +86,16 @@ def test_runs_that_disagree_are_refused(gate_store, tmp_path, param, value):
 
 
 def test_runs_made_before_the_optional_fields_are_gated_beside_runs_that_log_them(gate_store, tmp_path):
-    """The treatment's runs log replicate 0, trainer.precision fp32, model.mamba.ssd chunked and an unfolded VSN; the
-    control's were made before those fields existed and lack them: they read as the same values (the
-    contract's defaults), so the sweep is gated, not refused."""
+    """The treatment's runs log replicate 0, trainer.precision fp32, model.mamba.ssd chunked and an unfolded,
+    unfused VSN; the control's were made before those fields existed and lack them: they read as the same
+    values (the contract's defaults), so the sweep is gated, not refused."""
     uri, client = gate_store
-    logged = {"trainer.precision": "fp32", "model.mamba.ssd": "chunked", "model.vsn.fold_embed": "False"}
+    logged = {
+        "trainer.precision": "fp32",
+        "model.mamba.ssd": "chunked",
+        "model.vsn.fold_embed": "False",
+        "model.vsn.fused_grn": "False",
+    }
     chosen = build_sweep(
         client,
         "old-beside-new",

@@ -97,7 +97,8 @@ def test_prepare_a_training_and_the_gate_write_only_where_their_pods_can(tmp_pat
     prepared = run("prepare", {})
     outputs = roots[POD_TMP] / "prepare"
     first = yaml.safe_load((outputs / "runs").read_text())[0]
-    step_outputs = {k: (outputs / k).read_text().strip() for k in ("parent-run-id", "precision", "ssd", "fold-embed")}
+    pinned = ("precision", "ssd", "fold-embed", "chunk", "fused-grn")
+    step_outputs = {k: (outputs / k).read_text().strip() for k in ("parent-run-id", *pinned)}
     trained = run("train", {**first, **step_outputs})
     # one training of six: the gate refuses (exit 3), writing its report, the decision file and its run
     gated = run(

@@ -22,7 +22,7 @@ from perception.sweep.schema import schema_errors
 from .argo_eval import substitute, when
 
 N_FOLDS = 3
-PRECISION, SSD, FOLD = "bf16", "mamba", "true"  # prepare's outputs: the values the sweep started with
+PRECISION, SSD, FOLD, CHUNK, FUSED_GRN = "bf16", "mamba", "true", "128", "true"  # prepare's outputs: the sweep's values
 
 
 def templates(doc: dict) -> dict[str, dict]:
@@ -56,6 +56,8 @@ def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = N
         "precision": PRECISION,
         "ssd": SSD,
         "fold-embed": FOLD,
+        "chunk": CHUNK,
+        "fused-grn": FUSED_GRN,
         "control": design.control,
         "treatment": design.treatment,
         "gate-config": "ci",
@@ -92,6 +94,7 @@ def unroll(doc: dict, gate: Callable[[int], str], ahead: Optional[list[Run]] = N
                 assert f"trainer.precision={PRECISION}" in pod_args  # every wave at the sweep's precision
                 assert f"model.mamba.ssd={SSD}" in pod_args  # and with its SSD
                 assert f"model.vsn.fold_embed={FOLD}" in pod_args  # and its VSN form
+                assert f"model.mamba.chunk={CHUNK}" in pod_args and f"model.vsn.fused_grn={FUSED_GRN}" in pod_args
         assert steps["ahead"]["continueOn"] == {"failed": True, "error": True}  # its own wave trains it again
         look = steps["look"]
         assert look["depends"] == "train.Succeeded || train.Failed || train.Errored"  # a failure makes it refuse

@@ -95,13 +95,17 @@ def test_one_train_task_fans_out_over_the_runs_that_prepare_lists(docs, smoke):
         "precision": "{{tasks.prepare.outputs.parameters.precision}}",
         "ssd": "{{tasks.prepare.outputs.parameters.ssd}}",
         "fold-embed": "{{tasks.prepare.outputs.parameters.fold-embed}}",
+        "chunk": "{{tasks.prepare.outputs.parameters.chunk}}",
+        "fused-grn": "{{tasks.prepare.outputs.parameters.fused-grn}}",
     }
     # every training at the sweep's pinned values, which prepare reads off its parent run (a continued sweep's)
     train_args = templates(docs[smoke])["train"]["container"]["args"]
-    assert train_args[-3:] == [
+    assert train_args[-5:] == [
         "trainer.precision={{inputs.parameters.precision}}",
         "model.mamba.ssd={{inputs.parameters.ssd}}",
         "model.vsn.fold_embed={{inputs.parameters.fold-embed}}",
+        "model.mamba.chunk={{inputs.parameters.chunk}}",
+        "model.vsn.fused_grn={{inputs.parameters.fused-grn}}",
     ]
     prepare_args = templates(docs[smoke])["prepare"]["container"]["args"]
     for name in ("arms", "aa", "design"):
@@ -246,6 +250,8 @@ def test_only_run_ids_and_the_decision_travel_between_steps(docs):
         "precision",
         "ssd",
         "fold-embed",
+        "chunk",
+        "fused-grn",
     ]
     assert outputs["gate"] == ["decision"]
     assert outputs["look"] == ["decision", "summary"]  # the summary: the gate's JSON line, no metrics

@@ -107,6 +107,7 @@ def test_a_setting_names_the_ssd_backend_and_the_fused_grn_as_overrides():
     ]
     assert overrides_of("tf32+fla+fusedgrn")[1:] == ["model.mamba.ssd=fla", "model.vsn.fused_grn=true"]
     assert overrides_of("bf16+folded")[1:] == ["model.vsn.fold_embed=true"]
+    assert overrides_of("bf16+mamba+chunk128")[1:] == ["model.mamba.ssd=mamba", "model.mamba.chunk=128"]
     with pytest.raises(SystemExit, match=r"unknown part 'mambo'; expected fp32, tf32, bf16, compiled, fla, mamba"):
         overrides_of("bf16+mambo")
 
@@ -240,12 +241,17 @@ def test_fp32_runs_from_an_earlier_study_must_cover_the_seeds_and_come_from_this
 def test_a_runs_form_is_read_from_its_resolved_config_and_a_missing_switch_is_named():
     config = {
         "trainer": {"precision": "bf16"},
-        "model": {"compile_trunk": True, "mamba": {"ssd": "mamba"}, "vsn": {"fused_grn": False, "fold_embed": True}},
+        "model": {
+            "compile_trunk": True,
+            "mamba": {"ssd": "mamba", "chunk": 128},
+            "vsn": {"fused_grn": False, "fold_embed": True},
+        },
     }
     assert form_of(config, "run/config.yaml") == {
         "trainer.precision": "bf16",
         "model.compile_trunk": True,
         "model.mamba.ssd": "mamba",
+        "model.mamba.chunk": 128,
         "model.vsn.fused_grn": False,
         "model.vsn.fold_embed": True,
     }
