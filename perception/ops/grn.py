@@ -19,12 +19,12 @@ from perception.enums import enum_value
 from perception.ops.common import upcast
 
 # d_var the kernels take: a power of two (Triton's tiles), at most 8: a thread holds its row's d-vectors, and the
-# backward takes 204 registers at d = 8 (benchmarks/results/grn_compile.json)
+# backward takes 206 registers at d = 8 (benchmarks/results/grn_compile.json)
 GRN_WIDTHS = (2, 4, 8)
 # How the kernels are launched (benchmarks/ops_grn.py sweeps these): rows a program holds at once in the forward
 # and in the backward, one per lane (warps = rows / 32), and row ranges per variable (F times as many programs,
 # each with its own weight-gradient partial). The backward's 32 keeps its registers under the limit without
-# spilling (`triton.compile` for sm_90, Triton 3.6: 204 registers at 32 rows; spills at 64 and 128)
+# spilling (`triton.compile` for sm_90, Triton 3.6: 206 registers at 32 rows, 209 at 64, spills at 128)
 LAUNCH = {"fwd_rows": 128, "bwd_rows": 32, "programs_per_variable": 64}
 
 
@@ -145,9 +145,16 @@ def grn_select_fwd(
     kernels = _require_kernels()
     e, v = e.contiguous(), v.contiguous()
     out = torch.empty(e.shape, dtype=torch.promote_types(e.dtype, v.dtype), device=e.device)
+    w1t, w2t = _transposed(fc1_w), _transposed(fc2_w)
+    b1, b2, lnw, lnb = (w.contiguous() for w in (fc1_b, fc2_b, ln_w, ln_b))
     with torch.cuda.device(e.device):
-        _launch(kernels.grn_select_fwd_kernel, LAUNCH["fwd_rows"], e, e, v, *(w.contiguous() for w in weights), out)
+        _launch(kernels.grn_select_fwd_kernel, LAUNCH["fwd_rows"], e, e, v, w1t, b1, w2t, b2, lnw, lnb, out)
     return out
+
+
+def _transposed(w: torch.Tensor) -> torch.Tensor:
+    """(F, out, in) -> (F, in, out), contiguous: the kernels read W's columns as Wᵀ's contiguous rows."""
+    return w.transpose(1, 2).contiguous()
 
 
 @grn_select_fwd.register_fake

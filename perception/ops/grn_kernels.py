@@ -35,12 +35,17 @@ def _row(x, i, D: tl.constexpr):
 
 
 @triton.jit
-def _matvec(w_ptr, row0, x, D: tl.constexpr):
-    """W x for W rows row0 .. row0 + D of a row-major (·, D) matrix [out, in], x: (D, BN) -> (D, BN); W's
-    columns are loaded one at a time, so a thread holds D of its weights, not D²."""
+def _matvec(w_ptr, row0, x, OUT: tl.constexpr, D: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """W x for W rows row0 .. row0 + D of a (OUT, D) matrix [out, in], x: (D, BN) -> (D, BN). W's columns are
+    loaded one at a time, so a thread holds D of its weights, not D². W comes row-major, or `TRANSPOSED` (as
+    Wᵀ, row-major (D, OUT)): then a column is contiguous, vector loads (the forward's; the backward, whose
+    registers are at the limit, hoists its weights out of its loop and takes W as it is)."""
     out = tl.zeros(x.shape, tl.float32)
     for i in tl.static_range(D):
-        column = tl.load(w_ptr + (row0 + tl.arange(0, D)) * D + i).to(tl.float32)  # (D,): W[:, i]
+        if TRANSPOSED:
+            column = tl.load(w_ptr + i * OUT + row0 + tl.arange(0, D)).to(tl.float32)  # (D,): W[rows, i]
+        else:
+            column = tl.load(w_ptr + (row0 + tl.arange(0, D)) * D + i).to(tl.float32)
         out += column[:, None] * _row(x, i, D)[None, :]
     return out
 
@@ -68,6 +73,15 @@ def _load_t(ptr, n, F, f, live, D: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _store_t(ptr, x, n, F, f, live, D: tl.constexpr):
+    """x (D, BN) to x[n, f, :] as (BN, D) rows: a layout change through shared memory, then a row's D values
+    in vector stores (one memory transaction a row; the forward's, where registers are spare)."""
+    at = ((n * F + f) * D)[:, None] + tl.arange(0, D)[None, :]  # (BN, D)
+    tl.store(ptr + at, tl.trans(x).to(ptr.dtype.element_ty), mask=live[:, None])
+
+
+@triton.jit
+def _store_t_columns(ptr, x, n, F, f, live, D: tl.constexpr):
+    """The same one column at a time, no layout change: the backward's, whose registers are at the limit."""
     for i in tl.static_range(D):
         tl.store(ptr + (n * F + f) * D + i, _row(x, i, D).to(ptr.dtype.element_ty), mask=live)
 
@@ -81,12 +95,15 @@ def _over_ones(x, D: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D: tl.constexpr):
-    """e: (D, BN), rows last -> the GRN's intermediates, each (D, BN), and 1/σ (BN,)."""
-    pre1 = _matvec(w1_ptr, f * D, e, D) + _vector(b1_ptr, f * D, D)[:, None]
+def _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """e: (D, BN), rows last -> the GRN's intermediates, each (D, BN), and 1/σ (BN,). W1 (F, D, D) and W2
+    (F, 2D, D), or with `TRANSPOSED` each variable's transposed."""
+    w1 = w1_ptr + f * D * D
+    w2 = w2_ptr + f * 2 * D * D
+    pre1 = _matvec(w1, 0, e, D, D, TRANSPOSED) + _vector(b1_ptr, f * D, D)[:, None]
     h1 = tl.where(pre1 > 0, pre1, tl.exp(pre1) - 1.0)
-    a = _matvec(w2_ptr, f * 2 * D, h1, D) + _vector(b2_ptr, f * 2 * D, D)[:, None]
-    gate = _matvec(w2_ptr, f * 2 * D + D, h1, D) + _vector(b2_ptr, f * 2 * D + D, D)[:, None]
+    a = _matvec(w2, 0, h1, 2 * D, D, TRANSPOSED) + _vector(b2_ptr, f * 2 * D, D)[:, None]
+    gate = _matvec(w2, D, h1, 2 * D, D, TRANSPOSED) + _vector(b2_ptr, f * 2 * D + D, D)[:, None]
     sg = tl.sigmoid(gate)
     z = e + a * sg
     zc = z - (tl.sum(z, axis=0) / D)[None, :]
@@ -96,11 +113,12 @@ def _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D: tl.constexpr):
 
 @triton.jit
 def grn_select_fwd_kernel(
-    e_ptr, v_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr, out_ptr,
+    e_ptr, v_ptr, w1t_ptr, b1_ptr, w2t_ptr, b2_ptr, lnw_ptr, lnb_ptr, out_ptr,
     N, F, rows_per_program,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """out[n, f] = v[n, f] · (LN(e + GLU(W2 · ELU(W1 · e + b1) + b2)) · lnw + lnb), e = e[n, f]."""
+    """out[n, f] = v[n, f] · (LN(e + GLU(W2 · ELU(W1 · e + b1) + b2)) · lnw + lnb), e = e[n, f]; W1, W2 given
+    transposed."""
     f = tl.program_id(0)
     start = tl.program_id(1) * rows_per_program
     for block in range(0, rows_per_program, BLOCK_N):
@@ -108,7 +126,7 @@ def grn_select_fwd_kernel(
         live = (n < N) & (n < start + rows_per_program)
         e = _load_t(e_ptr, n, F, f, live, D, BLOCK_N)
         v = tl.load(v_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)
-        _, _, _, _, zhat, _ = _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D)
+        _, _, _, _, zhat, _ = _grn_t(e, w1t_ptr, b1_ptr, w2t_ptr, b2_ptr, f, D, True)
         xi = zhat * _vector(lnw_ptr, f * D, D)[:, None] + _vector(lnb_ptr, f * D, D)[:, None]
         _store_t(out_ptr, v[None, :] * xi, n, F, f, live, D)
 
@@ -137,7 +155,7 @@ def grn_select_bwd_kernel(
         e = _load_t(e_ptr, n, F, f, live, D, BLOCK_N)
         v = tl.load(v_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)
         g = _load_t(grad_ptr, n, F, f, live, D, BLOCK_N)
-        pre1, h1, a, sg, zhat, rstd = _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D)
+        pre1, h1, a, sg, zhat, rstd = _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D, False)
         lnw = _vector(lnw_ptr, f * D, D)
         xi = zhat * lnw[:, None] + _vector(lnb_ptr, f * D, D)[:, None]
         tl.store(dv_ptr + n * F + f, tl.sum(g * xi, axis=0).to(dv_ptr.dtype.element_ty), mask=live)
@@ -155,7 +173,7 @@ def grn_select_bwd_kernel(
         dpre1 = dh1 * tl.where(pre1 > 0, 1.0, tl.exp(pre1))
         acc1 = tl.dot(dpre1, tl.trans(_over_ones(e, D, BLOCK_N)), acc1, input_precision=DOT_PRECISION)
         de = dz + _matvec_t(w1_ptr, f * D, dpre1, D)
-        _store_t(de_ptr, de, n, F, f, live, D)
+        _store_t_columns(de_ptr, de, n, F, f, live, D)
     # partial[program, f]: W1, b1, W2 (value then gate), b2 (value then gate), lnw, lnb
     base = partial_ptr + (program * F + f) * (3 * D * D + 5 * D)
     r = tl.arange(0, D)[:, None]
