@@ -76,8 +76,10 @@ RUN wheel="$(echo /wheels/perception-*.whl)" \
  && rm -rf /opt/perception-ops-lib \
  && ! command -v nvcc
 USER 1000:1000
-# experiment=production trains with model.mamba.ssd=mamba: its kernels must import too (no GPU needed)
+# experiment=production trains with model.mamba.ssd=mamba and model.vsn.fused_grn: their kernels must import too
+# (no GPU needed; without Triton the fused GRN would fall back to its reference, several GB a step more)
 RUN python -c "import json, torch; from perception.ops import extension as e; m = json.loads(e.manifest_path().read_text()); assert (e.LIB_DIR / (e.LIB_NAME + '.so')).is_file(), e.LIB_DIR; assert m['torch'] == torch.__version__, (m, torch.__version__); assert {'8.9', '9.0'} <= set(m['archs'].split(';')), m; print('prebuilt kernels:', m)" \
- && python -c "from perception.model.ssd_mamba import require_mamba; require_mamba(); print('mamba_ssm SSD kernels import')"
+ && python -c "from perception.model.ssd_mamba import require_mamba; require_mamba(); print('mamba_ssm SSD kernels import')" \
+ && python -c "from perception.ops.grn import require_grn_kernels; require_grn_kernels(); print('grn Triton kernels import')"
 WORKDIR /perception-home
 ENTRYPOINT ["perception-train"]

@@ -142,7 +142,7 @@ def grn_select_fwd(
     """e: (N, F, d), v: (N, F) -> (N, F, d) in the promoted dtype of e and v."""
     weights = (fc1_w, fc1_b, fc2_w, fc2_b, ln_w, ln_b)
     _check("grn_select_fwd", e, v, weights)
-    kernels = _require_kernels()
+    kernels = require_grn_kernels()
     e, v = e.contiguous(), v.contiguous()
     out = torch.empty(e.shape, dtype=torch.promote_types(e.dtype, v.dtype), device=e.device)
     w1t, w2t = _transposed(fc1_w), _transposed(fc2_w)
@@ -181,7 +181,7 @@ def grn_select_bwd(
     weight gradients are the per-program partials summed over programs by torch (a fixed order)."""
     weights = (fc1_w, fc1_b, fc2_w, fc2_b, ln_w, ln_b)
     _check("grn_select_bwd", e, v, weights)
-    kernels = _require_kernels()
+    kernels = require_grn_kernels()
     n, f, d = e.shape
     e, v, grad = e.contiguous(), v.contiguous(), grad.contiguous()
     de, dv = torch.empty_like(e), torch.empty_like(v)
@@ -223,7 +223,7 @@ def _backward(ctx, grad):
 grn_select_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _require_kernels() -> types.ModuleType:
+def require_grn_kernels() -> types.ModuleType:
     kernels = _kernels()
     if kernels is None:
         raise RuntimeError("the grn kernels need Triton (a CUDA build of torch ships it); use model.ops=ref")

@@ -123,6 +123,8 @@ def test_an_image_whose_ssd_kernels_do_not_import_fails_to_build_when_production
     user_at = runtime.index(("USER", "1000:1000"))
     checks = [args for ins, args in runtime[user_at:] if ins == "RUN"]
     assert any("from perception.model.ssd_mamba import require_mamba; require_mamba()" in c for c in checks)
+    assert production["model"]["vsn"]["fused_grn"] is True  # and its GRNs in Triton, whose kernels must import
+    assert any("from perception.ops.grn import require_grn_kernels; require_grn_kernels()" in c for c in checks)
 
 
 def test_runtime_stage_has_the_c_compiler_triton_launches_kernels_with():
