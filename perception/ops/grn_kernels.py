@@ -6,7 +6,9 @@ tile is (d, BLOCK_N), rows last, and the launch gives one row to each lane (BLOC
 holds its row's d values, so the GRN's matrix-vector products, ELU, GLU and LayerNorm are its own
 multiply-adds, with no shuffles or shared memory (the loads read one column at a time for that reason, and
 the weights one column or row at a time, so a thread holds d of them, not d²). The forward reads e and v
-and writes the weighted output; the backward recomputes the forward and writes de and dv. Its weight
+and writes the weighted output; it takes W1 and W2 transposed, so a column is contiguous (vector loads), and
+stores each row's output through one layout change in shared memory as vectors (a memory transaction a row,
+not a value). The backward recomputes the forward and writes de and dv. Its weight
 gradients are sums over rows, three dots over each block's rows (three TF32 products per product,
 `tf32x3`: fp32's accuracy on tensor cores) whose right operands carry a row of ones for the bias sums; each
 program keeps its own and writes them to a (programs, F, ...) buffer that the caller sums over its first
