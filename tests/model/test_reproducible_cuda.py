@@ -1,7 +1,7 @@
 """The compiled trunk trains to the same bits in fresh processes (benchmarks/determinism.py): two processes
 per setting, each with its own Inductor and Triton caches, train a few steps from one seed and batch, and
 every parameter is compared bitwise (sha256 over all of them), at tf32 and bf16 on both CfC paths, and at
-experiment=production's setting (bf16 with the mamba_ssm SSD)."""
+experiment=production's setting (bf16, mamba_ssm's SSD at chunk 128, the folded VSN and the fused GRN)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+PRODUCTION = "bf16+compiled+mamba+folded+fusedgrn+chunk128"  # experiment=production's form
 
 
 @pytest.mark.cuda
@@ -26,7 +27,7 @@ def test_fresh_processes_train_the_compiled_trunk_to_identical_parameters(cfc_pa
             "--settings",
             "tf32+compiled",
             "bf16+compiled",
-            "bf16+compiled+mamba",
+            PRODUCTION,
             "--processes",
             "2",
             "--steps",
@@ -43,7 +44,7 @@ def test_fresh_processes_train_the_compiled_trunk_to_identical_parameters(cfc_pa
         timeout=600,
     )
     result = json.loads(out.read_text())
-    settings = ("tf32+compiled", "bf16+compiled", "bf16+compiled+mamba")
+    settings = ("tf32+compiled", "bf16+compiled", PRODUCTION)
     assert {s: len(h) for s, h in result["hashes"].items()} == dict.fromkeys(settings, 2)
     assert all(len(h) == 64 for found in result["hashes"].values() for h in found)  # sha256 hex digests
     assert result["reproducible"] == dict.fromkeys(settings, True), result["first_step_gradient_differences"]
