@@ -31,6 +31,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from perception.atomic import atomic_write_text  # noqa: E402
 
 
+def parse_setting(setting: str) -> dict:
+    """'bf16+compiled+mamba+folded+fusedgrn+chunk128' -> train_step.build's keywords; an unknown part is an
+    error naming it (a misspelt switch would otherwise train another form under the setting's name)."""
+    precision, *flags = setting.split("+")
+    known = {"compiled", "fla", "mamba", "fusedgrn", "folded"}
+    unknown = [f for f in flags if f not in known and not (f.startswith("chunk") and f[5:].isdigit())]
+    if precision not in ("fp32", "tf32", "bf16") or unknown:
+        raise SystemExit(
+            f"--settings {setting}: expected a precision (fp32, tf32, bf16) then any of compiled, fla, mamba, "
+            f"fusedgrn, folded, chunkN, joined by '+'; got precision {precision!r}, unknown parts {unknown}"
+        )
+    chunks = [int(f[5:]) for f in flags if f.startswith("chunk")]
+    return dict(
+        precision=precision,
+        compiled="compiled" in flags,
+        ssd=next((f for f in flags if f in ("fla", "mamba")), "chunked"),  # chunked by default
+        chunk=chunks[-1] if chunks else 64,
+        fused_grn="fusedgrn" in flags,
+        fold_embed="folded" in flags,
+    )
+
+
 def train_and_hash(
     setting: str, ops: str, batch: int, window: int, features: int, steps: int, autotune: bool, grads_to: Path | None
 ) -> str:
@@ -42,12 +64,9 @@ def train_and_hash(
 
     if autotune:
         compile_options.INDUCTOR_OPTIONS["deterministic"] = False
-    precision, *flags = setting.split("+")  # e.g. bf16+compiled+mamba: the SSD backend last, chunked by default
-    ssd = next((f for f in flags if f in ("fla", "mamba")), "chunked")
+    form = parse_setting(setting)
     shape = argparse.Namespace(batch=batch, window=window, features=features, d_model=128)
-    vsn = dict(fused_grn="fusedgrn" in flags, fold_embed="folded" in flags)
-    chunk = next((int(f.removeprefix("chunk")) for f in flags if f.startswith("chunk")), 64)
-    model, train_step, _ = build(shape, ops, "shared", precision, "compiled" in flags, ssd=ssd, chunk=chunk, **vsn)
+    model, train_step, _ = build(shape, ops, "shared", **form)
     for step in range(steps):
         train_step()
         if step == 0 and grads_to is not None:
@@ -113,6 +132,8 @@ def main() -> None:
             train_and_hash(args.one, args.ops, args.batch, args.window, args.features, args.steps, args.autotune, grads)
         )
         return
+    for setting in args.settings:  # refused before any process starts
+        parse_setting(setting)
     common = [
         "--ops",
         args.ops,

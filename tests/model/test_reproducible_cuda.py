@@ -48,3 +48,26 @@ def test_fresh_processes_train_the_compiled_trunk_to_identical_parameters(cfc_pa
     assert {s: len(h) for s, h in result["hashes"].items()} == dict.fromkeys(settings, 2)
     assert all(len(h) == 64 for found in result["hashes"].values() for h in found)  # sha256 hex digests
     assert result["reproducible"] == dict.fromkeys(settings, True), result["first_step_gradient_differences"]
+
+
+def test_a_misspelt_setting_is_refused_by_name_before_any_process_trains(tmp_path):
+    """A switch the script does not know would otherwise train another form under the setting's name."""
+    out = tmp_path / "determinism.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "determinism.py"),
+            "--settings",
+            "bf16+compiled+chunk128",
+            "bf16+compiled+fusedgrnn",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "--settings bf16+compiled+fusedgrnn" in done.stderr and "unknown parts ['fusedgrnn']" in done.stderr
+    assert not out.exists()
