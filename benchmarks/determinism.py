@@ -29,27 +29,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from perception.atomic import atomic_write_text  # noqa: E402
+from perception.studies.precision_quality import PRECISIONS, SWITCHES, switches_of  # noqa: E402
 
 
 def parse_setting(setting: str) -> dict:
-    """'bf16+compiled+mamba+folded+fusedgrn+chunk128' -> train_step.build's keywords; an unknown part is an
-    error naming it (a misspelt switch would otherwise train another form under the setting's name)."""
-    precision, *flags = setting.split("+")
-    known = {"compiled", "fla", "mamba", "fusedgrn", "folded"}
-    unknown = [f for f in flags if f not in known and not (f.startswith("chunk") and f[5:].isdigit())]
-    if precision not in ("fp32", "tf32", "bf16") or unknown:
+    """'bf16+compiled+mamba+folded+fusedgrn+chunk128' -> train_step.build's keywords, by the precision study's
+    grammar (`switches_of`); an unknown part is an error naming it (a misspelt switch would otherwise train
+    another form under the setting's name)."""
+    named, unknown = switches_of(setting)
+    precision = setting.split("+")[0]
+    if precision not in PRECISIONS or unknown:
         raise SystemExit(
-            f"--settings {setting}: expected a precision (fp32, tf32, bf16) then any of compiled, fla, mamba, "
-            f"fusedgrn, folded, chunkN, joined by '+'; got precision {precision!r}, unknown parts {unknown}"
+            f"--settings {setting}: expected a precision ({', '.join(PRECISIONS)}) then any of "
+            f"{', '.join(SWITCHES)}, chunkN, joined by '+'; got precision {precision!r}, unknown parts {unknown}"
         )
-    chunks = [int(f[5:]) for f in flags if f.startswith("chunk")]
     return dict(
         precision=precision,
-        compiled="compiled" in flags,
-        ssd=next((f for f in flags if f in ("fla", "mamba")), "chunked"),  # chunked by default
-        chunk=chunks[-1] if chunks else 64,
-        fused_grn="fusedgrn" in flags,
-        fold_embed="folded" in flags,
+        compiled=named.get("model.compile_trunk", False),
+        ssd=named.get("model.mamba.ssd", "chunked"),
+        chunk=named.get("model.mamba.chunk", 64),
+        fused_grn=named.get("model.vsn.fused_grn", False),
+        fold_embed=named.get("model.vsn.fold_embed", False),
     )
 
 

@@ -28,9 +28,9 @@ class SSDBackend(str, Enum):
 @dataclass
 class VSNConfig:
     d_var: int = 8  # per-variable width; a TFT VSN at width D would hold [B, K, F, D]
-    # EXPERIMENTAL: the variables' GRNs and their weighting in one Triton pass each way on CUDA tensors
-    # (perception/ops/grn.py; model.ops picks kernel or reference as for every op). Faster, reproducible at
-    # B = 8, quality holding over 5 seeds; B = 64 owed (docs/performance.md "The VSN's GRNs in Triton")
+    # The variables' GRNs and their weighting in one Triton pass each way on CUDA tensors (perception/ops/grn.py;
+    # model.ops picks kernel or reference as for every op). Faster, 2 GiB less, reproducible, quality holds:
+    # experiment=production's (docs/performance.md "Production's chunk and fused GRN")
     fused_grn: bool = False
     # The linears that read the embedding folded into it, reading the F raw features (exact in arithmetic,
     # another rounding; perception/model/vsn.py fold_embedding). Faster, quality holds, reproducible;

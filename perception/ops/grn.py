@@ -224,6 +224,7 @@ grn_select_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def require_grn_kernels() -> types.ModuleType:
+    """grn_kernels, or an error saying what is missing (the image checks it: experiment=production runs them)."""
     kernels = _kernels()
     if kernels is None:
         raise RuntimeError("the grn kernels need Triton (a CUDA build of torch ships it); use model.ops=ref")

@@ -22,31 +22,46 @@ FORM_KEYS = (
 )
 
 
+# A setting's parts after its precision, each the config key and value it names ('chunkN': model.mamba.chunk=N)
+SWITCHES = {
+    "compiled": ("model.compile_trunk", True),
+    "fla": ("model.mamba.ssd", "fla"),
+    "mamba": ("model.mamba.ssd", "mamba"),
+    "fusedgrn": ("model.vsn.fused_grn", True),
+    "folded": ("model.vsn.fold_embed", True),
+}
+
+
+def switches_of(setting: str) -> tuple[dict, list[str]]:
+    """'bf16+compiled+chunk128' -> ({config key: value} in the setting's order, the parts it does not know): the
+    settings' one grammar, for the precision study and benchmarks/determinism.py alike."""
+    named: dict = {}
+    unknown = []
+    for part in setting.split("+"):
+        if part in PRECISIONS:
+            named["trainer.precision"] = part
+        elif part in SWITCHES:
+            key, value = SWITCHES[part]
+            named[key] = value
+        elif part.startswith("chunk") and part.removeprefix("chunk").isdigit():
+            named["model.mamba.chunk"] = int(part.removeprefix("chunk"))
+        else:
+            unknown.append(part)
+    return named, unknown
+
+
 def overrides_of(setting: str) -> list[str]:
     """'bf16+compiled+fla' -> Hydra overrides; an unknown part is an error naming it. `chunkN` sets
     model.mamba.chunk (the runs place a setting's overrides after the study's, so a setting's chunk wins)."""
-    out = []
-    for part in setting.split("+"):
-        if part in PRECISIONS:
-            out.append(f"trainer.precision={part}")
-        elif part == "compiled":
-            out.append("model.compile_trunk=true")
-        elif part in ("fla", "mamba"):
-            out.append(f"model.mamba.ssd={part}")
-        elif part == "fusedgrn":
-            out.append("model.vsn.fused_grn=true")
-        elif part == "folded":
-            out.append("model.vsn.fold_embed=true")
-        elif part.startswith("chunk") and part.removeprefix("chunk").isdigit():
-            out.append(f"model.mamba.chunk={int(part.removeprefix('chunk'))}")
-        else:
-            raise SystemExit(
-                f"--settings {setting!r}: unknown part {part!r}; expected {', '.join(PRECISIONS)}, "
-                f"compiled, fla, mamba, fusedgrn, folded or chunkN (e.g. chunk128), joined by '+'"
-            )
-    if not any(p.startswith("trainer.precision=") for p in out):
+    named, unknown = switches_of(setting)
+    if unknown:
+        raise SystemExit(
+            f"--settings {setting!r}: unknown part {unknown[0]!r}; expected {', '.join(PRECISIONS)}, "
+            f"compiled, fla, mamba, fusedgrn, folded or chunkN (e.g. chunk128), joined by '+'"
+        )
+    if "trainer.precision" not in named:
         raise SystemExit(f"--settings {setting!r}: name a precision ({', '.join(PRECISIONS)})")
-    return out
+    return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in named.items()]
 
 
 def form_of(config: dict, source: str) -> dict:
