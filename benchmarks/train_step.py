@@ -193,9 +193,9 @@ def measure(
         peak_gib=peak,
     )
     if profile:
-        row["kernels"], row["cfc_step_ms"], row["gpu_step_ms"] = kernel_times(train_step)
+        row["kernels"], row["cfc_step_ms"], row["gpu_step_ms"] = kernel_times(train_step, args.top)
         model.eval()
-        _, row["cfc_eval_ms"], row["gpu_eval_ms"] = kernel_times(eval_step)
+        row["eval_kernels"], row["cfc_eval_ms"], row["gpu_eval_ms"] = kernel_times(eval_step, args.top)
         model.train()
     os.environ.pop("PERCEPTION_CFC_PATH", None)
     configure_precision("fp32", torch.device("cuda"))  # the next row starts from plain fp32
@@ -218,7 +218,7 @@ def kernel_times(fn, top: int = 10) -> tuple[list[dict], float, float]:
     total = sum(e.device_time_total for e in events) or 1.0
     cfc_ms = sum(e.device_time_total for e in events if "cfc_scan" in e.key) / 1e3
     return (
-        [dict(name=e.key[:90], ms=e.device_time_total / 1e3, share=e.device_time_total / total) for e in events[:top]],
+        [dict(name=e.key[:120], ms=e.device_time_total / 1e3, share=e.device_time_total / total) for e in events[:top]],
         cfc_ms,
         total / 1e3,
     )
@@ -311,6 +311,7 @@ def main() -> None:
         "step ('' for none): how much of the step is host launch time; the trainer does not capture "
         "graphs, so these rows are never the headline or projected",
     )
+    parser.add_argument("--top", type=int, default=10, help="kernels listed for the profiled rows' step and eval")
     parser.add_argument("--out", default="benchmarks/results/train_step.json")
     args = parser.parse_args()
     listed = lambda text: [p for p in text.split(",") if p]  # noqa: E731
@@ -406,6 +407,9 @@ def main() -> None:
     )
     for k in fast["kernels"]:
         print(f"  {k['ms']:9.2f} ms {100 * k['share']:5.1f}%  {k['name']}")
+    print(f"and the eval batch's (CUDA time {fast['gpu_eval_ms']:.1f} ms of {fast['eval_ms']:.1f}):")
+    for k in fast["eval_kernels"]:
+        print(f"  {k['ms']:9.2f} ms {100 * k['share']:5.1f}%  {k['name']}")
     print(
         f"\nceilings here: copy {ceilings['copy_gbps']:.0f} GB/s, fp32 GEMM {ceilings['fp32_tflops']:.1f} TFLOP/s; "
         f"L40S/this-GPU time factor {scale:.2f} (all but the CfC scan), CfC scan factor {CFC_L40S_FACTOR:.1f}"
@@ -446,6 +450,7 @@ def main() -> None:
         peak_gib=peak,
         memory_limit_gib=MEMORY_LIMIT_GIB,
         dominant_kernels=fast["kernels"],
+        dominant_eval_kernels=fast["eval_kernels"],
         ceilings=ceilings,
         l40s_datasheet=L40S,
         l40s_time_factor=scale,

@@ -35,7 +35,7 @@ from benchmarks.train_step import kernel_times  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.model.config import MambaConfig  # noqa: E402
 from perception.model.init import module_generator  # noqa: E402
-from perception.model.mamba2 import Mamba2Block, causal_conv  # noqa: E402
+from perception.model.mamba2 import Mamba2Block, conv_silu_split  # noqa: E402
 from perception.model.vsn import VSN, grouped_linear, grouped_linear_block_diag  # noqa: E402
 from perception.train.precision import configure as configure_precision, forward_context  # noqa: E402
 
@@ -383,7 +383,7 @@ def mamba_module(d_model: int, chunk: int, form: str) -> torch.nn.Module:
     block.reset_parameters(torch.Generator().manual_seed(0))
     if form == "before":
         block.compile(dynamic=False)
-        block.mixer._conv = causal_conv
+        block.mixer._conv_silu_split = conv_silu_split
     elif form == "after":
         block.compile_fused()
     return block.cuda()

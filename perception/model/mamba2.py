@@ -126,13 +126,32 @@ def causal_conv_shifted(xbc: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
     """The same convolution as d_conv shifted multiply-adds in (B, K, C): compiled, Inductor fuses it with
     the split, SiLU and SSD prologue around it, where ATen's depthwise kernels stay separate passes.
     y[b, t, c] = bias[c] + sum_j w[c, j] x[b, t - d + 1 + j, c]; weights in x's dtype, as conv1d under autocast."""
-    k, d = xbc.shape[1], conv.kernel_size[0]
-    w, bias = conv.weight[:, 0].to(xbc.dtype), conv.bias.to(xbc.dtype)  # (C, d), (C,)
+    return _shifted(xbc, conv.weight[:, 0], conv.bias)
+
+
+def _shifted(xbc: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`causal_conv_shifted` with the depthwise weight (C, d) and bias (C,) given."""
+    k, d = xbc.shape[1], weight.shape[1]
+    w, bias = weight.to(xbc.dtype), bias.to(xbc.dtype)  # (C, d), (C,)
     padded = F.pad(xbc, (0, 0, d - 1, 0))  # (B, K + d - 1, C), zeros before t = 0
     out = bias + padded[:, :k] * w[:, 0]
     for j in range(1, d):
         out = out + padded[:, j : j + k] * w[:, j]
     return out
+
+
+def conv_silu_split(xbc: torch.Tensor, conv: nn.Conv1d, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    """SiLU(causal_conv(xbc)) split into x, B, C (views of one (B, K, C) tensor): eager's form."""
+    return F.silu(causal_conv(xbc, conv)).split(sizes, dim=-1)
+
+
+def conv_silu_split_shifted(xbc: torch.Tensor, conv: nn.Conv1d, sizes: list[int]) -> tuple[torch.Tensor, ...]:
+    """The same, each part convolved on its own in the shifted form (the compiled blocks'): each part is then
+    its own contiguous buffer, which the SSD kernels read as it is, where a view of one buffer is copied to a
+    contiguous one in their forward and again in their backward."""
+    weights, biases = conv.weight[:, 0].split(sizes), conv.bias.split(sizes)
+    parts = xbc.split(sizes, dim=-1)
+    return tuple(F.silu(_shifted(part, w, b)) for part, w, b in zip(parts, weights, biases))
 
 
 class Mamba2Mixer(nn.Module):
@@ -162,7 +181,7 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(self.n_heads))
         self.norm_weight = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
-        self._conv = causal_conv
+        self._conv_silu_split = conv_silu_split
         self._decay_from_cumsum = False
 
     def reset_parameters(self, gen: torch.Generator) -> None:
@@ -186,8 +205,7 @@ class Mamba2Mixer(nn.Module):
         """u: (B, K, D) -> (B, K, D)."""
         b, k, _ = u.shape
         z, xbc, dt = self.in_proj(u).split([self.d_inner, self.d_inner + 2 * self.d_state, self.n_heads], dim=-1)
-        xbc = F.silu(self._conv(xbc, self.conv))  # (B, K, conv_dim)
-        x, B, C = xbc.split([self.d_inner, self.d_state, self.d_state], dim=-1)
+        x, B, C = self._conv_silu_split(xbc, self.conv, [self.d_inner, self.d_state, self.d_state])
         dt = F.softplus(dt + self.dt_bias)  # (B, K, heads)
         A = -torch.exp(self.A_log)  # (heads,)
         x = x.reshape(b, k, self.n_heads, self.headdim)
@@ -214,11 +232,12 @@ class Mamba2Block(nn.Module):
 
     def compile_fused(self) -> None:
         """torch.compile (static shapes, in place: parameter names unchanged) with the convolution in its
-        shifted form and the SSD's within-chunk decay from the cumulative sum, both of which Inductor fuses.
+        shifted form, a part (x, B, C) at a time, and the SSD's within-chunk decay from the cumulative sum, all of
+        which Inductor fuses.
         Without Inductor's padding of matmul dimensions to multiples of 8: padding the (c + 1)-chunk
         recurrence's bmm copies its (b h, c + 1, p n) states each step, which costs more than the padded bmm
         saves (benchmarks/results/mamba_ssd_h200.md; benchmarks/trunk_forms.py ssd measures the other choices)."""
-        self.mixer._conv = causal_conv_shifted
+        self.mixer._conv_silu_split = conv_silu_split_shifted
         self.mixer._decay_from_cumsum = True
         self.compile(dynamic=False, options=inductor_options(shape_padding=False))
 
