@@ -31,8 +31,8 @@ from perception.ops import grn_kernels  # noqa: E402
 from perception.ops.grn import LAUNCH  # noqa: E402
 
 POINTERS = {
-    "fwd": "e_ptr v_ptr w1t_ptr b1_ptr w2t_ptr b2_ptr lnw_ptr lnb_ptr out_ptr",
-    "bwd": "grad_ptr e_ptr v_ptr w1_ptr b1_ptr w2_ptr b2_ptr lnw_ptr lnb_ptr de_ptr dv_ptr partial_ptr",
+    "fwd": "x_ptr v_ptr ew_ptr eb_ptr w1t_ptr b1_ptr w2t_ptr b2_ptr lnw_ptr lnb_ptr out_ptr",
+    "bwd": "grad_ptr x_ptr v_ptr ew_ptr eb_ptr w1_ptr b1_ptr w2_ptr b2_ptr lnw_ptr lnb_ptr dx_ptr dv_ptr partial_ptr",
 }
 KERNELS = {"fwd": grn_kernels.grn_select_fwd_kernel, "bwd": grn_kernels.grn_select_bwd_kernel}
 

@@ -22,14 +22,14 @@ import torch  # noqa: E402
 
 from perception.ops import grn  # noqa: E402
 
-NAMES = ("e", "v", "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln_w", "ln_b")
+NAMES = ("x", "v", *grn.WEIGHT_NAMES)
 
 
 def inputs(n: int, f: int, d: int, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
-    return [r(n, f, d), torch.softmax(r(n, f), -1), r(f, d, d) / 3, r(f, d) / 3, r(f, 2 * d, d) / 3, r(f, 2 * d) / 3,
-            1 + r(f, d) / 3, r(f, d) / 3]  # fmt: skip
+    return [r(n, f), torch.softmax(r(n, f), -1), r(f, d), r(f, d), r(f, d, d) / 3, r(f, d) / 3, r(f, 2 * d, d) / 3,
+            r(f, 2 * d) / 3, 1 + r(f, d) / 3, r(f, d) / 3]  # fmt: skip
 
 
 def check(n: int, f: int, d: int, seed: int) -> dict:
@@ -54,9 +54,13 @@ def main() -> None:
     on_cpu(grn.grn_select_fwd, grn.grn_select_bwd)
     shapes = [(300, 5, 8), (4099, 3, 8), (1000, 7, 4), (65, 2, 2), (1201, 65, 8)]
     rows = [check(n, f, d, seed) for seed, (n, f, d) in enumerate(shapes)]
-    torch.library.opcheck(
-        grn.grn_select_fwd, [t.float().requires_grad_() for t in inputs(200, 4, 8, 9)], test_utils=OPCHECKS
-    )
+    for out_dtype in (None, torch.bfloat16):
+        torch.library.opcheck(
+            grn.grn_select_fwd,
+            [t.float().requires_grad_() for t in inputs(200, 4, 8, 9)],
+            {"out_dtype": out_dtype},
+            test_utils=OPCHECKS,
+        )
     keys = ["out", *("d" + name for name in NAMES)]
     print("| N | F | d | " + " | ".join(keys) + " | s |\n|" + "---|" * (len(keys) + 4))
     for r in rows:

@@ -1,4 +1,4 @@
-"""grn family (`grn_select`: the VSN's variable GRNs times their selection weights) at production size
+"""grn family (`grn_select`: the VSN's variable embeddings and GRNs times their selection weights) at production size
 (B·K = 64 · 6000 rows, F = 65, d_var = 8), forward and forward + backward: the Triton kernels at each launch
 configuration of a small sweep (rows per block forward and backward, row ranges per variable) beside the forms the model
 uses without them, the compiled block-diagonal GRN then the weighting at fp32 and under bf16 autocast, and
@@ -22,33 +22,44 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cuda_timing import cuda_median_ms, machine_info, write_table  # noqa: E402
 from perception.model.compiled import inductor_options  # noqa: E402
-from perception.model.vsn import GroupedGRN  # noqa: E402
+from perception.model.vsn import GroupedGRN, embed  # noqa: E402
 from perception.ops import grn  # noqa: E402
 
 TARGETS = {"grn_select": "fwd+bwd below the compiled block-diagonal form's at bf16 (what the model runs today)"}
 
 
-def make_inputs(rows: int, f: int, d: int) -> tuple[torch.Tensor, torch.Tensor, GroupedGRN, torch.Tensor]:
-    """e (rows, F, d) and v (rows, F) in fp32, as the VSN hands them over; the GRNs at their init with
-    perturbed LayerNorm weights; a gradient for the output."""
+class EmbeddedGRNs(torch.nn.Module):
+    """The VSN's per-variable embeddings (F, d) and GRNs: what grn_select's weights are."""
+
+    def __init__(self, f: int, d: int, g: torch.Generator):
+        super().__init__()
+        self.embed_w = torch.nn.Parameter(torch.rand(f, d, generator=g) * 2 - 1)
+        self.embed_b = torch.nn.Parameter(torch.rand(f, d, generator=g) * 2 - 1)
+        self.grn = GroupedGRN(f, d)
+        self.grn.reset_parameters(g)
+
+
+def make_inputs(rows: int, f: int, d: int) -> tuple[torch.Tensor, torch.Tensor, EmbeddedGRNs, torch.Tensor]:
+    """x (rows, F) and v (rows, F) in fp32, as the VSN hands them over; the embeddings and GRNs at their init
+    with perturbed LayerNorm weights; a gradient for the output."""
     g = torch.Generator().manual_seed(0)
-    e = torch.randn(rows, f, d, generator=g)
+    x = torch.randn(rows, f, generator=g)
     v = torch.softmax(torch.randn(rows, f, generator=g), -1)
-    module = GroupedGRN(f, d)
-    module.reset_parameters(g)
+    module = EmbeddedGRNs(f, d, g)
     with torch.no_grad():
-        module.ln_w += torch.randn(f, d, generator=g) / 3
+        module.grn.ln_w += torch.randn(f, d, generator=g) / 3
     grad = torch.randn(rows, f, d, generator=g) / rows**0.5
-    return e.cuda(), v.cuda(), module.cuda(), grad.cuda()
+    return x.cuda(), v.cuda(), module.cuda(), grad.cuda()
 
 
-def weights(module: GroupedGRN) -> list[torch.Tensor]:
-    return [module.fc1_w, module.fc1_b, module.fc2_w, module.fc2_b, module.ln_w, module.ln_b]
+def weights(module: EmbeddedGRNs) -> list[torch.Tensor]:
+    g = module.grn
+    return [module.embed_w, module.embed_b, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b]
 
 
-def step_of(form, e: torch.Tensor, v: torch.Tensor, module: torch.nn.Module, grad: torch.Tensor, backward: bool):
-    """One call of `form(e, v) -> out`, and with `backward` its gradients into e, v and `module`'s weights."""
-    leaves = [e.clone().requires_grad_(backward), v.clone().requires_grad_(backward)]
+def step_of(form, x: torch.Tensor, v: torch.Tensor, module: torch.nn.Module, grad: torch.Tensor, backward: bool):
+    """One call of `form(x, v) -> out`, and with `backward` its gradients into x, v and `module`'s weights."""
+    leaves = [x.clone().requires_grad_(backward), v.clone().requires_grad_(backward)]
 
     def step():
         module.zero_grad(set_to_none=True)
@@ -81,17 +92,17 @@ def main() -> None:
     args = parser.parse_args()
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
 
-    e, v, module, grad = make_inputs(args.rows, args.features, args.d)
+    x, v, module, grad = make_inputs(args.rows, args.features, args.d)
     shape = f"N={args.rows} F={args.features} d={args.d}"
     tb_s = copy_tb_s()
-    elem = e.numel() * 4  # fp32 bytes of e, the output, the gradient
-    floor_fwd_ms = (2 * elem + v.numel() * 4) / tb_s / 1e9  # read e and v, write out
-    floor_ms = floor_fwd_ms + (3 * elem + 2 * v.numel() * 4) / tb_s / 1e9  # bwd: read e, grad, v; write de, dv
+    elem, scalars = grad.numel() * 4, v.numel() * 4  # fp32 bytes of the output and its gradient; of x, v, dx, dv
+    floor_fwd_ms = (elem + 2 * scalars) / tb_s / 1e9  # read x and v, write out
+    floor_ms = floor_fwd_ms + (elem + 4 * scalars) / tb_s / 1e9  # bwd: read grad, x, v; write dx, dv
     rows = []
 
     def measure(impl: str, form, note: str = "", weights_of: torch.nn.Module = module) -> dict:
-        fwd = cuda_median_ms(step_of(form, e, v, weights_of, grad, False), args.reps)
-        both = cuda_median_ms(step_of(form, e, v, weights_of, grad, True), args.reps)
+        fwd = cuda_median_ms(step_of(form, x, v, weights_of, grad, False), args.reps)
+        both = cuda_median_ms(step_of(form, x, v, weights_of, grad, True), args.reps)
         row = dict(op="grn_select", impl=impl, shape=shape, fwd_ms=fwd, fwdbwd_ms=both, floor_fwdbwd_ms=floor_ms)
         row["note"] = f"{both / floor_ms:.1f}x floor" + (f"; {note}" if note else "")
         rows.append(row)
@@ -99,13 +110,13 @@ def main() -> None:
         return row
 
     print(f"grn_select, {shape}, on {torch.cuda.get_device_name()}; floor fwd+bwd {floor_ms:.3f} ms", flush=True)
-    want = grn.grn_select_ref(e.double(), v.double(), *(w.double() for w in weights(module)))
+    want = grn.grn_select_ref(x.double(), v.double(), *(w.double() for w in weights(module)))
     default = dict(grn.LAUNCH)
     for fwd_rows, bwd_rows, programs in itertools.product(
         ints(args.fwd_rows), ints(args.bwd_rows), ints(args.programs)
     ):
         grn.LAUNCH.update(fwd_rows=fwd_rows, bwd_rows=bwd_rows, programs_per_variable=programs)
-        got = grn.grn_select(e, v, *weights(module), backend="cuda")
+        got = grn.grn_select(x, v, *weights(module), backend="cuda")
         err = ((got.double() - want).abs().max() / want.abs().max()).item()
         measure(
             f"triton, rows {fwd_rows} fwd / {bwd_rows} bwd, {programs} ranges",
@@ -114,13 +125,14 @@ def main() -> None:
         )
     grn.LAUNCH.update(default)
 
-    compiled = GroupedGRN(args.features, args.d).cuda()
+    compiled = EmbeddedGRNs(args.features, args.d, torch.Generator()).cuda()
     compiled.load_state_dict(module.state_dict())
-    compiled.compile_fused()  # the block-diagonal form the compiled VSN runs
+    compiled.grn.compile_fused()  # the block-diagonal form the compiled VSN runs
+    compiled_embed = torch.compile(embed, dynamic=False, options=inductor_options())
     torch.backends.cuda.matmul.allow_tf32 = True
 
     def unfused(a, b):
-        return b.unsqueeze(-1) * compiled(a)
+        return b.unsqueeze(-1) * compiled.grn(compiled_embed(a, compiled.embed_w, compiled.embed_b))
 
     for precision in [p for p in args.precisions.split(",") if p]:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32

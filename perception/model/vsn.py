@@ -135,8 +135,8 @@ def select(logits: torch.Tensor, xi: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 class VSN(nn.Module):
     """x: (B, K, F) -> (B, K, D), plus the selection weights v: (B, K, F). With `fused_grn` the variables'
-    GRNs and their weighting are one op (`perception.ops.grn_select`, kernels by `backend`), which keeps
-    none of the GRNs' (B, K, F, ·) intermediates. With `fold_embed` the GEMMs that read the embedding (the
+    embeddings, GRNs and their weighting are one op (`perception.ops.grn_select`, kernels by `backend`), which
+    keeps none of their (B, K, F, ·) intermediates. With `fold_embed` the GEMMs that read the embedding (the
     variables' fc1, the selection GRN's fc1 and skip) read x instead (`fold_embedding`): the same function,
     fewer FLOPs and one (B, K, F·d_v) tensor fewer."""
 
@@ -190,12 +190,17 @@ class VSN(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ew, eb = self.embed_w, self.embed_b
         if self.fused_grn:
-            e = self._embed(x, ew, eb)  # (B, K, F, d_v)
-            logits = self._select_grn_embedded(x, ew, eb) if self.fold_embed else self.select_grn(e.flatten(-2))
+            if self.fold_embed:
+                logits = self._select_grn_embedded(x, ew, eb)  # (B, K, F)
+            else:
+                logits = self.select_grn(self._embed(x, ew, eb).flatten(-2))
             v = torch.softmax(logits, dim=-1)  # (B, K, F)
             g = self.var_grn
-            weights = (g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b)
-            return self.out(grn_select(e, v, *weights, backend=self.backend).flatten(-2)), v
+            weights = (ew, eb, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b)
+            # under autocast in the dtype `out` reads: the kernels round once, and no cast pass follows
+            amp = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else None
+            xi = grn_select(x, v, *weights, out_dtype=amp, backend=self.backend)  # (B, K, F, d_v)
+            return self.out(xi.flatten(-2)), v
         if self.fold_embed:  # the GRNs read x and build what they need of the embedding themselves
             xi = self._var_grn_embedded(x, ew, eb)  # (B, K, F, d_v)
             logits = self._select_grn_embedded(x, ew, eb)  # (B, K, F)

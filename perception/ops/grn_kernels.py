@@ -1,19 +1,20 @@
-"""Triton kernels of the grn family (perception/ops/grn.py): the VSN's per-variable GRNs, weighted by the
-selection weights, in one pass forward and one backward (DESIGN §3, the VSN).
+"""Triton kernels of the grn family (perception/ops/grn.py): the VSN's per-variable embeddings and GRNs, weighted
+by the selection weights, in one pass forward and one backward (DESIGN §3, the VSN).
 
 One program owns one variable f and a contiguous range of rows, which it walks in blocks of BLOCK_N. Every
 tile is (d, BLOCK_N), rows last, and the launch gives one row to each lane (BLOCK_N = 32 · warps): a thread
-holds its row's d values, so the GRN's matrix-vector products, ELU, GLU and LayerNorm are its own
-multiply-adds, with no shuffles or shared memory (the loads read one column at a time for that reason, and
-the weights one column or row at a time, so a thread holds d of them, not d²). The forward reads e and v
-and writes the weighted output; it takes W1 and W2 transposed, so a column is contiguous (vector loads), and
-stores each row's output through one layout change in shared memory as vectors (a memory transaction a row,
-not a value). The backward recomputes the forward and writes de and dv. Its weight
-gradients are sums over rows, three dots over each block's rows (three TF32 products per product,
-`tf32x3`: fp32's accuracy on tensor cores) whose right operands carry a row of ones for the bias sums; each
-program keeps its own and writes them to a (programs, F, ...) buffer that the caller sums over its first
-dim. No atomics: the bits do not depend on scheduling. Imported only where Triton is (CUDA machines); the
-interpreter runs them on CPU tensors, and `triton.compile` for sm_89/sm_90 runs without a GPU
+holds its row's d values, so the embedding, the GRN's matrix-vector products, ELU, GLU and LayerNorm are its
+own multiply-adds, with no shuffles or shared memory (the weights are read one column or row at a time, so a
+thread holds d of them, not d²). The kernels read the scalar feature x[n, f] and form its embedding
+e = x · ew + eb themselves: the (N, F, d) embedding and its gradient never reach memory. The forward reads x
+and v and writes the weighted output; it takes W1 and W2 transposed, so a column is contiguous (vector loads),
+and stores each row's output through one layout change in shared memory as vectors (a memory transaction a
+row, not a value). The backward recomputes the forward and writes dx and dv. Its GRN weight gradients are
+sums over rows, three dots over each block's rows (three TF32 products per product, `tf32x3`: fp32's
+accuracy on tensor cores) whose right operands carry a row of ones for the bias sums; the embedding's are
+per-lane sums. Each program keeps its own and writes them to a (programs, F, ...) buffer that the caller sums
+over its first dim. No atomics: the bits do not depend on scheduling. Imported only where Triton is (CUDA
+machines); the interpreter runs them on CPU tensors, and `triton.compile` for sm_89/sm_90 runs without a GPU
 (docs/performance.md says what it showed)."""
 
 from __future__ import annotations
@@ -63,14 +64,10 @@ def _matvec_t(w_ptr, row0, y, D: tl.constexpr):
 
 
 @triton.jit
-def _load_t(ptr, n, F, f, live, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """x[n, f, :] for the block's rows as (D, BN), one column load at a time: each lane reads its own row,
-    so a thread holds its row's D values (the layout every op below keeps)."""
-    x = tl.zeros((D, BLOCK_N), tl.float32)
-    for i in tl.static_range(D):
-        column = tl.load(ptr + (n * F + f) * D + i, mask=live, other=0.0).to(tl.float32)  # (BN,)
-        x = tl.where(tl.arange(0, D)[:, None] == i, column[None, :], x)
-    return x
+def _embed_t(x_ptr, ew_ptr, eb_ptr, n, F, f, live, D: tl.constexpr):
+    """x[n, f] for the block's rows (BN,), and its embedding x · ew + eb as (D, BN): each lane its own row."""
+    x = tl.load(x_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)  # (BN,)
+    return x, _vector(ew_ptr, f * D, D)[:, None] * x[None, :] + _vector(eb_ptr, f * D, D)[:, None]
 
 
 @triton.jit
@@ -82,10 +79,14 @@ def _store_t(ptr, x, n, F, f, live, D: tl.constexpr):
 
 
 @triton.jit
-def _store_t_columns(ptr, x, n, F, f, live, D: tl.constexpr):
-    """The same one column at a time, no layout change: the backward's, whose registers are at the limit."""
+def _load_t(ptr, n, F, f, live, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """x[n, f, :] for the block's rows as (D, BN), one column load at a time: each lane reads its own row,
+    so a thread holds its row's D values (the layout every op below keeps)."""
+    x = tl.zeros((D, BLOCK_N), tl.float32)
     for i in tl.static_range(D):
-        tl.store(ptr + (n * F + f) * D + i, _row(x, i, D).to(ptr.dtype.element_ty), mask=live)
+        column = tl.load(ptr + (n * F + f) * D + i, mask=live, other=0.0).to(tl.float32)  # (BN,)
+        x = tl.where(tl.arange(0, D)[:, None] == i, column[None, :], x)
+    return x
 
 
 @triton.jit
@@ -94,6 +95,15 @@ def _over_ones(x, D: tl.constexpr, BLOCK_N: tl.constexpr):
     the left operand over rows in its column D."""
     ones = tl.where(tl.arange(0, D)[:, None] == 0, 1.0, 0.0) + tl.zeros_like(x)
     return tl.reshape(tl.permute(tl.join(x, ones), (2, 0, 1)), (2 * D, BLOCK_N))
+
+
+@triton.jit
+def _over_ones_x(e, x, D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """e (D, BN) above a row of ones, the row x (BN,) and D - 2 rows of zeros: (2D, BN). A dot with it as the
+    right operand sums the left operand over rows in its column D, and its products with x in column D + 1."""
+    i = tl.arange(0, D)[:, None]
+    below = tl.where(i == 0, 1.0, tl.where(i == 1, x[None, :], 0.0)) + tl.zeros_like(e)
+    return tl.reshape(tl.permute(tl.join(e, below), (2, 0, 1)), (2 * D, BLOCK_N))
 
 
 @triton.jit
@@ -115,18 +125,18 @@ def _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D: tl.constexpr, TRANSPOSED: tl
 
 @triton.jit
 def grn_select_fwd_kernel(
-    e_ptr, v_ptr, w1t_ptr, b1_ptr, w2t_ptr, b2_ptr, lnw_ptr, lnb_ptr, out_ptr,
+    x_ptr, v_ptr, ew_ptr, eb_ptr, w1t_ptr, b1_ptr, w2t_ptr, b2_ptr, lnw_ptr, lnb_ptr, out_ptr,
     N, F, rows_per_program,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """out[n, f] = v[n, f] · (LN(e + GLU(W2 · ELU(W1 · e + b1) + b2)) · lnw + lnb), e = e[n, f]; W1, W2 given
-    transposed."""
+    """out[n, f] = v[n, f] · (LN(e + GLU(W2 · ELU(W1 · e + b1) + b2)) · lnw + lnb), e = x[n, f] · ew + eb; W1, W2
+    given transposed."""
     f = tl.program_id(0)
     start = tl.program_id(1) * rows_per_program
     for block in range(0, rows_per_program, BLOCK_N):
         n = start + block + tl.arange(0, BLOCK_N)
         live = (n < N) & (n < start + rows_per_program)
-        e = _load_t(e_ptr, n, F, f, live, D, BLOCK_N)
+        _, e = _embed_t(x_ptr, ew_ptr, eb_ptr, n, F, f, live, D)
         v = tl.load(v_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)
         _, _, _, _, zhat, _ = _grn_t(e, w1t_ptr, b1_ptr, w2t_ptr, b2_ptr, f, D, True)
         xi = zhat * _vector(lnw_ptr, f * D, D)[:, None] + _vector(lnb_ptr, f * D, D)[:, None]
@@ -135,26 +145,27 @@ def grn_select_fwd_kernel(
 
 @triton.jit
 def grn_select_bwd_kernel(
-    grad_ptr, e_ptr, v_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr,
-    de_ptr, dv_ptr, partial_ptr,
+    grad_ptr, x_ptr, v_ptr, ew_ptr, eb_ptr, w1_ptr, b1_ptr, w2_ptr, b2_ptr, lnw_ptr, lnb_ptr,
+    dx_ptr, dv_ptr, partial_ptr,
     N, F, rows_per_program,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    """de, dv for every row, and this program's sums of the weight gradients in partial[program, f, :], laid
-    out as W1 (D·D), b1 (D), W2 (2D·D: value rows then gate rows), b2 (2D), lnw (D), lnb (D)."""
+    """dx, dv for every row, and this program's sums of the weight gradients in partial[program, f, :], laid
+    out as W1 (D·D), b1 (D), W2 (2D·D: value rows then gate rows), b2 (2D), lnw (D), lnb (D), ew (D), eb (D)."""
     f = tl.program_id(0)
     program = tl.program_id(1)
     start = program * rows_per_program
     # this program's weight gradients as three dots over each block's rows, each right operand with a row of
     # ones below it, so the same dot sums the biases: [dW1 | db1], [dW2 | db2] (value rows, then gate rows),
-    # [dlnw on the diagonal | dlnb]
-    acc1 = tl.zeros((D, 2 * D), tl.float32)
+    # [dlnw on the diagonal | dlnb]; the first's left operand also carries de, and its right one x below the
+    # ones, so it sums the embedding's too: [dW1 | db1 | ·] above [· | deb | dew]
+    acc1 = tl.zeros((2 * D, 2 * D), tl.float32)
     acc2 = tl.zeros((2 * D, 2 * D), tl.float32)
     acc3 = tl.zeros((D, 2 * D), tl.float32)
     for block in range(0, rows_per_program, BLOCK_N):
         n = start + block + tl.arange(0, BLOCK_N)
         live = (n < N) & (n < start + rows_per_program)
-        e = _load_t(e_ptr, n, F, f, live, D, BLOCK_N)
+        x, e = _embed_t(x_ptr, ew_ptr, eb_ptr, n, F, f, live, D)
         v = tl.load(v_ptr + n * F + f, mask=live, other=0.0).to(tl.float32)
         g = _load_t(grad_ptr, n, F, f, live, D, BLOCK_N)
         pre1, h1, a, sg, zhat, rstd = _grn_t(e, w1_ptr, b1_ptr, w2_ptr, b2_ptr, f, D, False)
@@ -173,17 +184,21 @@ def grn_select_bwd_kernel(
         acc2 = tl.dot(value_gate, tl.trans(_over_ones(h1, D, BLOCK_N)), acc2, input_precision=DOT_PRECISION)
         dh1 = _matvec_t(w2_ptr, f * 2 * D, da, D) + _matvec_t(w2_ptr, f * 2 * D + D, dgate, D)
         dpre1 = dh1 * tl.where(pre1 > 0, 1.0, tl.exp(pre1))
-        acc1 = tl.dot(dpre1, tl.trans(_over_ones(e, D, BLOCK_N)), acc1, input_precision=DOT_PRECISION)
         de = dz + _matvec_t(w1_ptr, f * D, dpre1, D)
-        _store_t_columns(de_ptr, de, n, F, f, live, D)
-    # partial[program, f]: W1, b1, W2 (value then gate), b2 (value then gate), lnw, lnb
-    base = partial_ptr + (program * F + f) * (3 * D * D + 5 * D)
+        dx = tl.sum(de * _vector(ew_ptr, f * D, D)[:, None], axis=0)
+        tl.store(dx_ptr + n * F + f, dx.to(dx_ptr.dtype.element_ty), mask=live)
+        pre1_de = tl.reshape(tl.permute(tl.join(dpre1, de), (2, 0, 1)), (2 * D, BLOCK_N))
+        acc1 = tl.dot(pre1_de, tl.trans(_over_ones_x(e, x, D, BLOCK_N)), acc1, input_precision=DOT_PRECISION)
+    # partial[program, f]: W1, b1, W2 (value then gate), b2 (value then gate), lnw, lnb, ew, eb
+    base = partial_ptr + (program * F + f) * (3 * D * D + 7 * D)
     r = tl.arange(0, D)[:, None]
     c = tl.arange(0, 2 * D)[None, :]
-    tl.store(base + tl.where(c < D, r * D + c, D * D + r), acc1, mask=c <= D)
+    r2 = tl.arange(0, 2 * D)[:, None]
+    w1_at = tl.where(c < D, r2 * D + c, D * D + r2)  # rows < D: W1 and b1; rows >= D: eb (column D), ew (D + 1)
+    embed_at = 3 * D * D + 5 * D + (r2 - D) + tl.where(c == D, D, 0)
+    tl.store(base + tl.where(r2 < D, w1_at, embed_at), acc1, mask=tl.where(r2 < D, c <= D, (c == D) | (c == D + 1)))
     tl.store(base + 3 * D * D + 3 * D + r + 0 * c, acc3, mask=c == r)
     tl.store(base + 3 * D * D + 4 * D + r + 0 * c, acc3, mask=c == D)
-    r2 = tl.arange(0, 2 * D)[:, None]
     w2_at = D * D + D + r2 * D + c  # value rows, then gate rows: contiguous (2D, D)
     b2_at = 3 * D * D + D + r2 + 0 * c  # b2a, then b2b: contiguous (2D,)
     tl.store(base + tl.where(c < D, w2_at, b2_at), acc2, mask=c <= D)

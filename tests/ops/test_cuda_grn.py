@@ -7,16 +7,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from perception.model.vsn import VSN, select
-from perception.ops.grn import _kernels, grn_kernels_take, grn_select, grn_select_fwd, grn_select_ref
+from perception.model.vsn import VSN, embed, select
+from perception.ops.grn import (
+    WEIGHT_NAMES,
+    _kernels,
+    grn_kernels_take,
+    grn_select,
+    grn_select_fwd,
+    grn_select_ref,
+)
 
 
 def grn_inputs(n=64, f=5, d=8, device="cpu", dtype=torch.float64, seed=0):
-    """e (n, f, d), v (n, f) softmax weights, and one variable GRN's weights stacked over f, nonzero biases."""
+    """x (n, f), v (n, f) softmax weights, the embedding's weights (f, d) and one variable GRN's weights stacked
+    over f, nonzero biases."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape: torch.randn(*shape, generator=g, dtype=torch.float64)  # noqa: E731
-    tensors = [r(n, f, d), torch.softmax(r(n, f), -1), r(f, d, d) / 3, r(f, d) / 3, r(f, 2 * d, d) / 3]
-    tensors += [r(f, 2 * d) / 3, 1 + r(f, d) / 3, r(f, d) / 3]
+    tensors = [r(n, f), torch.softmax(r(n, f), -1), r(f, d), r(f, d), r(f, d, d) / 3, r(f, d) / 3]
+    tensors += [r(f, 2 * d, d) / 3, r(f, 2 * d) / 3, 1 + r(f, d) / 3, r(f, d) / 3]
     return [t.to(device=device, dtype=dtype) for t in tensors]
 
 
@@ -30,9 +38,10 @@ def test_the_reference_is_the_variable_grns_times_the_selection_weights():
     g = vsn.var_grn
     for p in (g.ln_w, g.ln_b):  # ones and zeros at init: perturb them so that they count
         p.data += torch.randn(p.shape, dtype=torch.float64) / 3
-    e, logits = torch.randn(3, 7, 5, 8, dtype=torch.float64), torch.randn(3, 7, 5, dtype=torch.float64)
-    want, v = select(logits, g(e))  # the unfused VSN's GRNs, then its weighting
-    got = grn_select_ref(e, v, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b).flatten(-2)
+    x, logits = torch.randn(3, 7, 5, dtype=torch.float64), torch.randn(3, 7, 5, dtype=torch.float64)
+    want, v = select(logits, g(embed(x, vsn.embed_w, vsn.embed_b)))  # the unfused VSN's GRNs, then its weighting
+    weights = (vsn.embed_w, vsn.embed_b, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b)
+    got = grn_select_ref(x, v, *weights).flatten(-2)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -52,11 +61,11 @@ def test_the_fused_vsn_equals_the_unfused_one_with_gradients():
 
 
 def test_the_kernels_are_taken_only_for_cuda_tensors():
-    e = torch.zeros(4, 3, 8)
-    assert not grn_kernels_take("auto", e)  # CPU tensors
-    assert not grn_kernels_take("ref", e)
+    x = torch.zeros(4, 3)
+    assert not grn_kernels_take("auto", x, 8)  # CPU tensors
+    assert not grn_kernels_take("ref", x, 8)
     with pytest.raises(ValueError, match=r"model.ops=cuda needs CUDA tensors; got a CPU tensor"):
-        grn_kernels_take("cuda", e)
+        grn_kernels_take("cuda", x, 8)
     assert torch.equal(
         grn_select(*grn_inputs(n=4, f=3, dtype=torch.float32)),
         grn_select(*grn_inputs(n=4, f=3, dtype=torch.float32), backend="ref"),
@@ -70,10 +79,11 @@ def test_the_kernels_are_taken_only_for_cuda_tensors():
             lambda t: t.__setitem__(1, t[1][:, :2]),
             r"grn_select_fwd: v must be \(N, F\) = \[16, 3\], got shape \[16, 2\]",
         ),
-        (lambda t: t.__setitem__(2, t[2][:, :, :4]), r"fc1_w must be \[3, 8, 8\], got \[3, 8, 4\]"),
-        (lambda t: t.__setitem__(0, t[0].reshape(16, 24)), r"e must be \(N, F, d\), got shape \[16, 24\]"),
+        (lambda t: t.__setitem__(4, t[4][:, :, :4]), r"fc1_w must be \[3, 8, 8\], got \[3, 8, 4\]"),
+        (lambda t: t.__setitem__(3, t[3][:, :4]), r"embed_b must be \[3, 8\], got \[3, 4\]"),
+        (lambda t: t.__setitem__(0, t[0].reshape(16, 3, 1)), r"x must be \(N, F\), got shape \[16, 3, 1\]"),
         (
-            lambda t: t.__setitem__(7, t[7].to(torch.int64)),
+            lambda t: t.__setitem__(9, t[9].to(torch.int64)),
             r"ln_b must be float32, bfloat16 or float16, got torch.int64",
         ),
     ],
@@ -107,20 +117,39 @@ def test_the_kernels_equal_the_fp64_reference_with_gradients(n, f, d):
     out32 = grn_select(*leaves32, backend="cuda")
     out32.backward(grad.float())
     assert relative(out32, out64) < 1e-5
-    names = ("e", "v", "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln_w", "ln_b")
-    for name, a, b in zip(names, leaves32, leaves64):
+    for name, a, b in zip(("x", "v", *WEIGHT_NAMES), leaves32, leaves64):
         assert relative(a.grad, b.grad) < 1e-5, name
 
 
 @pytest.mark.cuda
 @cuda
-def test_bf16_embeddings_give_the_reference_to_bf16_rounding():
+def test_bf16_features_give_the_reference_to_bf16_rounding():
     inputs = grn_inputs(n=2000, f=65, d=8, device="cuda")
-    e16 = inputs[0].to(torch.bfloat16)
-    want = grn_select_ref(e16.double(), *inputs[1:])
-    got = grn_select(e16, *[t.float() for t in inputs[1:]], backend="cuda")
+    x16 = inputs[0].to(torch.bfloat16)
+    want = grn_select_ref(x16.double(), *inputs[1:])
+    got = grn_select(x16, *[t.float() for t in inputs[1:]], backend="cuda")
     assert got.dtype == torch.float32  # promoted with v's
     assert relative(got, want) < 1e-5
+
+
+@pytest.mark.cuda
+@cuda
+def test_a_bf16_output_is_the_fp32_one_rounded_once_with_the_same_gradients():
+    """out_dtype=bf16 (the VSN's under autocast): the kernels round their fp32 result once, as a cast after would,
+    and take a bf16 gradient as its fp32 upcast."""
+    inputs = [t.float() for t in grn_inputs(n=3000, f=65, d=8, device="cuda")]
+    grad16 = torch.randn(3000, 65, 8, device="cuda").to(torch.bfloat16)
+    results = []
+    for out_dtype, grad in ((None, grad16.float()), (torch.bfloat16, grad16)):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        out = grn_select(*leaves, out_dtype=out_dtype, backend="cuda")
+        out.backward(grad)
+        results.append((out, [leaf.grad for leaf in leaves]))
+    (out32, grads32), (out16, grads16) = results
+    assert out16.dtype == torch.bfloat16
+    assert torch.equal(out16, out32.to(torch.bfloat16))
+    for name, a, b in zip(("x", "v", *WEIGHT_NAMES), grads32, grads16):
+        assert torch.equal(a, b), name
 
 
 @pytest.mark.cuda
