@@ -135,7 +135,7 @@ def stages(model: PerceptionModel, dt, y, mask) -> list[tuple[str, Callable]]:
     return [
         ("vsn", lambda x: (model.vsn(x)[0],)),
         ("mamba2", lambda h: (model.mamba(h),)),
-        ("ln_b", lambda m: (model.ln_b(m.float()),)),  # fp32 from here on, as in the model
+        ("ln_b", lambda m: (model.ln_b(m),)),  # fp32 from here on: LN_b upcasts, as in the model
         ("pools", pools),
         ("cfc", cfc),
         ("heads", lambda h_last, ctx: (masked_bce(model.head(h_last, ctx), y, mask),)),

@@ -7,6 +7,7 @@ import math
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -14,6 +15,7 @@ from perception import ops
 from perception.enums import as_enum
 from perception.errors import ConfigError, DataError
 from perception.model.cfc import CfC
+from perception.model.compiled import inductor_options
 from perception.model.config import AttentionPoolVariant, ModelConfig, OpsBackend
 from perception.model.heads import Heads
 from perception.model.init import module_generator
@@ -23,6 +25,14 @@ from perception.model.vsn import VSN
 
 TRUNK_PREFIXES = ("vsn.", "mamba.", "ln_b.", "cfc.")  # identical in both variants
 ARM_MODULES = ("pool", "head")  # where arms differ; an A/A twin reseeds only these
+
+
+class UpcastLayerNorm(nn.LayerNorm):
+    """LayerNorm in its weight's dtype (fp32; fp64 in tests) of an input in its own (the trunk's bf16 under
+    autocast). Compiled, the upcast and the norm are one pass each way, where eager writes an upcast copy first."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(h.to(self.weight.dtype), self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class PerceptionModel(nn.Module):
@@ -53,7 +63,7 @@ class PerceptionModel(nn.Module):
             self.mamba = Mamba2(
                 d, int(m.n_layers), int(m.d_state), int(m.headdim), int(m.expand), int(m.d_conv), int(m.chunk), m.ssd
             )
-            self.ln_b = nn.LayerNorm(d)
+            self.ln_b = UpcastLayerNorm(d)
             self.pool = AttentionPool(self.n_queries, d, per_horizon, backend)
             self.inv_pool = InvertedPool(backend) if cfg.inverted_pool else None
             self.cfc = CfC(d, backend)
@@ -77,6 +87,7 @@ class PerceptionModel(nn.Module):
             self.vsn.compile_regions()
             for block in self.mamba.layers:
                 block.compile_fused()
+            self.ln_b.compile(dynamic=False, options=inductor_options())  # in place: names unchanged
 
     @property
     def trunk_prefixes(self) -> tuple[str, ...]:
@@ -105,11 +116,12 @@ class PerceptionModel(nn.Module):
         if not torch.is_autocast_enabled(h.device.type):
             return self._pool_scan_heads(h, dt, return_attention)
         with torch.autocast(h.device.type, enabled=False):
-            return self._pool_scan_heads(h.float(), dt, return_attention)
+            return self._pool_scan_heads(h, dt, return_attention)
 
     def _pool_scan_heads(self, h: torch.Tensor, dt: torch.Tensor, return_attention: bool):
         """Always fp32, also under autocast (trainer.precision=bf16): the pool and scan kernels take fp32
-        only, and softmax statistics and a scan over thousands of steps need it."""
+        only, and softmax statistics and a scan over thousands of steps need it. h: the trunk's output, bf16
+        under autocast, which LN_b upcasts."""
         lnb = self.ln_b(h)  # (B, K, D)
         ctx = self.pool(lnb)  # (B, Q, D)
         if self.inv_pool is not None:
