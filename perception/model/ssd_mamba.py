@@ -32,9 +32,19 @@ MAMBA_INSTALL = (
 
 @functools.cache  # once a process: every op call asks for it
 def _ssd_combined() -> types.ModuleType:
-    """mamba_ssm.ops.triton.ssd_combined, in deterministic mode. Imported without running mamba_ssm's package
-    __init__ when that fails: it loads the selective-scan CUDA extension and transformers, which the SSD's
-    Triton kernels do not use."""
+    """mamba_ssm.ops.triton.ssd_combined, in deterministic mode."""
+    mamba_package()
+    from mamba_ssm.utils import determinism
+
+    determinism.set_deterministic_mode(True)
+    # the cheapest configuration is the deterministic mode's documented choice; its hint to autotune instead is not
+    warnings.filterwarnings("ignore", message="Deterministic mode: ", module="mamba_ssm")
+    return importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+
+
+def mamba_package() -> None:
+    """Make mamba_ssm's submodules importable without running its package __init__ when that fails: it loads
+    the selective-scan CUDA extension and transformers, which the SSD's Triton kernels do not use."""
     if "mamba_ssm" not in sys.modules:
         try:
             importlib.import_module("mamba_ssm")
@@ -45,12 +55,6 @@ def _ssd_combined() -> types.ModuleType:
             package = types.ModuleType("mamba_ssm")
             package.__path__ = list(spec.submodule_search_locations)
             sys.modules["mamba_ssm"] = package
-    from mamba_ssm.utils import determinism
-
-    determinism.set_deterministic_mode(True)
-    # the cheapest configuration is the deterministic mode's documented choice; its hint to autotune instead is not
-    warnings.filterwarnings("ignore", message="Deterministic mode: ", module="mamba_ssm")
-    return importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
 
 
 def require_mamba() -> None:
