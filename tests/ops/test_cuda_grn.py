@@ -134,9 +134,10 @@ def test_bf16_features_give_the_reference_to_bf16_rounding():
 
 @pytest.mark.cuda
 @cuda
-def test_a_bf16_output_is_the_fp32_one_rounded_once_with_the_same_gradients():
+def test_a_bf16_output_is_the_fp32_one_rounded_once_with_its_gradients():
     """out_dtype=bf16 (the VSN's under autocast): the kernels round their fp32 result once, as a cast after would,
-    and take a bf16 gradient as its fp32 upcast."""
+    and take a bf16 gradient as its fp32 upcast: the gradients of the fp32 call with that upcast, to fp32 rounding
+    (the backward compiled for a bf16 gradient contracts its multiply-adds differently: not bitwise)."""
     inputs = [t.float() for t in grn_inputs(n=3000, f=65, d=8, device="cuda")]
     grad16 = torch.randn(3000, 65, 8, device="cuda").to(torch.bfloat16)
     results = []
@@ -149,7 +150,7 @@ def test_a_bf16_output_is_the_fp32_one_rounded_once_with_the_same_gradients():
     assert out16.dtype == torch.bfloat16
     assert torch.equal(out16, out32.to(torch.bfloat16))
     for name, a, b in zip(("x", "v", *WEIGHT_NAMES), grads32, grads16):
-        assert torch.equal(a, b), name
+        assert relative(b, a) < 1e-5, name
 
 
 @pytest.mark.cuda
