@@ -28,6 +28,7 @@ GRN_WIDTHS = (2, 4, 8)
 # each with its own weight-gradient partial). The backward's 32 keeps its registers under the limit without
 # spilling (`triton.compile` for sm_90, Triton 3.6: 206 registers at 32 rows, 209 at 64, spills at 128)
 LAUNCH = {"fwd_rows": 128, "bwd_rows": 32, "programs_per_variable": 64}
+WEIGHT_NAMES = ("embed_w", "embed_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln_w", "ln_b")  # the op's, in order
 
 
 @functools.cache  # once a process
@@ -100,9 +101,6 @@ def grn_select_ref(
     h = torch.einsum("...fi,foi->...fo", F.elu(h), upcast(fc2_w)) + upcast(fc2_b)  # (..., F, 2d)
     z = F.layer_norm(e + F.glu(h, dim=-1), e.shape[-1:])  # (..., F, d)
     return v.unsqueeze(-1) * (z * upcast(ln_w) + upcast(ln_b))
-
-
-WEIGHT_NAMES = ("embed_w", "embed_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln_w", "ln_b")
 
 
 def _check(op: str, x: torch.Tensor, v: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> None:
