@@ -21,12 +21,12 @@ from perception.enums import enum_value
 from perception.ops.common import upcast
 
 # d_var the kernels take: a power of two (Triton's tiles), at most 8: a thread holds its row's d-vectors, and the
-# backward takes 206 registers at d = 8 (benchmarks/results/grn_compile.json)
+# backward takes 198 registers at d = 8 on sm_90, 255 on sm_89 (benchmarks/results/grn_compile.json)
 GRN_WIDTHS = (2, 4, 8)
 # How the kernels are launched (benchmarks/ops_grn.py sweeps these): rows a program holds at once in the forward
 # and in the backward, one per lane (warps = rows / 32), and row ranges per variable (F times as many programs,
 # each with its own weight-gradient partial). The backward's 32 keeps its registers under the limit without
-# spilling (`triton.compile` for sm_90, Triton 3.6: 206 registers at 32 rows, 209 at 64, spills at 128)
+# spilling (`triton.compile`, Triton 3.6: 32 rows fit on sm_89 and sm_90, 64 and 128 spill)
 LAUNCH = {"fwd_rows": 128, "bwd_rows": 32, "programs_per_variable": 64}
 WEIGHT_NAMES = ("embed_w", "embed_b", "fc1_w", "fc1_b", "fc2_w", "fc2_b", "ln_w", "ln_b")  # the op's, in order
 
