@@ -22,38 +22,28 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cuda_timing import cuda_median_ms, machine_info, write_table  # noqa: E402
 from perception.model.compiled import inductor_options  # noqa: E402
-from perception.model.vsn import GroupedGRN, embed  # noqa: E402
+from perception.model.vsn import VSN, embed  # noqa: E402
 from perception.ops import grn  # noqa: E402
 
 TARGETS = {"grn_select": "fwd+bwd below the compiled block-diagonal form's at bf16 (what the model runs today)"}
 
 
-class EmbeddedGRNs(torch.nn.Module):
-    """The VSN's per-variable embeddings (F, d) and GRNs: what grn_select's weights are."""
-
-    def __init__(self, f: int, d: int, g: torch.Generator):
-        super().__init__()
-        self.embed_w = torch.nn.Parameter(torch.rand(f, d, generator=g) * 2 - 1)
-        self.embed_b = torch.nn.Parameter(torch.rand(f, d, generator=g) * 2 - 1)
-        self.grn = GroupedGRN(f, d)
-        self.grn.reset_parameters(g)
-
-
-def make_inputs(rows: int, f: int, d: int) -> tuple[torch.Tensor, torch.Tensor, EmbeddedGRNs, torch.Tensor]:
-    """x (rows, F) and v (rows, F) in fp32, as the VSN hands them over; the embeddings and GRNs at their init
-    with perturbed LayerNorm weights; a gradient for the output."""
+def make_inputs(rows: int, f: int, d: int) -> tuple[torch.Tensor, torch.Tensor, VSN, torch.Tensor]:
+    """x (rows, F) and v (rows, F) in fp32, as the VSN hands them over; a VSN at its init, whose embeddings and
+    variable GRNs are the op's weights, with perturbed LayerNorm weights; a gradient for the output."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(rows, f, generator=g)
     v = torch.softmax(torch.randn(rows, f, generator=g), -1)
-    module = EmbeddedGRNs(f, d, g)
+    module = VSN(f, d, 16)
+    module.reset_parameters(g)
     with torch.no_grad():
-        module.grn.ln_w += torch.randn(f, d, generator=g) / 3
+        module.var_grn.ln_w += torch.randn(f, d, generator=g) / 3
     grad = torch.randn(rows, f, d, generator=g) / rows**0.5
     return x.cuda(), v.cuda(), module.cuda(), grad.cuda()
 
 
-def weights(module: EmbeddedGRNs) -> list[torch.Tensor]:
-    g = module.grn
+def weights(module: VSN) -> list[torch.Tensor]:
+    g = module.var_grn
     return [module.embed_w, module.embed_b, g.fc1_w, g.fc1_b, g.fc2_w, g.fc2_b, g.ln_w, g.ln_b]
 
 
@@ -125,14 +115,14 @@ def main() -> None:
         )
     grn.LAUNCH.update(default)
 
-    compiled = EmbeddedGRNs(args.features, args.d, torch.Generator()).cuda()
+    compiled = VSN(args.features, args.d, 16).cuda()
     compiled.load_state_dict(module.state_dict())
-    compiled.grn.compile_fused()  # the block-diagonal form the compiled VSN runs
+    compiled.var_grn.compile_fused()  # the block-diagonal form the compiled VSN runs
     compiled_embed = torch.compile(embed, dynamic=False, options=inductor_options())
     torch.backends.cuda.matmul.allow_tf32 = True
 
     def unfused(a, b):
-        return b.unsqueeze(-1) * compiled.grn(compiled_embed(a, compiled.embed_w, compiled.embed_b))
+        return b.unsqueeze(-1) * compiled.var_grn(compiled_embed(a, compiled.embed_w, compiled.embed_b))
 
     for precision in [p for p in args.precisions.split(",") if p]:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
