@@ -1,12 +1,13 @@
 """mamba_ssm's SSD kernels (model.mamba.ssd=mamba) at production size with the configurations they run in
-production against the ones Triton's autotuner picks: one block's chunk scan, forward and forward + backward,
-and the CUDA time of every kernel, each mode in a fresh process.
+and the ones Triton's autotuner picks: one block's chunk scan, forward and forward + backward, and the CUDA time
+of every kernel, each mode in a fresh process.
 
-The library's deterministic mode (production's) runs every autotuned kernel at its one cheapest configuration
-(smallest tiles), so the bits do not depend on a per-process autotuning race; a fixed faster configuration would
-be as reproducible. "autotuned" imports the kernels with every configuration and switches the deterministic
-reductions on afterwards: the same arithmetic as production's but with the configurations the autotuner chose,
-which it lists per kernel. What pinning them would buy on this GPU; the L40S may choose others.
+"cheapest" is the library's deterministic mode: every autotuned kernel at its one cheapest configuration
+(smallest tiles), so the bits do not depend on a per-process autotuning race. "autotuned" imports the kernels
+with every configuration and switches the deterministic reductions on afterwards: the same arithmetic with the
+configurations the autotuner chose, which it lists per kernel. "pinned" is production's (`ssd_mamba.py`'s
+PINNED_CONFIGS, the autotuner's choices on an H100, fixed). Each pinned kernel is compiled for the L40S (sm_89)
+too: the shared memory it needs there against sm_89's 99 KiB a block.
 
     PYTHONPATH=. python3 benchmarks/mamba_configs.py [--out benchmarks/results/mamba_configs.json]
 """
@@ -29,13 +30,19 @@ from benchmarks.cuda_timing import cuda_median_ms, machine_info  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.model.ssd_mamba import mamba_package  # noqa: E402
 
-MODES = ("cheapest", "autotuned")
+MODES = ("cheapest", "autotuned", "pinned")
+SM89_SHARED_LIMIT = 99 * 1024  # bytes a block may use on sm_89
 MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "ssd_combined")
 
 
 def load(mode: str):
-    """ssd_combined with production's configurations (`cheapest`) or all of them (`autotuned`), deterministic
-    reductions on in both."""
+    """ssd_combined with the cheapest configurations, all of them (`autotuned`) or production's (`pinned`),
+    deterministic reductions on in each."""
+    if mode == "pinned":
+        from perception.model.ssd_mamba import _ssd_combined
+
+        ssd = _ssd_combined()
+        return ssd, [importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in MODULES]
     mamba_package()
     from mamba_ssm.utils import determinism
 
@@ -52,8 +59,8 @@ def chosen_configs(modules) -> list[dict]:
     rows = []
     for module in modules:
         for name, kernel in sorted(vars(module).items()):
-            if not isinstance(kernel, Autotuner) or not kernel.cache:
-                continue
+            if not isinstance(kernel, Autotuner) or not any(cache for cache, *_ in kernel.fn.device_caches.values()):
+                continue  # not compiled: it did not run
             config = next(iter(kernel.cache.values())) if len(kernel.configs) > 1 else kernel.configs[0]
             rows.append(
                 dict(
@@ -64,6 +71,27 @@ def chosen_configs(modules) -> list[dict]:
                     num_stages=config.num_stages,
                 )
             )
+    return rows
+
+
+def sm89_shared(modules) -> list[dict]:
+    """Every kernel compiled in this process, compiled again for sm_89 (the same source, warps and stages): the
+    shared memory a block needs there."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.autotuner import Autotuner
+
+    rows = []
+    for module in modules:
+        for name, kernel in sorted(vars(module).items()):
+            if not isinstance(kernel, Autotuner):
+                continue
+            for kernel_cache, *_ in kernel.fn.device_caches.values():
+                for compiled in kernel_cache.values():
+                    meta = compiled.metadata
+                    options = dict(num_warps=meta.num_warps, num_stages=meta.num_stages)
+                    again = triton.compile(compiled.src, target=GPUTarget("cuda", 89, 32), options=options)
+                    rows.append(dict(kernel=name, sm90_shared=meta.shared, sm89_shared=again.metadata.shared))
     return rows
 
 
@@ -94,7 +122,9 @@ def run_mode(args: argparse.Namespace) -> dict:
         ({"name": e.key[:60], "ms": e.device_time_total / 1e3} for e in prof.key_averages() if e.device_time_total),
         key=lambda r: -r["ms"],
     )
-    return dict(mode=args.mode, fwd_ms=fwd_ms, fwd_bwd_ms=both_ms, kernels=kernels, configs=chosen_configs(modules))
+    shared = sm89_shared(modules) if args.mode == "pinned" else []
+    configs = chosen_configs(modules)
+    return dict(mode=args.mode, fwd_ms=fwd_ms, fwd_bwd_ms=both_ms, kernels=kernels, configs=configs, shared=shared)
 
 
 def main() -> None:
@@ -122,12 +152,25 @@ def main() -> None:
     for r in results:
         print(f"  {r['mode']:10} fwd {r['fwd_ms']:7.3f} ms  fwd+bwd {r['fwd_bwd_ms']:7.3f} ms")
     by_kernel = {mode: {k["name"]: k["ms"] for k in r["kernels"]} for mode, r in zip(MODES, results)}
-    print(f"\n  {'kernel':60} {'cheapest':>9} {'autotuned':>10}")
-    for name, ms in by_kernel["cheapest"].items():
-        print(f"  {name:60} {ms:9.3f} {by_kernel['autotuned'].get(name, float('nan')):10.3f}")
-    print("\n  configurations the autotuner chose (of how many):")
+    print(f"\n  {'kernel':60} " + " ".join(f"{mode:>9}" for mode in MODES))
+    for name in by_kernel["cheapest"]:
+        print(f"  {name:60} " + " ".join(f"{by_kernel[mode].get(name, float('nan')):9.3f}" for mode in MODES))
+    pinned = {c["kernel"]: c for c in results[2]["configs"]}
+    print("\n  configurations the autotuner chose (of how many), and whether production's pins the same:")
     for c in results[1]["configs"]:
-        print(f"  {c['kernel']:44} ({c['configs']:2}) {c['kwargs']} warps {c['num_warps']} stages {c['num_stages']}")
+        same = {k: c[k] for k in ("kwargs", "num_warps", "num_stages")} == {
+            k: pinned.get(c["kernel"], {}).get(k) for k in ("kwargs", "num_warps", "num_stages")
+        }
+        print(
+            f"  {c['kernel']:44} ({c['configs']:2}) {c['kwargs']} warps {c['num_warps']} stages {c['num_stages']}"
+            f"  {'pinned' if same else 'NOT pinned'}"
+        )
+    over = [r for r in results[2]["shared"] if r["sm89_shared"] > SM89_SHARED_LIMIT]
+    largest = max(results[2]["shared"], key=lambda r: r["sm89_shared"])
+    print(
+        f"\n  pinned kernels compiled for sm_89: {len(results[2]['shared'])}, largest shared memory "
+        f"{largest['sm89_shared'] / 1024:.1f} KiB ({largest['kernel']}), over 99 KiB: {[r['kernel'] for r in over]}"
+    )
     out = dict(benchmark="mamba_configs", machine=machine_info(), config=vars(args), shape=shape, results=results)
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

@@ -3,9 +3,10 @@
 all heads): `mamba_chunk_scan_combined` is the reference Mamba2's own call, the chunk scan's forward in five
 kernels and its backward (recomputing the chunk states) in about a dozen, for sm_89 and sm_90 alike.
 
-Determinism: the library's deterministic mode (`mamba_ssm.utils.determinism`) is switched on when the
-kernels are first loaded: its backward then reduces per-tile partials in a fixed order instead of with
-atomics, and every autotuned kernel runs its one cheapest configuration, so the bits do not depend on a
+Determinism: the library's deterministic mode (`mamba_ssm.utils.determinism`) is switched on once the
+kernels are loaded: its backward then reduces per-tile partials in a fixed order instead of with atomics.
+Every autotuned kernel runs one configuration fixed here (`PINNED_CONFIGS`, the autotuner's choices at
+production size; the rest the library's deterministic choice, the cheapest), so the bits do not depend on a
 per-process autotuning race. Its forward and backward are wrapped as two `torch.library` custom ops with
 exact fakes, so a compiled Mamba2 block traces through them without a graph break."""
 
@@ -16,7 +17,6 @@ import importlib
 import importlib.util
 import sys
 import types
-import warnings
 
 import torch
 
@@ -30,16 +30,77 @@ MAMBA_INSTALL = (
 )
 
 
+# The modules holding the autotuned kernels ssd_combined runs, imported in this order.
+KERNEL_MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "k_activations", "ssd_combined")
+
+# kernel -> (block sizes, num_warps, num_stages): Triton's autotuner's choices for one block's chunk scan at
+# production size (B 64, K 6000, 8 heads of 32, d_state 64, chunk 128) on an H100, benchmarks/mamba_configs.py.
+# In the library's deterministic mode every kernel runs its smallest tiles instead (the cheapest configuration).
+PINNED_CONFIGS = {
+    "_bmm_chunk_fwd_kernel": (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32), 4, 4),
+    "_bmm_chunk_bwd_kernel": (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_CS=32), 4, 4),
+    "_chunk_cumsum_fwd_kernel": (dict(BLOCK_SIZE_H=8), 4, 3),
+    "_chunk_cumsum_bwd_kernel": (dict(BLOCK_SIZE_H=8), 4, 3),
+    "_chunk_state_fwd_kernel": (dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32), 2, 5),
+    "_chunk_state_bwd_db_kernel": (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=32), 4, 3),
+    "_state_passing_fwd_kernel": (dict(BLOCK_SIZE=512), 4, 3),
+    "_state_passing_bwd_kernel": (dict(BLOCK_SIZE=1024), 4, 3),
+    "_chunk_scan_fwd_kernel": (dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32), 2, 5),
+    "_chunk_scan_bwd_dstates_kernel": (dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=32), 2, 5),
+    "_chunk_scan_bwd_dc_kernel": (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=32), 4, 3),
+    "_chunk_scan_bwd_dcb_kernel": (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32), 4, 3),
+    "_chunk_scan_bwd_ddAcs_stable_kernel": (dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=32), 4, 3),
+    "_chunk_scan_chunk_state_bwd_dx_kernel": (dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32), 4, 5),
+}
+
+# Module constants the library derives at import from a kernel's configurations: how many per-tile partials its
+# deterministic backward allocates (the smallest BLOCK_SIZE_N); they follow the pinned configurations.
+MIN_BLOCK_N = {
+    ("ssd_chunk_scan", "_CHUNK_SCAN_BWD_DC_MIN_BLOCK_N"): "_chunk_scan_bwd_dc_kernel",
+    ("ssd_chunk_scan", "_CHUNK_SCAN_BWD_DX_MIN_BLOCK_N"): "_chunk_scan_bwd_dx_kernel",
+    ("ssd_chunk_state", "_CHUNK_STATE_BWD_DX_MIN_BLOCK_N"): "_chunk_state_bwd_dx_kernel",
+    ("ssd_chunk_state", "_CHUNK_STATE_BWD_DB_MIN_BLOCK_N"): "_chunk_state_bwd_db_kernel",
+    ("ssd_chunk_state", "_CHUNK_STATE_BWD_DDACS_MIN_BLOCK_N"): "_chunk_state_bwd_ddAcs_stable_kernel",
+    ("ssd_combined", "_CHUNK_SCAN_CHUNK_STATE_BWD_DX_MIN_BLOCK_N"): "_chunk_scan_chunk_state_bwd_dx_kernel",
+}
+
+
 @functools.cache  # once a process: every op call asks for it
 def _ssd_combined() -> types.ModuleType:
-    """mamba_ssm.ops.triton.ssd_combined, in deterministic mode."""
+    """mamba_ssm.ops.triton.ssd_combined, deterministic, every autotuned kernel at one fixed configuration."""
     mamba_package()
     from mamba_ssm.utils import determinism
 
+    if any(f"mamba_ssm.ops.triton.{name}" in sys.modules for name in KERNEL_MODULES):
+        raise RuntimeError("mamba_ssm's SSD kernels were imported before perception pinned their configurations")
+    determinism.set_deterministic_mode(False)  # imported with every configuration, then one kept per kernel
+    modules = {name: importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in KERNEL_MODULES}
     determinism.set_deterministic_mode(True)
-    # the cheapest configuration is the deterministic mode's documented choice; its hint to autotune instead is not
-    warnings.filterwarnings("ignore", message="Deterministic mode: ", module="mamba_ssm")
-    return importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+    pin_configs(modules.values(), determinism._estimate_config_cost)
+    for (module, constant), kernel in MIN_BLOCK_N.items():
+        configs = getattr(modules[module], kernel).configs
+        setattr(modules[module], constant, min(c.kwargs["BLOCK_SIZE_N"] for c in configs))
+    return modules["ssd_combined"]
+
+
+def pin_configs(modules, cost) -> None:
+    """Leave every autotuned kernel in `modules` one configuration: PINNED_CONFIGS' where it names the kernel,
+    else the cheapest by `cost` (the library's deterministic choice)."""
+    from triton.runtime.autotuner import Autotuner
+
+    kernels = {name: k for m in modules for name, k in vars(m).items() if isinstance(k, Autotuner)}
+    missing = sorted(set(PINNED_CONFIGS) - set(kernels))
+    if missing:
+        raise RuntimeError(f"mamba_ssm ({MAMBA_REQUIREMENT}) has no autotuned kernels named {missing}")
+    for name, kernel in kernels.items():
+        if name not in PINNED_CONFIGS:
+            kernel.configs = [min(kernel.configs, key=cost)]
+            continue
+        sizes, warps, stages = PINNED_CONFIGS[name]
+        chosen = [c for c in kernel.configs if (c.kwargs, c.num_warps, c.num_stages) == (sizes, warps, stages)]
+        if not chosen:
+            raise RuntimeError(f"mamba_ssm's {name} has no configuration {sizes}, warps {warps}, stages {stages}")
+        kernel.configs = chosen[:1]
 
 
 def mamba_package() -> None:

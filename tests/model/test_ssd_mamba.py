@@ -79,3 +79,31 @@ def test_the_mamba_scan_and_its_gradients_repeat_bitwise():
         results.append([y.detach(), *[t.grad for t in leaves]])
     for name, a, b in zip(("y", "dx", "ddt", "dA", "dB", "dC", "dD"), *results):
         assert torch.equal(a, b), f"{name} differs between two identical calls"
+
+
+@pytest.mark.usefixtures("mamba")
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_every_autotuned_kernel_runs_one_fixed_configuration():
+    import importlib
+
+    from mamba_ssm.utils.determinism import use_deterministic_mode
+    from triton.runtime.autotuner import Autotuner
+
+    _ssd_combined()
+    assert use_deterministic_mode()
+    seen = set()
+    for name in ssd_mamba.KERNEL_MODULES:
+        module = importlib.import_module(f"mamba_ssm.ops.triton.{name}")
+        for kernel_name, kernel in vars(module).items():
+            if not isinstance(kernel, Autotuner):
+                continue
+            assert len(kernel.configs) == 1, f"{kernel_name} would autotune over {len(kernel.configs)} configurations"
+            if kernel_name in ssd_mamba.PINNED_CONFIGS:
+                config = kernel.configs[0]
+                assert (config.kwargs, config.num_warps, config.num_stages) == ssd_mamba.PINNED_CONFIGS[kernel_name]
+                seen.add(kernel_name)
+    assert seen == set(ssd_mamba.PINNED_CONFIGS)
+    for (module_name, constant), kernel_name in ssd_mamba.MIN_BLOCK_N.items():
+        module = importlib.import_module(f"mamba_ssm.ops.triton.{module_name}")
+        assert getattr(module, constant) == getattr(module, kernel_name).configs[0].kwargs["BLOCK_SIZE_N"], constant
