@@ -127,7 +127,8 @@ def main() -> None:
             row.update({f"sm{arch}_{key}": value for key, value in compile_for(launch, arch).items()})
         rows.append(row)
     print(f"mamba_ssm's SSD kernels, pinned configurations, compiled with Triton {triton.__version__} (no GPU)")
-    print(f"  {'kernel':40} {'warps':>5} {'stages':>6} {'sm_89 shared':>12} {'regs':>5} {'spills':>6} {'sm_90 shared':>12}")
+    header = f"{'warps':>5} {'stages':>6} {'sm_89 shared':>12} {'regs':>5} {'spills':>6} {'sm_90 shared':>12}"
+    print(f"  {'kernel':40} {header}")
     for r in rows:
         print(
             f"  {r['kernel']:40} {r['warps']:5} {r['stages']:6} {r['sm89_shared_bytes'] / 1024:8.1f} KiB "
