@@ -39,9 +39,10 @@ def load(mode: str):
     """ssd_combined with the cheapest configurations, all of them (`autotuned`) or production's (`pinned`),
     deterministic reductions on in each."""
     if mode == "pinned":
-        from perception.model.ssd_mamba import _ssd_combined
+        from perception.model import ssd_mamba
 
-        ssd = _ssd_combined()
+        ssd_mamba.PIN_CONFIGS = True
+        ssd = ssd_mamba._ssd_combined()
         return ssd, [importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in MODULES]
     mamba_package()
     from mamba_ssm.utils import determinism

@@ -5,10 +5,10 @@ kernels and its backward (recomputing the chunk states) in about a dozen, for sm
 
 Determinism: the library's deterministic mode (`mamba_ssm.utils.determinism`) is switched on once the
 kernels are loaded: its backward then reduces per-tile partials in a fixed order instead of with atomics.
-Every autotuned kernel runs one configuration fixed here (`PINNED_CONFIGS`, the autotuner's choices at
-production size; the rest the library's deterministic choice, the cheapest), so the bits do not depend on a
-per-process autotuning race. Its forward and backward are wrapped as two `torch.library` custom ops with
-exact fakes, so a compiled Mamba2 block traces through them without a graph break."""
+Every autotuned kernel runs one configuration, so the bits do not depend on a per-process autotuning race:
+the library's deterministic choice, the cheapest (smallest tiles), or with PIN_CONFIGS the autotuner's choices
+at production size fixed here (`PINNED_CONFIGS`). Its forward and backward are wrapped as two `torch.library`
+custom ops with exact fakes, so a compiled Mamba2 block traces through them without a graph break."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 
 import torch
 
@@ -32,6 +33,10 @@ MAMBA_INSTALL = (
 
 # The modules holding the autotuned kernels ssd_combined runs, imported in this order.
 KERNEL_MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "k_activations", "ssd_combined")
+
+# Off until the pinned table's step, determinism and quality are measured on a GPU (docs/performance.md
+# "mamba_ssm's configurations, pinned"); benchmarks/mamba_configs.py and mamba_compile.py switch it on.
+PIN_CONFIGS = False
 
 # kernel -> (block sizes, num_warps, num_stages): Triton's autotuner's choices for one block's chunk scan at
 # production size (B 64, K 6000, 8 heads of 32, d_state 64, chunk 128) on an H100, benchmarks/mamba_configs.py.
@@ -71,6 +76,11 @@ def _ssd_combined() -> types.ModuleType:
     mamba_package()
     from mamba_ssm.utils import determinism
 
+    if not PIN_CONFIGS:
+        determinism.set_deterministic_mode(True)  # at import: each kernel keeps its cheapest configuration
+        # the cheapest configuration is the deterministic mode's documented choice; its hint to autotune is not taken
+        warnings.filterwarnings("ignore", message="Deterministic mode: ", module="mamba_ssm")
+        return importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
     if any(f"mamba_ssm.ops.triton.{name}" in sys.modules for name in KERNEL_MODULES):
         raise RuntimeError("mamba_ssm's SSD kernels were imported before perception pinned their configurations")
     determinism.set_deterministic_mode(False)  # imported with every configuration, then one kept per kernel

@@ -99,11 +99,11 @@ def test_every_autotuned_kernel_runs_one_fixed_configuration():
             if not isinstance(kernel, Autotuner):
                 continue
             assert len(kernel.configs) == 1, f"{kernel_name} would autotune over {len(kernel.configs)} configurations"
-            if kernel_name in ssd_mamba.PINNED_CONFIGS:
+            if ssd_mamba.PIN_CONFIGS and kernel_name in ssd_mamba.PINNED_CONFIGS:
                 config = kernel.configs[0]
                 assert (config.kwargs, config.num_warps, config.num_stages) == ssd_mamba.PINNED_CONFIGS[kernel_name]
                 seen.add(kernel_name)
-    assert seen == set(ssd_mamba.PINNED_CONFIGS)
+    assert seen == (set(ssd_mamba.PINNED_CONFIGS) if ssd_mamba.PIN_CONFIGS else set())
     for (module_name, constant), kernel_name in ssd_mamba.MIN_BLOCK_N.items():
         module = importlib.import_module(f"mamba_ssm.ops.triton.{module_name}")
         assert getattr(module, constant) == getattr(module, kernel_name).configs[0].kwargs["BLOCK_SIZE_N"], constant
