@@ -4,7 +4,7 @@ the chunked form in fp64. It checks the backend's contract (argument layout, the
 order of the backward's outputs, the ops' fakes); the GPU's own codegen and speed are the CUDA tests' and
 train_step.py's. Needs triton and the mamba-ssm wheel (perception/model/ssd_mamba.py says how):
 
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/ssd_mamba_interpret.py [--out FILE.json]
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/ssd_mamba_interpret.py [--pin-configs] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def check(k: int, chunk: int, seed: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/ssd_mamba_interpret.json")
+    parser.add_argument("--pin-configs", action="store_true", help="the kernels at ssd_mamba.PINNED_CONFIGS")
     args = parser.parse_args()
+    ssd_mamba.PIN_CONFIGS = args.pin_configs
     on_cpu(ssd_mamba.ssd_mamba_fwd, ssd_mamba.ssd_mamba_bwd)
     rows = [check(k, chunk, seed) for seed, (k, chunk) in enumerate([(200, 64), (130, 64), (256, 64), (300, 32)])]
     x, dt, A, B, C, D = (t.float() for t in inputs(130, 9))
