@@ -34,9 +34,9 @@ MAMBA_INSTALL = (
 # The modules holding the autotuned kernels ssd_combined runs, imported in this order.
 KERNEL_MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "k_activations", "ssd_combined")
 
-# Off until the pinned table's step, determinism and quality are measured on a GPU (docs/performance.md
-# "mamba_ssm's configurations, pinned"); benchmarks/mamba_configs.py and mamba_compile.py switch it on.
-PIN_CONFIGS = False
+# Production's since measured on an H100 (docs/performance.md "mamba_ssm's configurations, pinned"); False runs the
+# deterministic mode's smallest tiles, the form before.
+PIN_CONFIGS = True
 
 # kernel -> (block sizes, num_warps, num_stages): Triton's autotuner's choices for one block's chunk scan at
 # production size (B 64, K 6000, 8 heads of 32, d_state 64, chunk 128) on an H100, benchmarks/mamba_configs.py.
