@@ -34,8 +34,8 @@ MAMBA_INSTALL = (
 # The modules holding the autotuned kernels ssd_combined runs, imported in this order.
 KERNEL_MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "k_activations", "ssd_combined")
 
-# Production's since measured on an H100 (docs/performance.md "mamba_ssm's configurations, pinned"); False runs the
-# deterministic mode's smallest tiles, the form before.
+# False runs the deterministic mode's smallest tiles instead (docs/performance.md "mamba_ssm's configurations,
+# pinned").
 PIN_CONFIGS = True
 
 # kernel -> (block sizes, num_warps, num_stages): Triton's autotuner's choices for one block's chunk scan at
