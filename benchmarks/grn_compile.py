@@ -43,6 +43,19 @@ def ptxas() -> str:
     return str(next(p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists()))
 
 
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers a thread, spill bytes) as ptxas reports them for the PTX's own target (sm_90a on Hopper)."""
+    target = re.search(r"^\.target (\S+)", ptx, re.M).group(1)  # type: ignore[union-attr]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.ptx"
+        path.write_text(ptx)
+        report = subprocess.run(
+            [ptxas(), f"-arch={target}", "-v", str(path), "-o", os.devnull], capture_output=True, text=True, check=True
+        ).stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))  # type: ignore[union-attr]
+    return registers, sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report))
+
+
 def compile_one(kernel: str, arch: int, d: int, rows: int) -> dict:
     signature = {name: "*fp32" for name in POINTERS[kernel].split()}
     signature.update(N="i32", F="i32", rows_per_program="i32", D="constexpr", BLOCK_N="constexpr")
@@ -51,15 +64,7 @@ def compile_one(kernel: str, arch: int, d: int, rows: int) -> dict:
     source = ASTSource(fn=KERNELS[kernel], signature=signature, constexprs={"D": d, "BLOCK_N": rows}, attrs=aligned)
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": rows // 32})
     ptx = compiled.asm["ptx"]
-    target = re.search(r"^\.target (\S+)", ptx, re.M).group(1)  # sm_90a on Hopper
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.ptx"
-        path.write_text(ptx)
-        report = subprocess.run(
-            [ptxas(), f"-arch={target}", "-v", str(path), "-o", os.devnull], capture_output=True, text=True, check=True
-        ).stderr
-    registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report))
+    registers, spills = ptxas_usage(ptx)
     return dict(
         kernel=kernel,
         arch=f"sm_{arch}",

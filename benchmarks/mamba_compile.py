@@ -15,12 +15,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import platform
-import re
-import subprocess
 import sys
-import tempfile
 import types
 from pathlib import Path
 
@@ -35,7 +31,8 @@ from triton.runtime.autotuner import Autotuner
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.grn_compile import ptxas  # noqa: E402
+from benchmarks.grn_compile import ptxas_usage  # noqa: E402
+from benchmarks.mamba_configs import add_shape_arguments  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
 from perception.model import ssd_mamba  # noqa: E402
 
@@ -95,29 +92,13 @@ def source(launch: dict) -> ASTSource:
 def compile_for(launch: dict, arch: int) -> dict:
     options = dict(num_warps=launch["warps"], num_stages=launch["stages"])
     compiled = triton.compile(source(launch), target=GPUTarget("cuda", arch, 32), options=options)
-    ptx = compiled.asm["ptx"]
-    target = re.search(r"^\.target (\S+)", ptx, re.M).group(1)  # type: ignore[union-attr]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.ptx"
-        path.write_text(ptx)
-        report = subprocess.run(
-            [ptxas(), f"-arch={target}", "-v", str(path), "-o", os.devnull], capture_output=True, text=True, check=True
-        ).stderr
-    return dict(
-        shared_bytes=compiled.metadata.shared,
-        registers=int(re.search(r"Used (\d+) registers", report).group(1)),  # type: ignore[union-attr]
-        spill_bytes=sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", report)),
-    )
+    registers, spills = ptxas_usage(compiled.asm["ptx"])
+    return dict(shared_bytes=compiled.metadata.shared, registers=registers, spill_bytes=spills)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--window", type=int, default=6000)
-    parser.add_argument("--heads", type=int, default=8, help="d_inner / headdim at production size")
-    parser.add_argument("--headdim", type=int, default=32)
-    parser.add_argument("--d-state", type=int, default=64)
-    parser.add_argument("--chunk", type=int, default=128)
+    add_shape_arguments(parser)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mamba_compile.json"))
     args = parser.parse_args()
     rows = []

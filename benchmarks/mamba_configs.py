@@ -6,8 +6,7 @@ of every kernel, each mode in a fresh process.
 (smallest tiles), so the bits do not depend on a per-process autotuning race. "autotuned" imports the kernels
 with every configuration and switches the deterministic reductions on afterwards: the same arithmetic with the
 configurations the autotuner chose, which it lists per kernel. "pinned" is production's (`ssd_mamba.py`'s
-PINNED_CONFIGS, the autotuner's choices on an H100, fixed). Each pinned kernel is compiled for the L40S (sm_89)
-too: the shared memory it needs there against sm_89's 99 KiB a block.
+PINNED_CONFIGS, the autotuner's choices on an H100, fixed); whether they fit the L40S is mamba_compile.py's.
 
     PYTHONPATH=. python3 benchmarks/mamba_configs.py [--out benchmarks/results/mamba_configs.json]
 """
@@ -28,11 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.cuda_timing import cuda_median_ms, machine_info  # noqa: E402
 from perception.atomic import atomic_write_text  # noqa: E402
-from perception.model.ssd_mamba import mamba_package  # noqa: E402
+from perception.model.ssd_mamba import KERNEL_MODULES, mamba_package  # noqa: E402
 
 MODES = ("cheapest", "autotuned", "pinned")
-SM89_SHARED_LIMIT = 99 * 1024  # bytes a block may use on sm_89
-MODULES = ("ssd_bmm", "ssd_chunk_state", "ssd_state_passing", "ssd_chunk_scan", "ssd_combined")
 
 
 def load(mode: str):
@@ -43,14 +40,14 @@ def load(mode: str):
 
         ssd_mamba.PIN_CONFIGS = True
         ssd = ssd_mamba._ssd_combined()
-        return ssd, [importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in MODULES]
+        return ssd, [importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in KERNEL_MODULES]
     mamba_package()
     from mamba_ssm.utils import determinism
 
     determinism.set_deterministic_mode(mode == "cheapest")
-    modules = [importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in MODULES]
+    modules = [importlib.import_module(f"mamba_ssm.ops.triton.{name}") for name in KERNEL_MODULES]
     determinism.set_deterministic_mode(True)
-    return modules[-1], modules
+    return modules[KERNEL_MODULES.index("ssd_combined")], modules
 
 
 def chosen_configs(modules) -> list[dict]:
@@ -72,27 +69,6 @@ def chosen_configs(modules) -> list[dict]:
                     num_stages=config.num_stages,
                 )
             )
-    return rows
-
-
-def sm89_shared(modules) -> list[dict]:
-    """Every kernel compiled in this process, compiled again for sm_89 (the same source, warps and stages): the
-    shared memory a block needs there."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime.autotuner import Autotuner
-
-    rows = []
-    for module in modules:
-        for name, kernel in sorted(vars(module).items()):
-            if not isinstance(kernel, Autotuner):
-                continue
-            for kernel_cache, *_ in kernel.fn.device_caches.values():
-                for compiled in kernel_cache.values():
-                    meta = compiled.metadata
-                    options = dict(num_warps=meta.num_warps, num_stages=meta.num_stages)
-                    again = triton.compile(compiled.src, target=GPUTarget("cuda", 89, 32), options=options)
-                    rows.append(dict(kernel=name, sm90_shared=meta.shared, sm89_shared=again.metadata.shared))
     return rows
 
 
@@ -123,19 +99,22 @@ def run_mode(args: argparse.Namespace) -> dict:
         ({"name": e.key[:60], "ms": e.device_time_total / 1e3} for e in prof.key_averages() if e.device_time_total),
         key=lambda r: -r["ms"],
     )
-    shared = sm89_shared(modules) if args.mode == "pinned" else []
-    configs = chosen_configs(modules)
-    return dict(mode=args.mode, fwd_ms=fwd_ms, fwd_bwd_ms=both_ms, kernels=kernels, configs=configs, shared=shared)
+    return dict(mode=args.mode, fwd_ms=fwd_ms, fwd_bwd_ms=both_ms, kernels=kernels, configs=chosen_configs(modules))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """One Mamba2 block's chunk scan at production size (mamba_compile.py's too)."""
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--window", type=int, default=6000)
     parser.add_argument("--heads", type=int, default=8, help="d_inner / headdim at production size")
     parser.add_argument("--headdim", type=int, default=32)
     parser.add_argument("--d-state", type=int, default=64)
     parser.add_argument("--chunk", type=int, default=128)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_shape_arguments(parser)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--mode", choices=MODES, help="one mode in this process (the parent runs each)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mamba_configs.json"))
@@ -166,12 +145,6 @@ def main() -> None:
             f"  {c['kernel']:44} ({c['configs']:2}) {c['kwargs']} warps {c['num_warps']} stages {c['num_stages']}"
             f"  {'pinned' if same else 'NOT pinned'}"
         )
-    over = [r for r in results[2]["shared"] if r["sm89_shared"] > SM89_SHARED_LIMIT]
-    largest = max(results[2]["shared"], key=lambda r: r["sm89_shared"])
-    print(
-        f"\n  pinned kernels compiled for sm_89: {len(results[2]['shared'])}, largest shared memory "
-        f"{largest['sm89_shared'] / 1024:.1f} KiB ({largest['kernel']}), over 99 KiB: {[r['kernel'] for r in over]}"
-    )
     out = dict(benchmark="mamba_configs", machine=machine_info(), config=vars(args), shape=shape, results=results)
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
