@@ -18,8 +18,6 @@
 // by two GEMMs outside (cfc.py), and the weight gradients are GEMMs over the per-step gradients
 // this kernel writes, so no atomics: every output element has exactly one writer and every sum a fixed order.
 // Every matvec sums in four interleaved partial sums (fixed order), so no thread waits on one long FMA chain.
-// Within a step, values that only a few lanes combine (a unit's split partial sums, a channel's four gates)
-// meet through warp shuffles; shared memory and a barrier carry only what every lane reads.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -42,6 +40,30 @@ namespace {
 using namespace perception_common;
 using namespace perception_cfc;
 
+// The blocks that share one batch row: NCTA = 1 is a plain block, NCTA = 2 a cluster on sm_90.
+template <int NCTA>
+struct Cta;
+
+template <>
+struct Cta<1> {
+  __device__ static unsigned rank() { return 0; }
+  __device__ static float* map(float* p, unsigned) { return p; }
+  __device__ static void sync() { __syncthreads(); }
+};
+
+template <>
+struct Cta<2> {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __device__ static unsigned rank() { return cg::this_cluster().block_rank(); }
+  __device__ static float* map(float* p, unsigned r) { return cg::this_cluster().map_shared_rank(p, r); }
+  __device__ static void sync() { cg::this_cluster().sync(); }
+#else
+  __device__ static unsigned rank() { __trap(); return 0; }
+  __device__ static float* map(float* p, unsigned) { __trap(); return p; }
+  __device__ static void sync() { __trap(); }
+#endif
+};
+
 template <int D, int NCTA>
 struct Shape {
   static constexpr int T = 2 * D;             // threads per block
@@ -54,9 +76,8 @@ struct Shape {
   static constexpr int C4 = DL / 2;           // backward W_recᵀ·d_pre: units per split (registers)
   static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
   static constexpr int PEER_W4 = SA * (CA / 4) * DL;  // cluster forward: float4s of the peer's W_rec rows
-  static constexpr int fwd_base_floats = NCTA == 1 ? 2 * D + T + JL : 4 * PEER_W4 + 3 * D;
+  static constexpr int fwd_base_floats = NCTA == 1 ? 2 * D + T + JL : 4 * PEER_W4 + 3 * D + 2 * T + JL;
   static constexpr int bwd_base_floats = JL + DL + 2 * NCTA * DL * 2;
-  static constexpr int bwd_cluster_floats = 8 * DL + T / 32 * (JL + DL);  // cfc_scan_bwd_cluster's
   // Portable path: each thread's W_out values are 2·D; the first D sit in registers, the next NS in shared
   // memory (as much as sm_89's 99 KiB per block leaves), the last D − NS are read from L2 each step.
   static constexpr int kSm89Floats = 99 * 1024 / 4;
@@ -169,10 +190,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
 // step. h is double-buffered: with z local, the peer can finish step t+1 and store its half of h_{t+1}
 // while this block still reads h_t; it cannot get further, the barrier ending step t+1 waits for this block.
 // A unit's W_rec·h is summed from the same values in the same order in both blocks.
-// Lanes are laid out so that what one value needs sits in one warp: lane l of warp w works on unit (and
-// channel) 8·w + l % 8 and on split (and gate) l / 8. The four partial sums of a unit's W_rec·h and the four
-// gate pre-activations of a channel then meet through shuffles, not shared memory and a block barrier:
-// one __syncthreads (z complete) and one cluster barrier a step.
 template <int D>
 __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
     const float* __restrict__ x_proj,  // (B, K, D)
@@ -186,24 +203,23 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using S = Shape<D, 2>;
   constexpr int T = S::T, DL = S::DL, SA = S::SA, CA = S::CA;
-  static_assert(SA == 4 && T % 32 == 0 && DL == 8 * (T / 32), "a warp holds 8 units' 4 splits (8 channels' 4 gates)");
   extern __shared__ float4 smem4[];
   float4* wpeer = smem4;                                      // [s][i4][o]: W_rec[p0 + o][s·CA + 4·i4 .. +3]
   float* hbuf = reinterpret_cast<float*>(wpeer + S::PEER_W4);  // (2, D) full h, double-buffered
   float* z = hbuf + 2 * D;                                    // (D) full z, computed in this block
+  float* red = z + D;                                         // (2, SA, DL) partials: own units, peer's units
+  float* g = red + 2 * T;                                     // (JL) this block's gate pre-activations
 
   cg::cluster_group cluster = cg::this_cluster();
-  const int tid = threadIdx.x, wl = tid % 32;  // wl: lane in the warp
+  const int tid = threadIdx.x;
   const unsigned rank = cluster.block_rank();
   const int b = blockIdx.x / 2;
   const int d0 = rank * DL, p0 = (1 - rank) * DL;  // first own and first peer unit (== channel)
-  const int oa = 8 * (tid / 32) + wl % 8;         // the unit (own d0 + oa, peer p0 + oa) and channel d0 + oa
-  const int sa = wl / 8;                            // its split of W_rec·h, and its gate [f1, f2, ta, tb]
-  const int base = wl % 8;                          // lane of split 0 (gate f1) of this unit in the warp
+  const int oa = tid % DL, sa = tid / DL;          // W_rec·h: output unit (own and peer's), split
 
-  float wo[D];  // W_out[sa·D + d0 + oa][0..D), the one row this thread multiplies
+  float wo[D];  // W_out[jg(tid)][0..D), the one row this thread multiplies
   {
-    const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(sa * D + d0 + oa) * D);
+    const float4* row4 = reinterpret_cast<const float4*>(w_out + static_cast<size_t>(S::jg(tid, d0)) * D);
 #pragma unroll
     for (int i = 0; i < D / 4; ++i) {
       const float4 v = row4[i];
@@ -217,15 +233,15 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
     const int o = i % DL, i4 = (i / DL) % (CA / 4), s = i / (DL * (CA / 4));
     wpeer[i] = *reinterpret_cast<const float4*>(w_rec + (p0 + o) * D + s * CA + 4 * i4);
   }
-  const float bias = b_out[sa * D + d0 + oa];
+  const float bias = b_out[S::jg(tid, d0)];
   for (int i = tid; i < D; i += T) hbuf[i] = h0[b * D + i];
   cluster.sync();  // both blocks have started (their shared memory may be written) and staged h_{-1}
 
   const float* xrow = x_proj + static_cast<size_t>(b) * K * D;
   const float* tsrow = ts + static_cast<size_t>(b) * K;
   float* hrow = h_seq + static_cast<size_t>(b) * K * D;
-  const int unit = sa == 0 ? d0 + oa : p0 + oa;  // the unit whose z this lane completes (splits 0 and 1)
-  float xp_next = sa < 2 ? xrow[unit] : 0.f;
+  const int unit = tid < DL ? d0 + tid : p0 + tid - DL;  // the unit whose z thread tid < D completes
+  float xp_next = tid < D ? xrow[unit] : 0.f;
   float ts_next = tsrow[0];
 
   for (int t = 0; t < K; ++t) {
@@ -233,34 +249,35 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
     float* h_out = hbuf + ((t + 1) & 1) * D;  // h_t, in both blocks
     const float xp = xp_next, tst = ts_next;
     if (t + 1 < K) {  // prefetch the next step's inputs; they do not depend on the recurrence
-      if (sa < 2) xp_next = xrow[static_cast<size_t>(t + 1) * D + unit];
+      if (tid < D) xp_next = xrow[static_cast<size_t>(t + 1) * D + unit];
       ts_next = tsrow[t + 1];
     }
     // partials of W_rec·h for own unit d0 + oa (registers) and the peer's unit p0 + oa (shared memory)
-    const float own = dot4<CA>([&](int i) { return wr[i]; }, h + sa * CA, 0.f);
+    red[sa * DL + oa] = dot4<CA>([&](int i) { return wr[i]; }, h + sa * CA, 0.f);
     const float4* wp = wpeer + sa * (CA / 4) * DL + oa;
-    const float peer = dot4<CA>([&](int i) { return lane(wp[(i / 4) * DL], i % 4); }, h + sa * CA, 0.f);
-    // z = lecun_tanh(x_proj + W_rec·h): split 0's lane completes the own unit, split 1's the peer's
-    float pre = xp;
-#pragma unroll
-    for (int s = 0; s < SA; ++s) {
-      const float mine = __shfl_sync(0xffffffffu, own, base + 8 * s);
-      const float theirs = __shfl_sync(0xffffffffu, peer, base + 8 * s);
-      pre += sa == 1 ? theirs : mine;
-    }
-    if (sa < 2) z[unit] = kLecunA * tanh_acc(kLecunB * pre);
+    red[T + sa * DL + oa] = dot4<CA>(
+        [&](int i) { return lane(wp[(i / 4) * DL], i % 4); },
+        h + sa * CA, 0.f);
     __syncthreads();
-    const float gate = dot4<D>([&](int u) { return wo[u]; }, z, bias);  // this lane's row of W_out·z + b_out
-    const float f1 = __shfl_sync(0xffffffffu, gate, base), f2 = __shfl_sync(0xffffffffu, gate, base + 8);
-    const float ta = __shfl_sync(0xffffffffu, gate, base + 16), tb = __shfl_sync(0xffffffffu, gate, base + 24);
-    if (sa == 0) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
+    if (tid < D) {  // z = lecun_tanh(x_proj + W_rec·h) for every unit, here
+      const float* r = red + (tid < DL ? 0 : T) + tid % DL;
+      float pre = xp;
+#pragma unroll
+      for (int s = 0; s < SA; ++s) pre += r[s * DL];
+      z[unit] = kLecunA * tanh_acc(kLecunB * pre);
+    }
+    __syncthreads();
+    g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias);  // g = W_out·z + b_out for the owned row
+    __syncthreads();
+    if (tid < DL) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
+      const float f1 = g[tid], f2 = g[DL + tid], ta = g[2 * DL + tid], tb = g[3 * DL + tid];
       const float sig = sigmoid_acc(fmaf(ta, tst, tb));
       const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
-      hrow[static_cast<size_t>(t) * D + d0 + oa] = hn;
-      h_out[d0 + oa] = hn;
-      cluster.map_shared_rank(h_out, 1 - rank)[d0 + oa] = hn;
+      hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
+      h_out[d0 + tid] = hn;
+      cluster.map_shared_rank(h_out, 1 - rank)[d0 + tid] = hn;
     }
-    cluster.sync();  // h_t complete in both blocks (z free again); no block leaves while its peer may still store into it
+    cluster.sync();  // h_t complete in both blocks; no block leaves while its peer may still store into it
   }
 #else
   __trap();
@@ -270,15 +287,8 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
 // ---------------------------------------------------------------------------------------------------
 // Backward through time, t = K−1 … 0, carrying dh = ∂L/∂h_t. Writes d_pre (= ∂L/∂x_proj), d_gates
 // (∂L/∂[f1, f2, ta, tb]) per step and d_h0; weight gradients are GEMMs over these outside.
-
-// Portable path (NCTA = 1, sm_89): one block per row. Each thread multiplies 2·D rows of one W_out column a
-// step: the first D from registers, the next NS from shared memory, the rest from L2. Lane l of warp w works
-// on unit (and channel) 16·w + l % 16 and on split l / 16, so the two partial sums of a unit's dz and of a
-// channel's dh meet through a shuffle, and the lane of split 0 that completes dh for a channel forms that
-// channel's gate gradients next: only dg and d_pre, which every lane reads, go through shared memory, two
-// block barriers a step.
-template <int D>
-__global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd_portable(
+template <int D, int NCTA>
+__global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     const float* __restrict__ grad_h,  // (B, K, D)
     const float* __restrict__ gates,   // (B, K, 4D) pre-activations [f1 | f2 | ta | tb]
     const float* __restrict__ zs,      // (B, K, D)
@@ -289,231 +299,105 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd_portable(
     float* __restrict__ d_gates,       // (B, K, 4D)
     float* __restrict__ d_h0,          // (B, D)
     int K) {
-  using S = Shape<D, 1>;
-  constexpr int T = S::T, NS = S::NS;
-  static_assert(T % 32 == 0 && D == 16 * (T / 32), "a warp holds 16 units' (channels') 2 splits");
+  using S = Shape<D, NCTA>;
   extern __shared__ float4 smem4[];
-  float4* ws = smem4;  // [i4][v]: W_out[sb·C2 + D + 4·i4 .. +3][ob], i4 < NS/4
-  float* dg = reinterpret_cast<float*>(ws + NS / 4 * T);  // (4D) gate gradients
-  float* dp = dg + S::JL;                                 // (D) d_pre
+  float4* ws = smem4;  // portable: [i4][tid]: W_out[sb·C2 + D + 4·i4 .. +3][ob], i4 < NS/4 (none on the cluster)
+  float* dg = reinterpret_cast<float*>(ws + S::NS / 4 * S::T);  // (JL) this block's gate gradients
+  float* dp = dg + S::JL;                                       // (DL) d_pre of the owned units
+  float* xbuf = dp + S::DL;                                     // (2·NCTA, DL) partials of W_outᵀ·dg, owned units
+  float* ybuf = xbuf + 2 * NCTA * S::DL;                        // (2·NCTA, DL) partials of W_recᵀ·d_pre, channels
 
-  const int tid = threadIdx.x, wl = tid % 32;
-  const int b = blockIdx.x;
-  const int ob = 16 * (tid / 32) + wl % 16;  // backward matvecs' output (unit or channel); its channel and unit
-  const int sb = wl / 16;                    // its split (0, 1)
-  const int v = sb * D + ob;                 // where its weights sit in the shared-memory slice
-  float wo[D];  // W_out[sb·C2 + i][ob], i < D
+  const int tid = threadIdx.x;
+  const unsigned rank = Cta<NCTA>::rank();
+  const int b = blockIdx.x / NCTA;
+  const int d0 = rank * S::DL;
+
+  const int ob = tid % D, sb = tid / D;  // backward matvecs: output (unit or channel), split (0, 1)
+  float wo[D];  // W_out[jg(sb·C2 + i)][ob], i < D: all of C2 on the cluster, the first half on the portable path
 #pragma unroll
-  for (int i = 0; i < D; ++i) wo[i] = w_out[static_cast<size_t>(sb * S::C2 + i) * D + ob];
-  for (int i4 = 0; i4 < NS / 4; ++i4) {
+  for (int i = 0; i < D; ++i) wo[i] = w_out[static_cast<size_t>(S::jg(sb * S::C2 + i, d0)) * D + ob];
+  for (int i4 = 0; i4 < S::NS / 4; ++i4) {
     const float* w = w_out + static_cast<size_t>(sb * S::C2 + D + 4 * i4) * D + ob;
-    ws[i4 * T + v] = make_float4(w[0], w[D], w[2 * D], w[3 * D]);
+    ws[i4 * S::T + tid] = make_float4(w[0], w[D], w[2 * D], w[3 * D]);
   }
   float wr[S::C4];
 #pragma unroll
-  for (int i = 0; i < S::C4; ++i) wr[i] = w_rec[(sb * S::C4 + i) * D + ob];
-  float carry = 0.f;  // ∂L/∂h_t through h_{t+1}, for channel ob (split 0's lane)
-  __syncthreads();
+  for (int i = 0; i < S::C4; ++i) wr[i] = w_rec[(d0 + sb * S::C4 + i) * D + ob];
+  float carry = 0.f;  // ∂L/∂h_t through h_{t+1}, for channel d0 + tid (tid < DL)
+  Cta<NCTA>::sync();
 
   const size_t row = static_cast<size_t>(b) * K;
   auto at = [&](int t, int stride) { return (row + t) * stride; };
   float gh_n = 0.f, f_n[4] = {0.f, 0.f, 0.f, 0.f}, z_n = 0.f;
   float ts_n = ts[row + K - 1];
-  if (sb == 0) {
-    gh_n = grad_h[at(K - 1, D) + ob];
+  if (tid < S::DL) {
+    gh_n = grad_h[at(K - 1, D) + d0 + tid];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) f_n[q] = gates[at(K - 1, 4 * D) + q * D + ob];
-    z_n = zs[at(K - 1, D) + ob];
+    for (int q = 0; q < 4; ++q) f_n[q] = gates[at(K - 1, 4 * D) + q * D + d0 + tid];
+    z_n = zs[at(K - 1, D) + d0 + tid];
   }
 
   for (int t = K - 1; t >= 0; --t) {
     const float gh = gh_n, f1 = f_n[0], f2 = f_n[1], ta = f_n[2], tb = f_n[3], zz = z_n, tst = ts_n;
     if (t > 0) {  // prefetch step t−1; none of it depends on the carried gradient
       ts_n = ts[row + t - 1];
-      if (sb == 0) {
-        gh_n = grad_h[at(t - 1, D) + ob];
+      if (tid < S::DL) {
+        gh_n = grad_h[at(t - 1, D) + d0 + tid];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) f_n[q] = gates[at(t - 1, 4 * D) + q * D + ob];
-        z_n = zs[at(t - 1, D) + ob];
+        for (int q = 0; q < 4; ++q) f_n[q] = gates[at(t - 1, 4 * D) + q * D + d0 + tid];
+        z_n = zs[at(t - 1, D) + d0 + tid];
       }
     }
-    if (sb == 0) {  // gate gradients of channel ob
+    if (tid < S::DL) {  // gate gradients of the owned channels
       const float dh = carry + gh;
       const float tf1 = tanh_acc(f1), tf2 = tanh_acc(f2), sig = sigmoid_acc(fmaf(ta, tst, tb));
       const float dsp = dh * (tf2 - tf1) * sig * (1.f - sig);  // ∂L/∂(ta·ts + tb)
       const float g4[4] = {dh * (1.f - sig) * (1.f - tf1 * tf1), dh * sig * (1.f - tf2 * tf2), dsp * tst, dsp};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        dg[q * D + ob] = g4[q];
-        d_gates[at(t, 4 * D) + q * D + ob] = g4[q];
+        dg[q * S::DL + tid] = g4[q];
+        d_gates[at(t, 4 * D) + q * D + d0 + tid] = g4[q];
       }
     }
     __syncthreads();
-    {  // dz[ob] = Σ_j W_out[j, ob]·dg[j], split 1's rows' partial added to split 0's by a shuffle
-      float acc = dot4<D>([&](int i) { return wo[i]; }, dg + sb * S::C2, 0.f);
-      const float* dg2 = dg + sb * S::C2 + D;  // the split's other D rows from shared memory, then L2
-      acc = dot4<NS>([&](int i) { return lane(ws[(i / 4) * T + v], i % 4); }, dg2, acc);
-      if constexpr (NS < D) {
-        const float* w = w_out + static_cast<size_t>(sb * S::C2 + D + NS) * D + ob;  // [j][u], row stride D
-        acc = dot4<D - NS, kL2Unroll>([&](int i) { return w[i * D]; }, dg2 + NS, acc);
-      }
-      const float other = __shfl_down_sync(0xffffffffu, acc, 16);
-      if (sb == 0) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
-        const float dz = (0.f + acc) + other;
-        const float zn = zz * (1.f / kLecunA);
-        const float d = dz * (kLecunA * kLecunB) * (1.f - zn * zn);
-        dp[ob] = d;
-        d_pre[at(t, D) + ob] = d;
-      }
-    }
-    __syncthreads();
-    {  // dh[ob] = Σ_u W_rec[u, ob]·d_pre[u], the two splits' partials met by a shuffle
-      const float acc = dot4<S::C4>([&](int i) { return wr[i]; }, dp + sb * S::C4, 0.f);
-      const float other = __shfl_down_sync(0xffffffffu, acc, 16);
-      if (sb == 0) carry = (0.f + acc) + other;
-    }
-  }
-  if (sb == 0) d_h0[static_cast<size_t>(b) * D + ob] = carry;
-}
-
-// Cluster path (sm_90): each block of a row owns DL channels and units; each thread keeps the W_out column
-// slice and the W_rec rows it multiplies in registers. Both matvecs' outputs cross the cluster as partial
-// sums (two cluster barriers a step). No block barrier: each warp forms for itself what its lanes' matvecs
-// read, the gate gradients of all DL owned channels (from dh, which it sums from the exchanged partials)
-// and d_pre of all DL owned units, DL / 32 of each per lane, in its own slice of shared memory, behind a
-// __syncwarp. Warp 0 writes the outputs.
-template <int D>
-__global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd_cluster(
-    const float* __restrict__ grad_h,  // (B, K, D)
-    const float* __restrict__ gates,   // (B, K, 4D) pre-activations [f1 | f2 | ta | tb]
-    const float* __restrict__ zs,      // (B, K, D)
-    const float* __restrict__ ts,      // (B, K)
-    const float* __restrict__ w_rec,   // (D, D)  [u][d]
-    const float* __restrict__ w_out,   // (4D, D) [j][u]
-    float* __restrict__ d_pre,         // (B, K, D)
-    float* __restrict__ d_gates,       // (B, K, 4D)
-    float* __restrict__ d_h0,          // (B, D)
-    int K) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using S = Shape<D, 2>;
-  constexpr int T = S::T, DL = S::DL, JL = S::JL;
-  constexpr int CH = (DL + 31) / 32;  // owned channels (and units) per lane
-  extern __shared__ float4 smem4[];
-  float* xbuf = reinterpret_cast<float*>(smem4);  // (4, DL) partials of W_outᵀ·dg, owned units
-  float* ybuf = xbuf + 4 * DL;                    // (4, DL) partials of W_recᵀ·d_pre, owned channels
-  const int tid = threadIdx.x, warp = tid / 32, wl = tid % 32;
-  float* dg = ybuf + 4 * DL + warp * (JL + DL);   // (JL) this warp's copy of the gate gradients
-  float* dp = dg + JL;                            // (DL) this warp's copy of d_pre
-
-  cg::cluster_group cluster = cg::this_cluster();
-  const unsigned rank = cluster.block_rank();
-  const int b = blockIdx.x / 2;
-  const int d0 = rank * DL;
-  const bool writer = warp == 0;  // the warp that stores d_gates, d_pre and d_h0
-
-  const int ob = tid % D, sb = tid / D;  // backward matvecs: output (unit or channel), split (0, 1)
-  float wo[D];  // W_out[jg(sb·C2 + i)][ob], i < D
-#pragma unroll
-  for (int i = 0; i < D; ++i) wo[i] = w_out[static_cast<size_t>(S::jg(sb * S::C2 + i, d0)) * D + ob];
-  float wr[S::C4];
-#pragma unroll
-  for (int i = 0; i < S::C4; ++i) wr[i] = w_rec[(d0 + sb * S::C4 + i) * D + ob];
-  cluster.sync();
-
-  const size_t row = static_cast<size_t>(b) * K;
-  auto at = [&](int t, int stride) { return (row + t) * stride; };
-  auto mine = [&](int j) { return wl + 32 * j < DL; };  // does this lane own a j-th channel (unit)?
-  float carry[CH], gh_n[CH], f_n[CH][4], z_n[CH];
-  float ts_n = ts[row + K - 1];
-#pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int c = d0 + wl + 32 * j;
-    carry[j] = 0.f;
-    gh_n[j] = mine(j) ? grad_h[at(K - 1, D) + c] : 0.f;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) f_n[j][q] = mine(j) ? gates[at(K - 1, 4 * D) + q * D + c] : 0.f;
-    z_n[j] = mine(j) ? zs[at(K - 1, D) + c] : 0.f;
-  }
-
-  for (int t = K - 1; t >= 0; --t) {
-    const float tst = ts_n;
-    float gh[CH], f[CH][4], zz[CH];
-#pragma unroll
-    for (int j = 0; j < CH; ++j) {
-      gh[j] = gh_n[j], zz[j] = z_n[j];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) f[j][q] = f_n[j][q];
-    }
-    if (t > 0) {  // prefetch step t−1; none of it depends on the carried gradient
-      ts_n = ts[row + t - 1];
-#pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        if (!mine(j)) continue;
-        const int c = d0 + wl + 32 * j;
-        gh_n[j] = grad_h[at(t - 1, D) + c];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) f_n[j][q] = gates[at(t - 1, 4 * D) + q * D + c];
-        z_n[j] = zs[at(t - 1, D) + c];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < CH; ++j) {  // gate gradients of the owned channels, in every warp
-      if (!mine(j)) continue;
-      const int c = wl + 32 * j;
-      if (t < K - 1) {  // ∂L/∂h_t through h_{t+1}: the partials the previous step exchanged
-        float dh = 0.f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) dh += ybuf[k * DL + c];
-        carry[j] = dh;
-      }
-      const float dh = carry[j] + gh[j];
-      const float f1 = f[j][0], f2 = f[j][1], ta = f[j][2], tb = f[j][3];
-      const float tf1 = tanh_acc(f1), tf2 = tanh_acc(f2), sig = sigmoid_acc(fmaf(ta, tst, tb));
-      const float dsp = dh * (tf2 - tf1) * sig * (1.f - sig);  // ∂L/∂(ta·ts + tb)
-      const float g4[4] = {dh * (1.f - sig) * (1.f - tf1 * tf1), dh * sig * (1.f - tf2 * tf2), dsp * tst, dsp};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        dg[q * DL + c] = g4[q];
-        if (writer) d_gates[at(t, 4 * D) + q * D + d0 + c] = g4[q];
-      }
-    }
-    __syncwarp();
     {  // partial dz[u] = Σ_{owned rows j} W_out[j, u]·dg[j], sent to the block that owns u
-      const float acc = dot4<D>([&](int i) { return wo[i]; }, dg + sb * S::C2, 0.f);
-      cluster.map_shared_rank(xbuf, ob / DL)[(rank * 2 + sb) * DL + ob % DL] = acc;
+      float acc = dot4<D>([&](int i) { return wo[i]; }, dg + sb * S::C2, 0.f);
+      if constexpr (!S::kRegW) {  // portable: the split's other D rows from shared memory, then L2
+        const float* dg2 = dg + sb * S::C2 + D;
+        acc = dot4<S::NS>([&](int i) { return lane(ws[(i / 4) * S::T + tid], i % 4); }, dg2, acc);
+        if constexpr (S::NS < D) {
+          const float* w = w_out + static_cast<size_t>(sb * S::C2 + D + S::NS) * D + ob;  // [j][u], row stride D
+          acc = dot4<D - S::NS, kL2Unroll>([&](int i) { return w[i * D]; }, dg2 + S::NS, acc);
+        }
+      }
+      const int owner = ob / S::DL;
+      Cta<NCTA>::map(xbuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
-    cluster.sync();
-#pragma unroll
-    for (int j = 0; j < CH; ++j) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²), in every warp
-      if (!mine(j)) continue;
-      const int u = wl + 32 * j;
+    Cta<NCTA>::sync();
+    if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
       float dz = 0.f;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) dz += xbuf[k * DL + u];
-      const float zn = zz[j] * (1.f / kLecunA);
+      for (int k = 0; k < 2 * NCTA; ++k) dz += xbuf[k * S::DL + tid];
+      const float zn = zz * (1.f / kLecunA);
       const float v = dz * (kLecunA * kLecunB) * (1.f - zn * zn);
-      dp[u] = v;
-      if (writer) d_pre[at(t, D) + d0 + u] = v;
+      dp[tid] = v;
+      d_pre[at(t, D) + d0 + tid] = v;
     }
-    __syncwarp();
+    __syncthreads();
     {  // partial dh[d] = Σ_{owned units u} W_rec[u, d]·d_pre[u], sent to the block that owns d
       const float acc = dot4<S::C4>([&](int i) { return wr[i]; }, dp + sb * S::C4, 0.f);
-      cluster.map_shared_rank(ybuf, ob / DL)[(rank * 2 + sb) * DL + ob % DL] = acc;
+      const int owner = ob / S::DL;
+      Cta<NCTA>::map(ybuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
-    cluster.sync();
-  }
+    Cta<NCTA>::sync();
+    if (tid < S::DL) {
+      float dh = 0.f;
 #pragma unroll
-  for (int j = 0; j < CH; ++j) {
-    const int c = wl + 32 * j;
-    if (!writer || !mine(j)) continue;
-    float dh = 0.f;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) dh += ybuf[k * DL + c];
-    d_h0[static_cast<size_t>(b) * D + d0 + c] = dh;
+      for (int k = 0; k < 2 * NCTA; ++k) dh += ybuf[k * S::DL + tid];
+      carry = dh;
+    }
   }
-#else
-  __trap();
-#endif
+  if (tid < S::DL) d_h0[static_cast<size_t>(b) * D + d0 + tid] = carry;
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -580,9 +464,9 @@ void bwd_dispatch(const at::Tensor& grad_h, const at::Tensor& gates, const at::T
                   const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& d_pre, at::Tensor& d_gates,
                   at::Tensor& d_h0, CfcPath path) {
   const int B = grad_h.size(0), K = grad_h.size(1);
-  constexpr size_t smem2 = Shape<D, 2>::bwd_cluster_floats * sizeof(float);
-  const bool cluster = use_cluster(reinterpret_cast<const void*>(&cfc_scan_bwd_cluster<D>), smem2, path);
-  auto kernel = cluster ? &cfc_scan_bwd_cluster<D> : &cfc_scan_bwd_portable<D>;
+  constexpr size_t smem2 = Shape<D, 2>::bwd_smem_floats * sizeof(float);
+  const bool cluster = use_cluster(reinterpret_cast<const void*>(&cfc_scan_bwd<D, 2>), smem2, path);
+  auto kernel = cluster ? &cfc_scan_bwd<D, 2> : &cfc_scan_bwd<D, 1>;
   const size_t smem = cluster ? smem2 : Shape<D, 1>::bwd_smem_floats * sizeof(float);
   launch(kernel, cluster ? 2 : 1, B, 2 * D, smem, grad_h.data_ptr<float>(), gates.data_ptr<float>(),
          z.data_ptr<float>(), ts.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(),
@@ -661,7 +545,7 @@ std::vector<int64_t> cfc_portable_resources(int64_t D) {
   PERCEPTION_DISPATCH_WIDTH(D, {
     cudaFuncAttributes fwd{}, bwd{};
     C10_CUDA_CHECK(cudaFuncGetAttributes(&fwd, reinterpret_cast<const void*>(&cfc_scan_fwd<kD>)));
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&bwd, reinterpret_cast<const void*>(&cfc_scan_bwd_portable<kD>)));
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&bwd, reinterpret_cast<const void*>(&cfc_scan_bwd<kD, 1>)));
     out = {static_cast<int64_t>(fwd.sharedSizeBytes + Shape<kD, 1>::fwd_smem_floats * sizeof(float)),
            static_cast<int64_t>(bwd.sharedSizeBytes + Shape<kD, 1>::bwd_smem_floats * sizeof(float)),
            fwd.numRegs, bwd.numRegs, Shape<kD, 1>::T};
