@@ -125,7 +125,9 @@ def main() -> None:
     results = []
     for mode in MODES:  # each in a fresh process: the configurations are fixed when the kernels are imported
         child = [sys.executable, __file__, *sys.argv[1:], "--mode", mode]
-        done = subprocess.run(child, capture_output=True, text=True, check=True)
+        done = subprocess.run(child, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"mamba_configs.py --mode {mode} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     shape = f"B={args.batch} K={args.window} h={args.heads} p={args.headdim} n={args.d_state} chunk={args.chunk}"
     print(f"mamba_ssm chunk scan, one block, {shape}, bf16 x/B/C, on {torch.cuda.get_device_name()}")

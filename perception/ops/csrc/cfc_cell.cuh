@@ -33,6 +33,11 @@ __device__ __forceinline__ float dot4(const W& w, const float* __restrict__ v, f
   return (s0 + s1) + (s2 + s3);
 }
 
+// Component k of a float4 (k a compile-time constant once the dot products unroll).
+__device__ __forceinline__ float lane(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
 constexpr float kLecunA = 1.7159f;
 constexpr float kLecunB = 0.666f;
 

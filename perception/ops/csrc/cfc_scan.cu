@@ -93,10 +93,6 @@ struct Shape {
   __device__ static int jg(int jl, int d0) { return (jl / DL) * D + d0 + jl % DL; }
 };
 
-// Component k of a float4 (k a compile-time constant once the dot products unroll).
-__device__ __forceinline__ float lane(const float4& v, int k) {
-  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-}
 // Portable path: float4 steps of a weight sum read from L2 in flight at once (more would cost registers).
 constexpr int kL2Unroll = 3;
 
