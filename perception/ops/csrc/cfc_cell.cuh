@@ -38,24 +38,6 @@ __device__ __forceinline__ float lane(const float4& v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
 }
 
-// A cluster barrier in its two halves (sm_90; cluster_group::sync() is the pair back to back). arrive
-// releases this thread's earlier writes, the peer's shared memory included; wait acquires everyone's. A global
-// store placed between them is one the barrier does not wait for, so it overlaps the barrier.
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
 constexpr float kLecunA = 1.7159f;
 constexpr float kLecunB = 0.666f;
 
