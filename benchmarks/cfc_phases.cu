@@ -1,6 +1,6 @@
-// What bounds a step of the CfC scan's sm_90 cluster forward (perception/ops/csrc/cfc_scan.cu,
-// cfc_scan_fwd_cluster<128>)? A model of its step at D = 128 whose phases a template mask switches off one at
-// a time: the time a phase costs is the full model's time less the time without it. Measured by
+// What bounds a step of the CfC scan's sm_90 cluster kernels (perception/ops/csrc/cfc_scan.cu,
+// cfc_scan_fwd_cluster<128> and cfc_scan_bwd<128, 2>)? Models of their steps at D = 128 whose phases a template
+// mask switches off one at a time: the time a phase costs is the full model's time less the time without it. Measured by
 // benchmarks/cfc_phases.py. The outputs are not the scan's (a phase left out leaves wrong values behind);
 // only the times mean something. Built from the kernel's own parts (cfc_cell.cuh): the same launch, the
 // same dot products, the same activations, the same shared-memory layout and exchange.
@@ -118,6 +118,132 @@ __global__ void __launch_bounds__(T, 1) step_phases(const float* __restrict__ x_
 #endif
 }
 
+// The backward's phases, in its kernel's order; KEEP_B is a mask of those the model runs.
+enum BwdPhase : int {
+  bAct = 1,        // the gate gradients' activations: two tanh, one sigmoid (else a linear stand-in)
+  bStoreG = 2,     // d_gates to global memory
+  bSync = 4,       // the two __syncthreads: gate gradients complete, d_pre complete
+  bOutT = 8,       // W_outᵀ·dg, 128 products a thread (else one dg)
+  bRecT = 16,      // W_recᵀ·d_pre, 32 products a thread (else one d_pre)
+  bRemote = 32,    // the partial sums into the owner's shared memory (else this block's)
+  bCluster = 64,   // the two cluster barriers (else __syncthreads)
+  bStoreP = 128,   // d_pre to global memory
+  bAll = 255,
+};
+
+constexpr int C2 = JL / 2, C4 = DL / 2;
+
+template <int KEEP>
+__global__ void __launch_bounds__(T, 1) bwd_phases(const float* __restrict__ grad_h, const float* __restrict__ gates,
+                                                   const float* __restrict__ zs, const float* __restrict__ ts,
+                                                   const float* __restrict__ w_rec, const float* __restrict__ w_out,
+                                                   float* __restrict__ d_pre, float* __restrict__ d_gates, int K) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ float4 smem4[];
+  float* dg = reinterpret_cast<float*>(smem4);
+  float* dp = dg + JL;
+  float* xbuf = dp + DL;
+  float* ybuf = xbuf + 4 * DL;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int tid = threadIdx.x;
+  const unsigned rank = cluster.block_rank();
+  const int b = blockIdx.x / 2, d0 = rank * DL;
+  const int ob = tid % D, sb = tid / D;
+  float wo[D];
+#pragma unroll
+  for (int i = 0; i < D; ++i) wo[i] = w_out[((sb * C2 + i) % JL) * D + ob];
+  float wr[C4];
+#pragma unroll
+  for (int i = 0; i < C4; ++i) wr[i] = w_rec[(d0 + sb * C4 + i) * D + ob];
+  float carry = 0.f;
+  cluster.sync();
+  const size_t row = static_cast<size_t>(b) * K;
+  auto at = [&](int t, int stride) { return (row + t) * stride; };
+  auto sync_all = [&] {
+    if constexpr (KEEP & bCluster) {
+      cluster.sync();
+    } else {
+      __syncthreads();
+    }
+  };
+  // the step's inputs are loaded a step ahead, as the kernel does: none of them depends on the recurrence
+  float gh_n = 0.f, f_n[4] = {0.f, 0.f, 0.f, 0.f}, z_n = 0.f, ts_n = ts[row + K - 1];
+  auto load = [&](int t) {
+    ts_n = ts[row + t];
+    if (tid < DL) {
+      gh_n = grad_h[at(t, D) + d0 + tid];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) f_n[q] = gates[at(t, 4 * D) + q * D + d0 + tid];
+      z_n = zs[at(t, D) + d0 + tid];
+    }
+  };
+  load(K - 1);
+  for (int t = K - 1; t >= 0; --t) {
+    const float gh = gh_n, f1 = f_n[0], f2 = f_n[1], ta = f_n[2], tb = f_n[3], zz = z_n, tst = ts_n;
+    if (t > 0) load(t - 1);
+    if (tid < DL) {
+      const float dh = carry + gh;
+      float tf1, tf2, sig;
+      if constexpr (KEEP & bAct) {
+        tf1 = tanh_acc(f1), tf2 = tanh_acc(f2), sig = sigmoid_acc(fmaf(ta, tst, tb));
+      } else {
+        tf1 = 0.5f * f1, tf2 = 0.5f * f2, sig = 0.25f * fmaf(ta, tst, tb) + 0.5f;
+      }
+      const float dsp = dh * (tf2 - tf1) * sig * (1.f - sig);
+      const float g4[4] = {dh * (1.f - sig) * (1.f - tf1 * tf1), dh * sig * (1.f - tf2 * tf2), dsp * tst, dsp};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        dg[q * DL + tid] = g4[q];
+        if constexpr (KEEP & bStoreG) d_gates[at(t, 4 * D) + q * D + d0 + tid] = g4[q];
+      }
+    }
+    if constexpr (KEEP & bSync) __syncthreads();
+    {
+      float acc;
+      if constexpr (KEEP & bOutT) {
+        acc = dot4<D>([&](int i) { return wo[i]; }, dg + sb * C2, 0.f);
+      } else {
+        acc = dg[sb * C2 + ob % C2];
+      }
+      float* dst = (KEEP & bRemote) ? cluster.map_shared_rank(xbuf, ob / DL) : xbuf;
+      dst[(rank * 2 + sb) * DL + ob % DL] = acc;
+    }
+    sync_all();
+    if (tid < DL) {
+      float dz = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dz += xbuf[k * DL + tid];
+      const float zn = zz * (1.f / kLecunA);
+      const float v = dz * (kLecunA * kLecunB) * (1.f - zn * zn);
+      dp[tid] = v;
+      if constexpr (KEEP & bStoreP) d_pre[at(t, D) + d0 + tid] = v;
+    }
+    if constexpr (KEEP & bSync) __syncthreads();
+    {
+      float acc;
+      if constexpr (KEEP & bRecT) {
+        acc = dot4<C4>([&](int i) { return wr[i]; }, dp + sb * C4, 0.f);
+      } else {
+        acc = dp[sb * C4 + ob % C4];
+      }
+      float* dst = (KEEP & bRemote) ? cluster.map_shared_rank(ybuf, ob / DL) : ybuf;
+      dst[(rank * 2 + sb) * DL + ob % DL] = acc;
+    }
+    sync_all();
+    if (tid < DL) {
+      float dh = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) dh += ybuf[k * DL + tid];
+      carry = dh;
+    }
+  }
+  cluster.sync();  // no block leaves while its peer may still store into it
+  if (tid < DL && !(KEEP & bStoreP)) d_pre[row * D + d0 + tid] = carry;  // keep the loop's result alive
+#else
+  __trap();
+#endif
+}
+
 template <int KEEP>
 void run(const at::Tensor& x, const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& h_seq) {
   const int B = x.size(0), K = x.size(1);
@@ -135,6 +261,47 @@ constexpr int kVariants[] = {kAll,
                              kAll & ~kStore,
                              kAll & ~(kSync1 | kSync3),
                              kSync1 | kSync2 | kSync3 | kCluster | kRemote};
+
+template <int KEEP>
+void run_bwd(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
+             const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& d_pre, at::Tensor& d_gates) {
+  const int B = grad_h.size(0), K = grad_h.size(1);
+  launch(&bwd_phases<KEEP>, 2, B, T, (JL + DL + 8 * DL) * sizeof(float), grad_h.data_ptr<float>(),
+         gates.data_ptr<float>(), z.data_ptr<float>(), ts.data_ptr<float>(), w_rec.data_ptr<float>(),
+         w_out.data_ptr<float>(), d_pre.data_ptr<float>(), d_gates.data_ptr<float>(), K);
+}
+
+// The backward variants cfc_phases.py times, likewise.
+constexpr int kBwdVariants[] = {bAll,
+                                bAll & ~bCluster,
+                                bAll & ~(bCluster | bRemote),
+                                bAll & ~bOutT,
+                                bAll & ~bRecT,
+                                bAll & ~bAct,
+                                bAll & ~(bStoreG | bStoreP),
+                                bAll & ~bSync,
+                                bSync | bRemote | bCluster};
+
+at::Tensor bwd(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
+               const at::Tensor& w_rec, const at::Tensor& w_out, int64_t variant) {
+  TORCH_CHECK(grad_h.is_cuda() && grad_h.dim() == 3 && grad_h.size(2) == D, "cfc_phases: grad_h must be a CUDA (B, K, 128) tensor");
+  const c10::cuda::CUDAGuard guard(grad_h.device());
+  auto d_pre = at::empty_like(grad_h);
+  auto d_gates = at::empty_like(gates);
+  switch (variant) {
+    case 0: run_bwd<kBwdVariants[0]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 1: run_bwd<kBwdVariants[1]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 2: run_bwd<kBwdVariants[2]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 3: run_bwd<kBwdVariants[3]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 4: run_bwd<kBwdVariants[4]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 5: run_bwd<kBwdVariants[5]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 6: run_bwd<kBwdVariants[6]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 7: run_bwd<kBwdVariants[7]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    case 8: run_bwd<kBwdVariants[8]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
+    default: TORCH_CHECK(false, "cfc_phases: variant must be 0..8, got " + std::to_string(variant));
+  }
+  return d_pre;
+}
 
 at::Tensor phases(const at::Tensor& x, const at::Tensor& w_rec, const at::Tensor& w_out, int64_t variant) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 3 && x.size(2) == D, "cfc_phases: x must be a CUDA (B, K, 128) tensor");
@@ -157,4 +324,7 @@ at::Tensor phases(const at::Tensor& x, const at::Tensor& w_rec, const at::Tensor
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("phases", &phases, "the step model, one variant"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("phases", &phases, "the forward step's model, one variant");
+  m.def("bwd", &bwd, "the backward step's model, one variant");
+}

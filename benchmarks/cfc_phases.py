@@ -1,8 +1,8 @@
-"""What bounds a step of the CfC scan's cluster forward? Times a model of the kernel's step
+"""What bounds a step of the CfC scan's cluster kernels? Times a model of each kernel's step
 (benchmarks/cfc_phases.cu) with every phase, then with one phase (or group) left out: what a phase costs
-is the difference. The product kernel is timed beside it, to show the model's full form takes its time.
+is the difference. The product kernel is timed beside each model, to show the model's full form takes its time.
 
-    PYTHONPATH=. python3 benchmarks/cfc_phases.py [--batch 64 --window 6000] [--out FILE]
+    PYTHONPATH=. python3 benchmarks/cfc_phases.py [--which fwd,bwd] [--batch 64 --window 6000] [--out FILE]
 
 Needs an sm_90 GPU, nvcc and the built extension (python -m perception.ops.build); the model is JIT-built
 here with torch.utils.cpp_extension (about a minute). Prints a table; writes JSON and markdown
@@ -36,6 +36,18 @@ VARIANTS = (
     "the block barriers after the partials and after the gates",
     "all arithmetic and memory but the barriers and the exchange",
 )
+# cfc_phases.cu's kBwdVariants, in order
+BWD_VARIANTS = (
+    "nothing (the full step)",
+    "the two cluster barriers (block barriers instead)",
+    "the cluster barriers and the stores into the peer",
+    "W_outᵀ·dg (128 products a thread)",
+    "W_recᵀ·d_pre (32 products a thread)",
+    "the gate gradients' activations (two tanh, one sigmoid)",
+    "d_gates' and d_pre's stores to global memory",
+    "the two block barriers",
+    "all arithmetic and memory but the barriers and the exchange",
+)
 
 
 def build():
@@ -56,6 +68,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--window", type=int, default=6000)
     parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--which", default="fwd,bwd", help="the kernels whose step to model: fwd, bwd or both")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "cfc_phases.json")
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
@@ -66,25 +79,57 @@ def main() -> int:
     os.environ["PERCEPTION_CFC_PATH"] = "cluster"
     model = build()
     inputs = [t.detach() for t in make_inputs(args.batch, args.window, D)]
-    x_proj, _, _, w_rec, w_out, _ = inputs
+    x_proj, ts, h0, w_rec, w_out, b_out = inputs
     shape = f"B={args.batch} K={args.window} D={D}"
+    rows = []
 
-    def fwd():
-        with torch.no_grad():
-            torch.ops.perception.cfc_scan(*inputs)
+    def table(op: str, product: str, product_ms: float, variants: tuple[str, ...], run_variant) -> None:
+        rows.append(dict(op=op, impl=f"product kernel ({product})", shape=shape, fwd_ms=product_ms, note=""))
+        full_ms = None
+        for i, left_out in enumerate(variants):
+            ms = cuda_median_ms(lambda i=i: run_variant(i), args.reps)
+            full_ms = ms if i == 0 else full_ms
+            note = f"{ms / args.window * 1e6:.0f} ns a step" + (
+                "" if i == 0 else f"; leaving it out saves {full_ms - ms:+.3f} ms"
+            )
+            rows.append(dict(op=f"{op} model", impl=f"without {left_out}", shape=shape, fwd_ms=ms, note=note))
+            print(f"  {op}: without {left_out:62} {ms:8.3f} ms  {note}", flush=True)
+        print(f"{op}: product kernel {product_ms:.3f} ms, the model's full step {full_ms:.3f} ms")
 
-    kernel_ms = cuda_median_ms(fwd, args.reps)
-    rows = [dict(op="cfc_scan fwd", impl="product kernel (cluster)", shape=shape, fwd_ms=kernel_ms, note="")]
-    full_ms = None
-    for i, left_out in enumerate(VARIANTS):
-        ms = cuda_median_ms(lambda i=i: model.phases(x_proj, w_rec, w_out, i), args.reps)
-        full_ms = ms if i == 0 else full_ms
-        per_step_ns = ms / args.window * 1e6
-        note = f"{per_step_ns:.0f} ns a step" + ("" if i == 0 else f"; leaving it out saves {full_ms - ms:+.3f} ms")
-        rows.append(dict(op="step model", impl=f"without {left_out}", shape=shape, fwd_ms=ms, note=note))
-        print(f"  without {left_out:62} {ms:8.3f} ms  {note}", flush=True)
-    print(f"product kernel {kernel_ms:.3f} ms, the model's full step {full_ms:.3f} ms")
-    targets = {"step model": "the full model within 10 % of the product kernel; the rest are the phases' costs"}
+    which = set(args.which.split(","))
+    if "fwd" in which:
+
+        def fwd():
+            with torch.no_grad():
+                torch.ops.perception.cfc_scan(*inputs)
+
+        table(
+            "step",
+            "cluster forward",
+            cuda_median_ms(fwd, args.reps),
+            VARIANTS,
+            lambda i: model.phases(x_proj, w_rec, w_out, i),
+        )
+    if "bwd" in which:
+        from perception.ops.cfc import recompute
+
+        with torch.no_grad():  # the backward kernel's inputs, as its autograd forms them
+            h_seq = torch.ops.perception.cfc_scan(*inputs)
+            _, z, gates = recompute(x_proj, h0, h_seq, w_rec, w_out, b_out)
+            z, gates = z.contiguous(), gates.contiguous()
+            cot = torch.randn(h_seq.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+
+        def bwd():
+            torch.ops.perception.cfc_scan_bwd(cot, gates, z, ts, w_rec, w_out)
+
+        table(
+            "backward step",
+            "cluster backward",
+            cuda_median_ms(bwd, args.reps),
+            BWD_VARIANTS,
+            lambda i: model.bwd(cot, gates, z, ts, w_rec, w_out, i),
+        )
+    targets = {"step models": "the full model within 10 % of its product kernel; the rest are the phases' costs"}
     print(write_table(args.out, rows, machine_info(), targets))
     return 0
 
