@@ -11,6 +11,10 @@
 
 #include "cfc_cell.cuh"
 
+#include <iterator>
+#include <string>
+#include <type_traits>
+
 namespace cg = cooperative_groups;
 
 namespace {
@@ -244,13 +248,6 @@ __global__ void __launch_bounds__(T, 1) bwd_phases(const float* __restrict__ gra
 #endif
 }
 
-template <int KEEP>
-void run(const at::Tensor& x, const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& h_seq) {
-  const int B = x.size(0), K = x.size(1);
-  launch(&step_phases<KEEP>, 2, B, T, SMEM_FLOATS * sizeof(float), x.data_ptr<float>(), w_rec.data_ptr<float>(),
-         w_out.data_ptr<float>(), h_seq.data_ptr<float>(), K);
-}
-
 // The variants cfc_phases.py times: the full model, and the model without one phase (or a group).
 constexpr int kVariants[] = {kAll,
                              kAll & ~kCluster,
@@ -261,15 +258,6 @@ constexpr int kVariants[] = {kAll,
                              kAll & ~kStore,
                              kAll & ~(kSync1 | kSync3),
                              kSync1 | kSync2 | kSync3 | kCluster | kRemote};
-
-template <int KEEP>
-void run_bwd(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
-             const at::Tensor& w_rec, const at::Tensor& w_out, at::Tensor& d_pre, at::Tensor& d_gates) {
-  const int B = grad_h.size(0), K = grad_h.size(1);
-  launch(&bwd_phases<KEEP>, 2, B, T, (JL + DL + 8 * DL) * sizeof(float), grad_h.data_ptr<float>(),
-         gates.data_ptr<float>(), z.data_ptr<float>(), ts.data_ptr<float>(), w_rec.data_ptr<float>(),
-         w_out.data_ptr<float>(), d_pre.data_ptr<float>(), d_gates.data_ptr<float>(), K);
-}
 
 // The backward variants cfc_phases.py times, likewise.
 constexpr int kBwdVariants[] = {bAll,
@@ -282,44 +270,43 @@ constexpr int kBwdVariants[] = {bAll,
                                 bAll & ~bSync,
                                 bSync | bRemote | bCluster};
 
-at::Tensor bwd(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
-               const at::Tensor& w_rec, const at::Tensor& w_out, int64_t variant) {
-  TORCH_CHECK(grad_h.is_cuda() && grad_h.dim() == 3 && grad_h.size(2) == D, "cfc_phases: grad_h must be a CUDA (B, K, 128) tensor");
-  const c10::cuda::CUDAGuard guard(grad_h.device());
-  auto d_pre = at::empty_like(grad_h);
-  auto d_gates = at::empty_like(gates);
-  switch (variant) {
-    case 0: run_bwd<kBwdVariants[0]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 1: run_bwd<kBwdVariants[1]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 2: run_bwd<kBwdVariants[2]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 3: run_bwd<kBwdVariants[3]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 4: run_bwd<kBwdVariants[4]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 5: run_bwd<kBwdVariants[5]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 6: run_bwd<kBwdVariants[6]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 7: run_bwd<kBwdVariants[7]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    case 8: run_bwd<kBwdVariants[8]>(grad_h, gates, z, ts, w_rec, w_out, d_pre, d_gates); break;
-    default: TORCH_CHECK(false, "cfc_phases: variant must be 0..8, got " + std::to_string(variant));
+// f(std::integral_constant<int, variant>) for a runtime variant < N: the mask becomes a template argument.
+template <int N, int I = 0, typename F>
+void pick(int64_t variant, F&& f) {
+  if constexpr (I < N) {
+    if (variant == I) return f(std::integral_constant<int, I>{});
+    pick<N, I + 1>(variant, f);
+  } else {
+    TORCH_CHECK(false, "cfc_phases: variant must be 0.." + std::to_string(N - 1) + ", got " + std::to_string(variant));
   }
-  return d_pre;
 }
 
 at::Tensor phases(const at::Tensor& x, const at::Tensor& w_rec, const at::Tensor& w_out, int64_t variant) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 3 && x.size(2) == D, "cfc_phases: x must be a CUDA (B, K, 128) tensor");
   const c10::cuda::CUDAGuard guard(x.device());
   auto h_seq = at::empty_like(x);
-  switch (variant) {
-    case 0: run<kVariants[0]>(x, w_rec, w_out, h_seq); break;
-    case 1: run<kVariants[1]>(x, w_rec, w_out, h_seq); break;
-    case 2: run<kVariants[2]>(x, w_rec, w_out, h_seq); break;
-    case 3: run<kVariants[3]>(x, w_rec, w_out, h_seq); break;
-    case 4: run<kVariants[4]>(x, w_rec, w_out, h_seq); break;
-    case 5: run<kVariants[5]>(x, w_rec, w_out, h_seq); break;
-    case 6: run<kVariants[6]>(x, w_rec, w_out, h_seq); break;
-    case 7: run<kVariants[7]>(x, w_rec, w_out, h_seq); break;
-    case 8: run<kVariants[8]>(x, w_rec, w_out, h_seq); break;
-    default: TORCH_CHECK(false, "cfc_phases: variant must be 0..8, got " + std::to_string(variant));
-  }
+  pick<std::size(kVariants)>(variant, [&](auto i) {
+    launch(&step_phases<kVariants[decltype(i)::value]>, 2, static_cast<int>(x.size(0)), T, SMEM_FLOATS * sizeof(float),
+           x.data_ptr<float>(), w_rec.data_ptr<float>(), w_out.data_ptr<float>(), h_seq.data_ptr<float>(),
+           static_cast<int>(x.size(1)));
+  });
   return h_seq;
+}
+
+at::Tensor bwd(const at::Tensor& grad_h, const at::Tensor& gates, const at::Tensor& z, const at::Tensor& ts,
+               const at::Tensor& w_rec, const at::Tensor& w_out, int64_t variant) {
+  TORCH_CHECK(grad_h.is_cuda() && grad_h.dim() == 3 && grad_h.size(2) == D,
+              "cfc_phases: grad_h must be a CUDA (B, K, 128) tensor");
+  const c10::cuda::CUDAGuard guard(grad_h.device());
+  auto d_pre = at::empty_like(grad_h);
+  auto d_gates = at::empty_like(gates);
+  pick<std::size(kBwdVariants)>(variant, [&](auto i) {
+    launch(&bwd_phases<kBwdVariants[decltype(i)::value]>, 2, static_cast<int>(grad_h.size(0)), T, (JL + DL + 8 * DL) * sizeof(float),
+           grad_h.data_ptr<float>(), gates.data_ptr<float>(), z.data_ptr<float>(), ts.data_ptr<float>(),
+           w_rec.data_ptr<float>(), w_out.data_ptr<float>(), d_pre.data_ptr<float>(), d_gates.data_ptr<float>(),
+           static_cast<int>(grad_h.size(1)));
+  });
+  return d_pre;
 }
 
 }  // namespace
