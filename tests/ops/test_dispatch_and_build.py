@@ -50,6 +50,13 @@ def test_no_atomics_in_kernel_sources():
     assert offenders == [], f"atomics in {offenders}: cross-block sums must be partials + fixed-order reduce"
 
 
+def test_no_flag_trades_the_activations_accuracy_for_speed():
+    # the CfC kernels' tanh_acc is tanhf: within 2 ulp only while nvcc keeps its accurate math library
+    flags = extension.compile_flags()["extra_cuda_cflags"]
+    fast = [f for f in flags if re.search(r"fast.math|ftz|prec.div|prec.sqrt", f)]
+    assert fast == [], f"extension.compile_flags() extra_cuda_cflags {fast}: the CfC activations assume accurate math"
+
+
 def test_every_family_follows_the_template():
     """Schema csrc/<family>.cpp, kernels csrc/<family>*.cu on common.cuh; one module ops/<family>.py with the
     wrapper's "can the kernel take this?" check, the references, the fakes and autograd and the register()

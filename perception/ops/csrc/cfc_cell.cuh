@@ -8,11 +8,8 @@
 
 namespace perception_cfc {
 
-// Both activations through expm1f, which stays accurate under --use_fast_math (tanhf/expf may not).
-__device__ __forceinline__ float tanh_acc(float x) {
-  const float e = expm1f(-2.0f * fabsf(x));  // (-1, 0]
-  return copysignf(-e / (e + 2.0f), x);
-}
+// tanhf without --use_fast_math (the extension's flags have none): within 2 ulp, a shorter chain than expm1f's.
+__device__ __forceinline__ float tanh_acc(float x) { return tanhf(x); }
 __device__ __forceinline__ float sigmoid_acc(float x) { return 0.5f * tanh_acc(0.5f * x) + 0.5f; }
 
 // sum_i w[i]·v[i] over N values (N % 4 == 0), v in shared memory (float4), w a register array or a
@@ -36,6 +33,24 @@ __device__ __forceinline__ float dot4(const W& w, const float* __restrict__ v, f
 // Component k of a float4 (k a compile-time constant once the dot products unroll).
 __device__ __forceinline__ float lane(const float4& v, int k) {
   return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// A cluster barrier in its two halves (sm_90; cluster_group::sync() is the pair back to back). arrive
+// releases this thread's earlier writes, the peer's shared memory included; wait acquires everyone's. A global
+// store placed between them is one the barrier does not wait for, so it overlaps the barrier.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#else
+  __trap();
+#endif
 }
 
 constexpr float kLecunA = 1.7159f;

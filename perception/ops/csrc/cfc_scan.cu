@@ -49,6 +49,8 @@ struct Cta<1> {
   __device__ static unsigned rank() { return 0; }
   __device__ static float* map(float* p, unsigned) { return p; }
   __device__ static void sync() { __syncthreads(); }
+  __device__ static void arrive() { __syncthreads(); }
+  __device__ static void wait() {}
 };
 
 template <>
@@ -57,10 +59,14 @@ struct Cta<2> {
   __device__ static unsigned rank() { return cg::this_cluster().block_rank(); }
   __device__ static float* map(float* p, unsigned r) { return cg::this_cluster().map_shared_rank(p, r); }
   __device__ static void sync() { cg::this_cluster().sync(); }
+  __device__ static void arrive() { cluster_arrive(); }
+  __device__ static void wait() { cluster_wait(); }
 #else
   __device__ static unsigned rank() { __trap(); return 0; }
   __device__ static float* map(float* p, unsigned) { __trap(); return p; }
   __device__ static void sync() { __trap(); }
+  __device__ static void arrive() { __trap(); }
+  __device__ static void wait() { __trap(); }
 #endif
 };
 
@@ -170,14 +176,15 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd(
       g[T + tid] = acc;
     }
     __syncthreads();
+    float hn = 0.f;
     if (tid < D) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
       const float f1 = g[tid], f2 = g[D + tid], ta = g[2 * D + tid], tb = g[3 * D + tid];
       const float sig = sigmoid_acc(fmaf(ta, tst, tb));
-      const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
-      hrow[static_cast<size_t>(t) * D + tid] = hn;
+      hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
       h[tid] = hn;
     }
     __syncthreads();  // h complete; also orders z/red/g reuse by the next step
+    if (tid < D) hrow[static_cast<size_t>(t) * D + tid] = hn;  // after the barrier: overlaps the next step
   }
 }
 
@@ -265,15 +272,17 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_fwd_cluster(
     __syncthreads();
     g[tid] = dot4<D>([&](int u) { return wo[u]; }, z, bias);  // g = W_out·z + b_out for the owned row
     __syncthreads();
+    float hn = 0.f;
     if (tid < DL) {  // h' = tanh(f1)(1 − σ) + σ tanh(f2), σ = sigmoid(ta·ts + tb)
       const float f1 = g[tid], f2 = g[DL + tid], ta = g[2 * DL + tid], tb = g[3 * DL + tid];
       const float sig = sigmoid_acc(fmaf(ta, tst, tb));
-      const float hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
-      hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;
+      hn = tanh_acc(f1) * (1.f - sig) + sig * tanh_acc(f2);
       h_out[d0 + tid] = hn;
       cluster.map_shared_rank(h_out, 1 - rank)[d0 + tid] = hn;
     }
-    cluster.sync();  // h_t complete in both blocks; no block leaves while its peer may still store into it
+    cluster_arrive();
+    if (tid < DL) hrow[static_cast<size_t>(t) * D + d0 + tid] = hn;  // overlaps the barrier
+    cluster_wait();  // h_t complete in both blocks; no block leaves while its peer may still store into it
   }
 #else
   __trap();
@@ -350,10 +359,7 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
       const float dsp = dh * (tf2 - tf1) * sig * (1.f - sig);  // ∂L/∂(ta·ts + tb)
       const float g4[4] = {dh * (1.f - sig) * (1.f - tf1 * tf1), dh * sig * (1.f - tf2 * tf2), dsp * tst, dsp};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        dg[q * S::DL + tid] = g4[q];
-        d_gates[at(t, 4 * D) + q * D + d0 + tid] = g4[q];
-      }
+      for (int q = 0; q < 4; ++q) dg[q * S::DL + tid] = g4[q];
     }
     __syncthreads();
     {  // partial dz[u] = Σ_{owned rows j} W_out[j, u]·dg[j], sent to the block that owns u
@@ -369,7 +375,12 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
       const int owner = ob / S::DL;
       Cta<NCTA>::map(xbuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
-    Cta<NCTA>::sync();
+    Cta<NCTA>::arrive();
+    if (tid < S::DL) {  // d_gates between the barrier's halves: the barrier does not wait for them
+#pragma unroll
+      for (int q = 0; q < 4; ++q) d_gates[at(t, 4 * D) + q * D + d0 + tid] = dg[q * S::DL + tid];
+    }
+    Cta<NCTA>::wait();
     if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
       float dz = 0.f;
 #pragma unroll
@@ -377,7 +388,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
       const float zn = zz * (1.f / kLecunA);
       const float v = dz * (kLecunA * kLecunB) * (1.f - zn * zn);
       dp[tid] = v;
-      d_pre[at(t, D) + d0 + tid] = v;
     }
     __syncthreads();
     {  // partial dh[d] = Σ_{owned units u} W_rec[u, d]·d_pre[u], sent to the block that owns d
@@ -385,7 +395,9 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
       const int owner = ob / S::DL;
       Cta<NCTA>::map(ybuf, owner)[(rank * 2 + sb) * S::DL + ob % S::DL] = acc;
     }
-    Cta<NCTA>::sync();
+    Cta<NCTA>::arrive();
+    if (tid < S::DL) d_pre[at(t, D) + d0 + tid] = dp[tid];  // between the barrier's halves, as d_gates
+    Cta<NCTA>::wait();
     if (tid < S::DL) {
       float dh = 0.f;
 #pragma unroll
