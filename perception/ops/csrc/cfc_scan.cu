@@ -83,7 +83,7 @@ struct Shape {
   static constexpr bool kRegW = NCTA > 1;     // W_out slice in registers: D values per thread
   static constexpr int PEER_W4 = SA * (CA / 4) * DL;  // cluster forward: float4s of the peer's W_rec rows
   static constexpr int fwd_base_floats = NCTA == 1 ? 2 * D + T + JL : 4 * PEER_W4 + 3 * D + 2 * T + JL;
-  static constexpr int bwd_base_floats = JL + DL + 2 * NCTA * DL * 2 + 3 * DL;
+  static constexpr int bwd_base_floats = JL + DL + 2 * NCTA * DL * 2;
   // Portable path: each thread's W_out values are 2·D; the first D sit in registers, the next NS in shared
   // memory (as much as sm_89's 99 KiB per block leaves), the last D − NS are read from L2 each step.
   static constexpr int kSm89Floats = 99 * 1024 / 4;
@@ -311,7 +311,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
   float* dp = dg + S::JL;                                       // (DL) d_pre of the owned units
   float* xbuf = dp + S::DL;                                     // (2·NCTA, DL) partials of W_outᵀ·dg, owned units
   float* ybuf = xbuf + 2 * NCTA * S::DL;                        // (2·NCTA, DL) partials of W_recᵀ·d_pre, channels
-  float* act = ybuf + 2 * NCTA * S::DL;                         // (3, DL) the next step's tanh f1, tanh f2, σ
 
   const int tid = threadIdx.x;
   const unsigned rank = Cta<NCTA>::rank();
@@ -319,10 +318,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
   const int d0 = rank * S::DL;
 
   const int ob = tid % D, sb = tid / D;  // backward matvecs: output (unit or channel), split (0, 1)
-  // Threads DL .. 2·DL stage each step's activations a step ahead, while the cluster barrier completes: they
-  // depend on the gates only, so they leave the chain a step waits on.
-  const bool stager = tid >= S::DL && tid < 2 * S::DL;
-  const int sc = tid - S::DL;  // the channel d0 + sc a stager stages
   float wo[D];  // W_out[jg(sb·C2 + i)][ob], i < D: all of C2 on the cluster, the first half on the portable path
 #pragma unroll
   for (int i = 0; i < D; ++i) wo[i] = w_out[static_cast<size_t>(S::jg(sb * S::C2 + i, d0)) * D + ob];
@@ -340,36 +335,27 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
   auto at = [&](int t, int stride) { return (row + t) * stride; };
   float gh_n = 0.f, f_n[4] = {0.f, 0.f, 0.f, 0.f}, z_n = 0.f;
   float ts_n = ts[row + K - 1];
-  auto stage = [&]() {  // a stager's activations of the step whose gates are in f_n, ts_n
-    act[sc] = tanh_acc(f_n[0]);
-    act[S::DL + sc] = tanh_acc(f_n[1]);
-    act[2 * S::DL + sc] = sigmoid_acc(fmaf(f_n[2], ts_n, f_n[3]));
-  };
   if (tid < S::DL) {
     gh_n = grad_h[at(K - 1, D) + d0 + tid];
-    z_n = zs[at(K - 1, D) + d0 + tid];
-  } else if (stager) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) f_n[q] = gates[at(K - 1, 4 * D) + q * D + d0 + sc];
-    stage();
+    for (int q = 0; q < 4; ++q) f_n[q] = gates[at(K - 1, 4 * D) + q * D + d0 + tid];
+    z_n = zs[at(K - 1, D) + d0 + tid];
   }
-  __syncthreads();
 
   for (int t = K - 1; t >= 0; --t) {
-    const float gh = gh_n, zz = z_n, tst = ts_n;
+    const float gh = gh_n, f1 = f_n[0], f2 = f_n[1], ta = f_n[2], tb = f_n[3], zz = z_n, tst = ts_n;
     if (t > 0) {  // prefetch step t−1; none of it depends on the carried gradient
       ts_n = ts[row + t - 1];
       if (tid < S::DL) {
         gh_n = grad_h[at(t - 1, D) + d0 + tid];
-        z_n = zs[at(t - 1, D) + d0 + tid];
-      } else if (stager) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) f_n[q] = gates[at(t - 1, 4 * D) + q * D + d0 + sc];
+        for (int q = 0; q < 4; ++q) f_n[q] = gates[at(t - 1, 4 * D) + q * D + d0 + tid];
+        z_n = zs[at(t - 1, D) + d0 + tid];
       }
     }
     if (tid < S::DL) {  // gate gradients of the owned channels
       const float dh = carry + gh;
-      const float tf1 = act[tid], tf2 = act[S::DL + tid], sig = act[2 * S::DL + tid];
+      const float tf1 = tanh_acc(f1), tf2 = tanh_acc(f2), sig = sigmoid_acc(fmaf(ta, tst, tb));
       const float dsp = dh * (tf2 - tf1) * sig * (1.f - sig);  // ∂L/∂(ta·ts + tb)
       const float g4[4] = {dh * (1.f - sig) * (1.f - tf1 * tf1), dh * sig * (1.f - tf2 * tf2), dsp * tst, dsp};
 #pragma unroll
@@ -393,8 +379,6 @@ __global__ void __launch_bounds__(2 * D, 1) cfc_scan_bwd(
     if (tid < S::DL) {  // d_gates between the barrier's halves: the barrier does not wait for them
 #pragma unroll
       for (int q = 0; q < 4; ++q) d_gates[at(t, 4 * D) + q * D + d0 + tid] = dg[q * S::DL + tid];
-    } else if (stager && t > 0) {  // step t−1's activations, read after this step's last barrier
-      stage();
     }
     Cta<NCTA>::wait();
     if (tid < S::DL) {  // d_pre = dz · lecun_tanh'(pre), lecun_tanh' = A·B·(1 − (z/A)²)
