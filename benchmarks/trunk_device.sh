@@ -67,7 +67,7 @@ if [ "$mode" = speed ]; then
   fi
   if [ "${TRAIN_S:-400}" != 0 ]; then  # TRAIN_S=0: no train_step.py this call
     timeout "${TRAIN_S:-400}" python3 benchmarks/train_step.py --out "$out/train_step.json" --precisions "${PRECISIONS-}" \
-      --compiled "${COMPILED:-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --mamba "${MAMBA-}" --fused-grn "${FUSED_GRN-}" --fold-embed "${FOLD_EMBED-}" --fused-grn-folded "${FUSED_GRN_FOLDED-}" --fused-grn-ssd "${FUSED_GRN_SSD:-chunked}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
+      --compiled "${COMPILED-tf32,bf16}" --chunks "${CHUNKS:-64}" --fla "${FLA-}" --mamba "${MAMBA-}" --fused-grn "${FUSED_GRN-}" --fold-embed "${FOLD_EMBED-}" --fused-grn-folded "${FUSED_GRN_FOLDED-}" --fused-grn-ssd "${FUSED_GRN_SSD:-chunked}" --project "${PROJECT-}" --ref-reps "${REF_REPS:-2}" --graph "${GRAPH-}" \
       2>&1 | grep -v "^USDT\|SyncActivityProfiler" | tee "$out/train_step.log" | tail -45 || status=1
     echo "train_step: ${SECONDS} s"
   fi
