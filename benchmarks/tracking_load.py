@@ -21,7 +21,9 @@ run's history (params, tags, metrics by step, artifacts, status) digested, to co
 no-fault run's digests in the results file.
 
 Writers start together by default (their epochs then end in the same second: the worst burst);
---stagger-s spreads their starts as pods' scheduling does.
+--stagger-s spreads their starts as pods' scheduling does; --busy-cores keeps cores busy beside them, as
+other work on a shared node does. Afterwards `perception-sweep sync` runs as an operator runs it: again,
+after a wait, while it reports operations it could not send.
 
     python benchmarks/tracking_load.py --writers 27 81 [--fault none|server|postgres] [--stagger-s 15]
 """
@@ -35,6 +37,7 @@ import multiprocessing
 import os
 import platform
 import secrets
+import subprocess
 import sys
 import tempfile
 import time
@@ -393,6 +396,7 @@ def _load(
         for c, o in zip(all_cells, outs)
     ]
     server_use, db_use = Usage(), Usage()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy_cores)]
     started = time.monotonic()
     for p in procs:
         p.start()
@@ -400,24 +404,29 @@ def _load(
     fault_at, fault_done, down = started + args.fault_at * expected_s, args.fault == "none", []
     total_epochs = len(procs) * args.epochs
     bar = tqdm(total=total_epochs, desc=f"N={len(procs)} fault={args.fault}", unit="epoch")
-    while any(p.is_alive() for p in procs):
-        server_use.sample(server.pid())
-        db_use.sample(pg.pid())
-        done = sum(1 for c in all_cells for _ in _metrics_lines(run_of(c).directory(home)))
-        bar.update(done - bar.n)
-        if not fault_done and time.monotonic() >= fault_at:
-            t = time.monotonic()
-            if args.fault == "server":
-                server.kill()
-                time.sleep(args.down_s)
-                server.start()
-            else:
-                pg.stop(fast=False)
-                time.sleep(args.down_s)
-                pg.start()
-            down.append(round(time.monotonic() - t, 2))
-            fault_done = True
-        time.sleep(0.5)
+    try:
+        while any(p.is_alive() for p in procs):
+            server_use.sample(server.pid())
+            db_use.sample(pg.pid())
+            done = sum(1 for c in all_cells for _ in _metrics_lines(run_of(c).directory(home)))
+            bar.update(done - bar.n)
+            if not fault_done and time.monotonic() >= fault_at:
+                t = time.monotonic()
+                if args.fault == "server":
+                    server.kill()
+                    time.sleep(args.down_s)
+                    server.start()
+                else:
+                    pg.stop(fast=False)
+                    time.sleep(args.down_s)
+                    pg.start()
+                down.append(round(time.monotonic() - t, 2))
+                fault_done = True
+            time.sleep(0.5)
+    finally:  # other work on the node stops with the writers, before the sync
+        for b in busy:
+            b.kill()
+            b.wait()
     bar.close()
     wall = time.monotonic() - started
     for p in procs:
@@ -425,7 +434,7 @@ def _load(
     writers = [json.loads(o.read_text()) if o.exists() else {"failed": "no result"} for o in outs]
 
     t = time.monotonic()
-    replayed = sum(replay_unsent(s, home, server.uri) for s in studies)  # `perception-sweep sync`
+    replayed, sync_runs, stuck = sync_as_an_operator(studies, home, server.uri, args)
     replay_s = time.monotonic() - t
     store = stored(pg.dsn("mlflow"), tmp / "server" / "artifacts")
     checks = {
@@ -478,6 +487,8 @@ def _load(
         "lost_examples": [f"{k}: {c['lost'][:3]}" for k, c in checks.items() if c["lost"]][:5],
         "ops_replayed_after": replayed,
         "replay_s": round(replay_s, 2),
+        "sync_runs": sync_runs,
+        "sync_stuck": stuck[:5],
         "runs_nested": sum(c["nested"] for c in checks.values()),
         "system_metric_points": sum(c["system_points"] for c in checks.values()),
         "ops_sent_timed": len(sends),
@@ -502,6 +513,25 @@ def _load(
         "ui_runs_shown": len(shown),
         "digests": {k: c["digest"] for k, c in checks.items()},
     }
+
+
+def sync_as_an_operator(studies: list[str], home: Path, uri: str, args) -> tuple[int, int, list[str]]:
+    """`perception-sweep sync` on each study, run again after --sync-wait-s while it reports operations it
+    could not send, at most --sync-runs times: what an operator does after an outage. Returns (operations
+    sent, syncs run, what was still stuck after the last)."""
+    sent, stuck = 0, {s: "" for s in studies}
+    for attempt in range(1, args.sync_runs + 1):
+        for s in list(stuck):
+            try:
+                sent += replay_unsent(s, home, uri)
+                del stuck[s]
+            except RuntimeError as exc:  # what could not be sent is still in the ledgers; run again
+                stuck[s] = str(exc)[:400]
+        if not stuck:
+            return sent, attempt, []
+        if attempt < args.sync_runs:
+            time.sleep(args.sync_wait_s)
+    return sent, args.sync_runs, [f"{s}: {why}" for s, why in stuck.items()]
 
 
 def _metrics_lines(place: Path):
@@ -548,6 +578,14 @@ def main() -> None:
         default=0.0,
         help="writers start spread over this many seconds (0: all at once, the worst case)",
     )
+    ap.add_argument(
+        "--busy-cores",
+        type=int,
+        default=0,
+        help="processes that keep a core busy while the writers run (other work on the node)",
+    )
+    ap.add_argument("--sync-runs", type=int, default=5, help="`perception-sweep sync` runs at most, until all sent")
+    ap.add_argument("--sync-wait-s", type=float, default=30.0, help="seconds between those runs")
     ap.add_argument("--label", default="", help="a name for this configuration in the results file")
     args = ap.parse_args()
 
@@ -601,6 +639,8 @@ def main() -> None:
             "lost_examples",
             "failures",
             "down_s",
+            "sync_runs",
+            "sync_stuck",
         ):
             if r.get(extra):
                 print(f"  {extra}: {r[extra]}")
