@@ -272,10 +272,11 @@ class RunLedger:
                     tags["mlflow.parentRunId"] = ensure_parent_run(tags[SWEEP_ID], self.tracking_uri, self.experiment)
                 run = c.create_run(exp_id, tags=tags, run_name=entry.get("run_name"))
                 _write_json(self.run_dir / RUN_ID_FILE, {"run_id": run.info.run_id})
-            else:
+                existing = {}  # a run just created has none: one request fewer when a study's runs start at once
+            else:  # sent before, maybe in part: params already there are skipped (MLflow refuses to change one)
                 c.update_run(self.run_id(), status="RUNNING")
+                existing = c.get_run(self.run_id()).data.params
             run_id = self.run_id()
-            existing = c.get_run(run_id).data.params
             params = [Param(k, v) for k, v in entry["params"].items() if k not in existing]
             for chunk in _chunks(params, 100):
                 c.log_batch(run_id, params=chunk)
