@@ -25,6 +25,7 @@ from perception.paths import tracking_uri as resolve_tracking_uri
 LEDGER = "tracking.jsonl"
 SENT = "tracking_sent.jsonl"
 RUN_ID_FILE = "mlflow_run.json"
+SYNC_RUNS_SHOWN = 5  # a study's 27 runs stuck behind one outage say the same: the first few, then a count
 
 # Short HTTP retries: a training run must not stall for minutes on each call while the server is down;
 # the ledger retries later with backoff instead.
@@ -453,7 +454,14 @@ def replay_unsent(sweep_id: str, home: Optional[Path] = None, tracking_uri: Opti
         raise FileNotFoundError(f"no runs for sweep_id {sweep_id!r} under {root}")
     recovery = recover_sweep(sweep_id, home, tracking_uri, any_store=True)
     if recovery.stuck:
-        raise RuntimeError("could not send: " + "; ".join(recovery.stuck))
+        shown, rest = recovery.stuck[:SYNC_RUNS_SHOWN], len(recovery.stuck) - SYNC_RUNS_SHOWN
+        raise RuntimeError(
+            f"sweep {sweep_id}: {len(recovery.stuck)} run(s) could not be brought up to date "
+            f"({recovery.sent} operation(s) sent); what was not sent stays in their run directories, and "
+            f"`perception-sweep sync --sweep-id {sweep_id}` again sends it once the cause is gone: "
+            + "; ".join(shown)
+            + (f"; and {rest} more run(s)" if rest > 0 else "")
+        )
     return recovery.sent
 
 

@@ -7,7 +7,7 @@ import json
 
 from mlflow.tracking import MlflowClient
 
-from perception.tracking import replay_unsent
+from perception.tracking import kept_operations, replay_unsent
 from tests.backends import both_backends
 from perception.testing.mlflow_server import free_port
 from tests.train.helpers import cli
@@ -33,6 +33,14 @@ def test_outage_then_replay(perception_home, mlflow_server):
     assert done["run_id"] is None and done["unsent"] > 0
     ops = [json.loads(line)["op"] for line in (run_dir / "tracking.jsonl").read_text().splitlines()]
     assert ops[0] == "start" and ops.count("metrics") == 2 and ops[-2:] == ["end", "settle_parent"]
+
+    still_dead = cli(
+        "perception-sweep", "sync", "--sweep-id", "outage", "--tracking-uri", dead, home=perception_home, env=FAST_FAIL
+    )
+    assert still_dead.returncode == 1, still_dead.stderr[-3000:]
+    assert "sweep outage: 1 run(s) could not be brought up to date (0 operation(s) sent)" in still_dead.stderr
+    assert "shared-f0: " in still_dead.stderr and "perception-sweep sync --sweep-id outage` again" in still_dead.stderr
+    assert kept_operations("outage", perception_home) == {"shared-f0": len(ops)}  # nothing sent, nothing lost
 
     sent = replay_unsent("outage", perception_home, mlflow_server)
     assert sent == len(ops)
