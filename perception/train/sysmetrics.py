@@ -6,12 +6,15 @@ MLflow's SystemMetricsMonitor samples in a thread (every 5 s, so that a run of a
 and the gate's report has a median of at least 10 to show; MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL
 overrides) and logs straight to the run, not through the ledger: a sample lost in an outage is not
 worth replaying. Its thread ends for good when the server fails to answer once, so `keep_alive`
-starts a new one that continues the steps. Nothing here may fail a training: errors become warnings.
+starts a new one that continues the steps. Starting one sends requests (the stopped one's last batch, the
+run's last step), so it happens in a thread of its own: a server that answers slowly or not at all holds
+that thread, never the training. Nothing here may fail a training: errors become warnings.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -24,6 +27,7 @@ class SystemMetrics:
     def __init__(self, run_id: str, tracking_uri: str):
         self.run_id, self.tracking_uri = run_id, tracking_uri
         self._monitor: Optional[SystemMetricsMonitor] = None
+        self._starting: Optional[threading.Thread] = None  # a (re)start in flight
 
     def start(self) -> None:
         try:
@@ -38,15 +42,28 @@ class SystemMetrics:
             self._monitor = None
 
     def keep_alive(self) -> None:
-        """Restarts sampling after the monitor's thread gave up (it does on one failed request)."""
+        """Starts sampling, or restarts it after the monitor's thread gave up (it does on one failed
+        request), in a thread of its own; returns at once. Called by the training only, as `stop` is."""
+        if self._starting is not None and self._starting.is_alive():
+            return
         thread = getattr(self._monitor, "_process", None)
         if self._monitor is None or thread is None or not thread.is_alive():
-            self.stop(final_sample=False)
-            self.start()
+            self._starting = threading.Thread(target=self._restart, name="perception-system-metrics", daemon=True)
+            self._starting.start()
+
+    def _restart(self) -> None:
+        self._stop(final_sample=False)
+        self.start()
 
     def stop(self, final_sample: bool = True) -> None:
-        """Ends sampling; with `final_sample`, logs one more sample first, so a run shorter than the
-        interval (or killed early) still has its numbers."""
+        """Ends sampling, after a (re)start in flight; with `final_sample`, logs one more sample first, so
+        a run shorter than the interval (or killed early) still has its numbers."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        self._stop(final_sample)
+
+    def _stop(self, final_sample: bool) -> None:
         m, self._monitor = self._monitor, None
         if m is None:
             return
@@ -69,5 +86,5 @@ def start_system_metrics(enabled: bool, run_id: Optional[str], tracking_uri: str
     if not enabled or run_id is None:
         return None
     monitor = SystemMetrics(run_id, tracking_uri)
-    monitor.start()
+    monitor.keep_alive()
     return monitor

@@ -1,5 +1,6 @@
 """A training's ledger goes to MLflow on a thread beside it (perception.tracking.BackgroundSender): a server
-that hangs holds no step, and the run's final flush waits for a send in flight instead of sending beside it."""
+that hangs holds no step, and the run's final flush waits for a send in flight instead of sending beside it.
+The system metrics start and restart on a thread of their own likewise."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from perception.contract import SWEEP_ID
 from perception.tracking import SENT, BackgroundSender, RunLedger
+from perception.train.sysmetrics import SystemMetrics, start_system_metrics
 
 
 @pytest.fixture
@@ -120,3 +122,25 @@ def test_without_a_sender_a_run_record_sends_at_once(tmp_path, mlflow_server):
     assert record.end("FINISHED")  # closes the sender, then the final flush sends the rest
     assert record.sender is None and record.ledger.unsent() == []
     assert Path(record.ledger.run_dir / SENT).exists()
+
+
+def test_a_hung_server_holds_no_epoch_end_while_the_system_metrics_start(hung_server, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    run_id = "0" * 32
+    direct = SystemMetrics(run_id, hung_server)
+    t0 = time.monotonic()
+    direct.start()  # resuming reads the run's last step from the server
+    assert time.monotonic() - t0 >= 1.5  # what an epoch's end waited for before
+    direct.stop(final_sample=False)
+
+    t0 = time.monotonic()
+    metrics = start_system_metrics(True, run_id, hung_server)
+    assert metrics is not None
+    metrics.keep_alive()  # an epoch's end while the start still waits on the server
+    asked = time.monotonic() - t0
+    assert asked < 0.5, f"starting the system metrics held the training {asked:.2f} s"
+    starting = [t for t in threading.enumerate() if t.name == "perception-system-metrics"]
+    assert len(starting) == 1 and starting[0].is_alive()  # one start in flight, on its own thread
+    metrics.stop(final_sample=False)  # the run's end waits it out
+    assert not starting[0].is_alive()
