@@ -15,7 +15,9 @@ trainer's period (perception/train/sysmetrics.py; --system-interval-s sets anoth
 operations in the same order, epochs' operations sent faster than production sends them.
 
 Faults (--fault): `server` SIGKILLs the tracking server's process group mid-way and starts it again
-after --down-s; `postgres` SIGKILLs PostgreSQL (crash recovery on restart) the same way. The check
+after --down-s; `postgres` SIGKILLs PostgreSQL (crash recovery on restart) the same way; `stall` stops
+the server's processes (SIGSTOP) for --down-s and lets them go on, so requests queue on open connections
+and the clients' timeouts and retries pile up behind them, as behind a starved server. The check
 afterwards reads PostgreSQL and the artifact store directly: every recorded operation kept, and each
 run's history (params, tags, metrics by step, artifacts, status) digested, to compare with the
 no-fault run's digests in the results file.
@@ -37,6 +39,7 @@ import multiprocessing
 import os
 import platform
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -186,8 +189,8 @@ def write_run(cell: dict, home: Path, uri: str, args: argparse.Namespace, png: b
             ledger.record("metrics", step=epoch, values=epoch_metrics(cell, epoch, args.epochs, preds))
             t = time.perf_counter()
             record.send_soon(force=True)  # beside the training since the background sender
+            record.monitoring()  # the system metrics restarted where they stopped, as loop.py's epoch end
             stalls.append(time.perf_counter() - t)
-            record.monitoring()
             log.write(f"epoch {epoch + 1}/{args.epochs}\n")
             log.flush()
         for rel, payload in (
@@ -416,6 +419,10 @@ def _load(
                     server.kill()
                     time.sleep(args.down_s)
                     server.start()
+                elif args.fault == "stall":  # connections stay open and queue, as behind a starved or paused server
+                    os.killpg(server.pid(), signal.SIGSTOP)
+                    time.sleep(args.down_s)
+                    os.killpg(server.pid(), signal.SIGCONT)
                 else:
                     pg.stop(fast=False)
                     time.sleep(args.down_s)
@@ -499,7 +506,8 @@ def _load(
             op: {"n": len(xs), "p50_s": round(_pct(xs, 50), 4), "p99_s": round(_pct(xs, 99), 4)}
             for op, xs in sorted(by_op.items())
         },
-        "epoch_flush_p99_s": round(_pct(stalls, 99), 4),
+        "epoch_end_held_p99_s": round(_pct(stalls, 99), 4),  # the send and the system metrics' restart
+        "epoch_end_held_max_s": round(stalls[-1], 4) if stalls else None,
         "end_wait_p99_s": round(_pct(ends, 99), 4) if ends else None,  # a run's end: its last sends
         "server_cpu_cores": round(server_use.cpu_s / wall, 2),
         "server_peak_rss_mb": server_use.peak_rss // 2**20,
@@ -552,7 +560,7 @@ def _pct(xs: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--writers", type=int, nargs="+", default=[27, 81])
-    ap.add_argument("--fault", choices=["none", "server", "postgres"], default="none")
+    ap.add_argument("--fault", choices=["none", "server", "stall", "postgres"], default="none")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--epoch-s", type=float, default=15.0, help="seconds of 'training' per epoch")
     ap.add_argument("--step-s", type=float, default=0.05, help="seconds per training step (a flush after each)")
@@ -565,7 +573,7 @@ def main() -> None:
     ap.add_argument(
         "--fault-at", type=float, default=0.4, help="when the fault hits, as a fraction of the epochs' time"
     )
-    ap.add_argument("--down-s", type=float, default=5.0, help="how long the killed server stays down")
+    ap.add_argument("--down-s", type=float, default=5.0, help="how long the killed or stopped server stays down")
     ap.add_argument(
         "--auth-cache-s",
         type=int,
