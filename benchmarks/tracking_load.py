@@ -19,8 +19,8 @@ after --down-s; `postgres` SIGKILLs PostgreSQL (crash recovery on restart) the s
 the server's processes (SIGSTOP) for --down-s and lets them go on, so requests queue on open connections
 and the clients' timeouts and retries pile up behind them, as behind a starved server. The check
 afterwards reads PostgreSQL and the artifact store directly: every recorded operation kept, and each
-run's history (params, tags, metrics by step, artifacts, status) digested, to compare with the
-no-fault run's digests in the results file.
+run's history (params but the commit's git_sha, tags, metrics by step, artifacts, status) digested, to
+compare with the no-fault run's digests in the results file.
 
 Writers start together by default (their epochs then end in the same second: the worst burst);
 --stagger-s spreads their starts as pods' scheduling does; --busy-cores keeps cores busy beside them, as
@@ -296,7 +296,7 @@ def check_run(place: Path, store: dict[str, dict]) -> dict:
     if got is not None:
         history = {
             "status": got["status"],
-            "params": got["params"],
+            "params": {k: v for k, v in got["params"].items() if k != "git_sha"},  # the commit, not the history
             "tags": {k: v for k, v in got["tags"].items() if not k.startswith("mlflow.")},
             "metrics": sorted((k, s, v) for (k, s), vs in got["metrics"].items() for v in vs),
             "artifacts": sorted(got["artifacts"]),
@@ -344,6 +344,14 @@ class Usage:
         self.peak_rss = max(self.peak_rss, rss)
 
 
+def store_pool(setting: str) -> dict[str, str] | None:
+    """--store-pool SIZE,OVERFLOW as MLflow's variables; "" leaves the test server's (STORE_POOL)."""
+    if not setting:
+        return None
+    size, overflow = setting.split(",")
+    return {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": size, "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": overflow}
+
+
 def load_run(n_writers: int, args: argparse.Namespace) -> dict:
     studies = [f"load{n_writers}-s{i}" for i in range(max(1, n_writers // len(ARMS) // FOLDS // REPLICATES))]
     all_cells = [c for s in studies for c in cells(s)][:n_writers]
@@ -362,6 +370,7 @@ def load_run(n_writers: int, args: argparse.Namespace) -> dict:
             password=password,
             workers=2,
             auth_cache_s=args.auth_cache_s,
+            store_pool=store_pool(args.store_pool),
         )
         server.start()
         try:
@@ -594,6 +603,11 @@ def main() -> None:
     )
     ap.add_argument("--sync-runs", type=int, default=5, help="`perception-sweep sync` runs at most, until all sent")
     ap.add_argument("--sync-wait-s", type=float, default=30.0, help="seconds between those runs")
+    ap.add_argument(
+        "--store-pool",
+        default="",
+        help="the server's store pool as SIZE,OVERFLOW (5,10: SQLAlchemy's default; empty: the cluster's)",
+    )
     ap.add_argument("--label", default="", help="a name for this configuration in the results file")
     args = ap.parse_args()
 

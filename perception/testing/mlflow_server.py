@@ -23,6 +23,12 @@ from perception.sweep.ui import stop, wait_healthy  # the same start and stop as
 
 USERNAME = "perception"
 
+# The tracking store's connection pool, as the cluster sets it (infra/k8s/base/mlflow.yaml). MLflow's
+# log_batch holds a connection while it takes a second for the params, metrics and tags; a worker runs up
+# to 40 requests at once (anyio's threads), so a pool smaller than twice that can be held entirely by
+# first connections, each request waiting for a second that never frees (docs/performance.md).
+STORE_POOL = {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": "40", "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": "45"}
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -40,6 +46,7 @@ class MlflowServer:
     password: str = ""
     workers: int = 1
     auth_cache_s: int = 60  # the auth app's credential cache, as the cluster's (0: each request re-hashes)
+    store_pool: Optional[dict[str, str]] = None  # a PostgreSQL store's pool settings; None: STORE_POOL
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -68,6 +75,8 @@ class MlflowServer:
         ]
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
         env.pop("MLFLOW_TRACKING_URI", None)
+        if self.backend_store_uri and self.backend_store_uri.startswith("postgresql"):
+            env.update(STORE_POOL if self.store_pool is None else self.store_pool)
         if self.auth_database_uri:
             cmd += ["--app-name", "basic-auth"]
             ini = self.root / "basic_auth.ini"

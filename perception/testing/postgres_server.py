@@ -80,7 +80,7 @@ class Postgres:
             "-c",
             f"fsync={'on' if self.durable else 'off'}",
             "-c",
-            "max_connections=200",
+            "max_connections=300",  # as the cluster's: two server workers' pools (mlflow_server.STORE_POOL)
         ]
         with open(self.log, "ab") as log:
             self._proc = subprocess.Popen(

@@ -12,6 +12,8 @@ import yaml
 from kubernetes_validate.utils import all_versions
 from packaging.version import Version
 
+from perception.testing.mlflow_server import STORE_POOL
+
 from .manifests import (
     INFRA,
     NAMESPACE,
@@ -215,6 +217,23 @@ def test_mlflow_server_flags(rendered):
         assert host in allowed and f"{host}:5000" in allowed, host
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health", probe
+
+
+def test_the_tracking_store_pool_cannot_run_dry_and_postgres_admits_it(rendered):
+    """MLflow's log_batch holds a pooled connection while it takes a second, so each worker's pool is
+    at least twice its 40 request threads (as the test server's, STORE_POOL), and PostgreSQL admits
+    two workers' tracking and auth pools."""
+    objects = by_ident(rendered["base"])
+    mlflow = objects["Deployment/mlflow"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in mlflow["env"]}
+    assert {k: env.get(k) for k in STORE_POOL} == STORE_POOL
+    pool = int(env["MLFLOW_SQLALCHEMYSTORE_POOL_SIZE"]) + int(env["MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW"])
+    assert pool >= 2 * 40
+    workers = int(mlflow["args"][0].split("--workers ", 1)[1].split()[0])
+    postgres = objects["StatefulSet/postgres"]["spec"]["template"]["spec"]["containers"][0]
+    (setting,) = [a for a in postgres["args"] if a.startswith("max_connections=")]
+    max_connections = int(setting.split("=")[1])
+    assert max_connections >= workers * (pool + 40) + 10  # tracking pools, auth's request threads, admin
 
 
 def test_market_data_loader_writes_the_claim_training_reads(rendered):
