@@ -208,15 +208,18 @@ def test_gpu_pods_match_the_workflow_training_pods(rendered):
 
 def test_mlflow_server_flags(rendered):
     """--serve-artifacts (pods need no S3 credentials), --allowed-hosts naming every in-cluster
-    name of the Service (MLflow >= 3.5 rejects other Host headers), probes on /health."""
+    name of the Service (MLflow >= 3.5 rejects other Host headers), start and readiness on /health,
+    liveness on a request that needs the store."""
     container = by_ident(rendered["base"])["Deployment/mlflow"]["spec"]["template"]["spec"]["containers"][0]
     script = container["args"][0]
     assert "--serve-artifacts" in script
     allowed = script.split('--allowed-hosts "', 1)[1].split('"', 1)[0].split(",")
     for host in ("mlflow", "mlflow.perception", "mlflow.perception.svc", "mlflow.perception.svc.cluster.local"):
         assert host in allowed and f"{host}:5000" in allowed, host
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/health", probe
+    liveness = container["livenessProbe"]["exec"]["command"]  # a request that needs the store (test_mlflow_server)
+    assert liveness[:2] == ["python", "-c"] and "experiments/get-by-name" in liveness[2]
 
 
 def test_the_tracking_store_pool_cannot_run_dry_and_postgres_admits_it(rendered):

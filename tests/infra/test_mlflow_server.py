@@ -106,6 +106,10 @@ def server(tmp_path_factory, database):
             "auth": (creds["MLFLOW_TRACKING_USERNAME"], creds["MLFLOW_TRACKING_PASSWORD"]),
             "artifacts": artifacts,
             "ini": tmp / "basic_auth.ini",
+            "env": env,
+            "port": port,
+            "pid": proc.pid,
+            "liveness": container["livenessProbe"],
         }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -120,6 +124,30 @@ def server(tmp_path_factory, database):
 def test_health_answers_the_kubelet_probe(server):
     r = requests.get(f"{server['url']}/health", headers={"Host": "10.244.3.17:5000"}, timeout=10)
     assert r.status_code == 200
+
+
+def liveness(server, **env) -> subprocess.CompletedProcess:
+    """The Deployment's liveness probe, run as the kubelet runs it in the container (its env), at this port."""
+    probe = server["liveness"]
+    command = [c.replace("127.0.0.1:5000", f"127.0.0.1:{server['port']}") for c in probe["exec"]["command"]]
+    return subprocess.run(
+        command, env={**server["env"], **env}, capture_output=True, text=True, timeout=probe["timeoutSeconds"]
+    )
+
+
+def test_liveness_needs_the_store_to_answer(server):
+    assert liveness(server).returncode == 0, liveness(server).stderr
+    refused = liveness(server, MLFLOW_AUTH_ADMIN_PASSWORD="wrong")
+    assert refused.returncode != 0 and "401" in refused.stderr
+    os.killpg(server["pid"], signal.SIGSTOP)  # a server that takes connections and answers nothing
+    try:
+        started = time.monotonic()
+        stalled = liveness(server)
+        assert stalled.returncode != 0 and "timed out" in stalled.stderr, stalled.stderr[-500:]
+        assert time.monotonic() - started < server["liveness"]["timeoutSeconds"]
+    finally:
+        os.killpg(server["pid"], signal.SIGCONT)
+    assert liveness(server).returncode == 0
 
 
 def test_in_cluster_name_with_credentials_is_served(server):
