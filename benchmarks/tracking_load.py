@@ -27,7 +27,7 @@ Writers start together by default (their epochs then end in the same second: the
 other work on a shared node does. Afterwards `perception-sweep sync` runs as an operator runs it: again,
 after a wait, while it reports operations it could not send.
 
-    python benchmarks/tracking_load.py --writers 27 81 [--fault none|server|postgres] [--stagger-s 15]
+    python benchmarks/tracking_load.py --writers 27 81 [--fault none|server|stall|postgres] [--stagger-s 15]
 """
 
 from __future__ import annotations
@@ -348,8 +348,10 @@ def store_pool(setting: str) -> dict[str, str] | None:
     """--store-pool SIZE,OVERFLOW as MLflow's variables; "" leaves the test server's (STORE_POOL)."""
     if not setting:
         return None
-    size, overflow = setting.split(",")
-    return {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": size, "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": overflow}
+    parts = [part.strip() for part in setting.split(",")]
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"--store-pool {setting!r}: expected SIZE,OVERFLOW, e.g. 5,10")
+    return {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": parts[0], "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": parts[1]}
 
 
 def load_run(n_writers: int, args: argparse.Namespace) -> dict:
@@ -605,6 +607,7 @@ def main() -> None:
     ap.add_argument("--sync-wait-s", type=float, default=30.0, help="seconds between those runs")
     ap.add_argument(
         "--store-pool",
+        type=lambda v: store_pool(v) and v or "",  # checked as it is parsed
         default="",
         help="the server's store pool as SIZE,OVERFLOW (5,10: SQLAlchemy's default; empty: the cluster's)",
     )
