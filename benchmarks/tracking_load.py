@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import multiprocessing
 import os
@@ -318,10 +319,15 @@ def check_run(place: Path, store: dict[str, dict]) -> dict:
 
 
 class Usage:
-    """CPU seconds and peak resident memory of a process tree, sampled (processes restart under faults)."""
+    """CPU seconds, peak resident memory and peak process count of a process tree, sampled (processes
+    restart under faults). Every PSS_EVERY-th sample also sums the tree's proportional set size: resident
+    memory with each shared page (PostgreSQL's shared buffers, a forked server's pages) split among the
+    processes that map it, so the sum counts it once, as a pod's memory limit does."""
+
+    PSS_EVERY = 4  # smaps of a hundred backends is not free on two cores
 
     def __init__(self):
-        self.cpu_s, self.peak_rss, self._last = 0.0, 0, {}
+        self.cpu_s, self.peak_rss, self.peak_pss, self.peak_procs, self._last, self._n = 0.0, 0, 0, 0, {}, 0
 
     def sample(self, root_pid) -> None:
         if root_pid is None:
@@ -331,17 +337,33 @@ class Usage:
             procs = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
             return
-        rss = 0
+        with_pss, self._n = self._n % self.PSS_EVERY == 0, self._n + 1
+        rss = pss = 0
         for p in procs:
             try:
                 t = p.cpu_times()
                 total = t.user + t.system
                 self.cpu_s += max(0.0, total - self._last.get(p.pid, 0.0))
                 self._last[p.pid] = total
-                rss += p.memory_info().rss
-            except psutil.NoSuchProcess:
+                if with_pss:
+                    full = p.memory_full_info()
+                    rss, pss = rss + full.rss, pss + full.pss
+                else:
+                    rss += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
         self.peak_rss = max(self.peak_rss, rss)
+        self.peak_pss = max(self.peak_pss, pss)
+        self.peak_procs = max(self.peak_procs, len(procs))
+
+
+def python_loop_s(n: int = 10_000_000) -> float:
+    """Seconds for one core to add n integers in Python: the server's speed differs across machines
+    labelled alike, and its requests are Python, so each results file says how fast its cores were."""
+    t, total = time.perf_counter(), 0
+    for i in range(n):
+        total += i
+    return round(time.perf_counter() - t, 2)
 
 
 def store_pool(setting: str) -> dict[str, str] | None:
@@ -493,6 +515,7 @@ def _load(
     ends = sorted(w["end_s"] for w in writers if "end_s" in w)
     return {
         "writers": len(procs),
+        "mlflow": importlib.metadata.version("mlflow"),  # server and clients: this environment's
         "fault": args.fault,
         "down_s": down,
         "wall_s": round(wall, 1),
@@ -522,8 +545,11 @@ def _load(
         "end_wait_p99_s": round(_pct(ends, 99), 4) if ends else None,  # a run's end: its last sends
         "server_cpu_cores": round(server_use.cpu_s / wall, 2),
         "server_peak_rss_mb": server_use.peak_rss // 2**20,
+        "server_peak_pss_mb": server_use.peak_pss // 2**20,
         "db_cpu_cores": round(db_use.cpu_s / wall, 2),
         "db_peak_rss_mb": db_use.peak_rss // 2**20,
+        "db_peak_pss_mb": db_use.peak_pss // 2**20,  # against the pod's memory limit (infra/k8s/base/postgres.yaml)
+        "db_peak_processes": db_use.peak_procs,  # the postmaster, its helpers and a backend per connection
         "gate_read_sweep_s": min(gate_read_s[max(gate_read_s)]),
         "gate_read_sweep_by_readers_s": gate_read_s,
         "gate_s": [round(g, 2) for g in gate_s],
@@ -633,6 +659,7 @@ def main() -> None:
         "python": platform.python_version(),
         "load_avg_at_end": os.getloadavg(),
         "shared": "2 cores shared with other work",
+        "python_loop_10m_s": python_loop_s(),
     }
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
@@ -647,8 +674,11 @@ def main() -> None:
         "send_p99_s",
         "server_cpu_cores",
         "server_peak_rss_mb",
+        "server_peak_pss_mb",
         "db_cpu_cores",
         "db_peak_rss_mb",
+        "db_peak_pss_mb",
+        "db_peak_processes",
         "gate_read_sweep_s",
         "ui_runs_view_s",
         "wall_s",
@@ -656,7 +686,7 @@ def main() -> None:
     print("| run | " + " | ".join(cols) + " | decisions |")
     print("|---" * (len(cols) + 2) + "|")
     for key, r in rows:
-        print(f"| {key} | " + " | ".join(str(r[c]) for c in cols) + f" | {', '.join(r['decisions'])} |")
+        print(f"| {key} | " + " | ".join(str(r.get(c, "-")) for c in cols) + f" | {', '.join(r['decisions'])} |")
         for extra in (
             "send_by_op",
             "histories_equal_no_fault",
