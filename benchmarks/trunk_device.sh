@@ -23,7 +23,7 @@
 #   the mamba SSD in one call: MAMBA=tf32,bf16 CFC=0 CUDA_TESTS=tests/model/test_ssd_mamba.py bash benchmarks/trunk_device.sh OUT speed
 #   the fused GRN in one call: GRN=1 CFC=0 TRAIN_S=0 TEST_S=0 bash benchmarks/trunk_device.sh OUT speed (GRN=1: also
 #     its CUDA tests, benchmarks/ops_grn.py and the VSN in trunk_forms.py fusion)
-# Needs the carried wheels in .whl/ (DESIGN §8), fla-core and einops among them. Logs and JSON go to OUT.
+# Needs the carried wheels in .whl/ (DESIGN §8; benchmarks/device_wheels.sh), fla-core and einops among them. Logs and JSON go to OUT.
 # device_setup.sh links conf/ into the package inside the working tree: where the tree is copied afresh while
 # a job runs, the link goes with it and perception-train stops finding its configs (source it again).
 set -uo pipefail
