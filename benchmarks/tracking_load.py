@@ -71,7 +71,7 @@ from perception.train.config import apply_arm  # noqa: E402
 from perception.train.params import flatten_config  # noqa: E402
 from perception.train.run_record import RunRecord, write_config  # noqa: E402
 from perception.testing.sweep_store import SweepSpec, fold_predictions  # noqa: E402
-from perception.testing.mlflow_server import USERNAME, MlflowServer  # noqa: E402
+from perception.testing.mlflow_server import STORE_POOL, USERNAME, MlflowServer  # noqa: E402
 from perception.testing.postgres_server import postgres  # noqa: E402
 
 ARMS = ("shared", "per_horizon", "shared_skip")
@@ -373,7 +373,7 @@ def store_pool(setting: str) -> dict[str, str] | None:
     parts = [part.strip() for part in setting.split(",")]
     if len(parts) != 2 or not all(part.isdigit() for part in parts):
         raise argparse.ArgumentTypeError(f"--store-pool {setting!r}: expected SIZE,OVERFLOW, e.g. 5,10")
-    return {"MLFLOW_SQLALCHEMYSTORE_POOL_SIZE": parts[0], "MLFLOW_SQLALCHEMYSTORE_MAX_OVERFLOW": parts[1]}
+    return dict(zip(STORE_POOL, parts))  # the same variables, size then overflow
 
 
 def load_run(n_writers: int, args: argparse.Namespace) -> dict:
@@ -641,6 +641,7 @@ def main() -> None:
     args = ap.parse_args()
 
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"runs": {}}
+    core_speed = python_loop_s()  # before the runs: their processes outlive them by a few seconds
     rows = []
     for n in args.writers:
         r = load_run(n, args)
@@ -659,7 +660,7 @@ def main() -> None:
         "python": platform.python_version(),
         "load_avg_at_end": os.getloadavg(),
         "shared": "2 cores shared with other work",
-        "python_loop_10m_s": python_loop_s(),
+        "python_loop_10m_s": core_speed,
     }
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
 
